@@ -1,0 +1,197 @@
+"""One callback class for every front-end, and the list that dispatches to it.
+
+Hook order during ``Controller.train_and_evaluate`` (the other entry points are subsets)::
+
+    on_train_begin
+      repeat:
+        on_loop_begin
+          [on_epoch_begin]              when a pass over the data starts
+          on_step_begin, on_step_end    around every step (only if some callback overrides them)
+          [on_epoch_end]                when a pass over the data ends
+        on_loop_end(logs)
+        [on_checkpoint_saved(path)]
+        [on_eval_begin, on_eval_end(logs)]
+    on_train_end
+
+A callback overrides only the hooks it needs. The dispatcher looks up, once, which callbacks
+override which hook, so a hook nobody overrides costs nothing -- in particular the step hooks:
+when no callback overrides them, runners use a loop with no per-step callback code at all.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+HOOKS = (
+    "on_train_begin",
+    "on_train_end",
+    "on_epoch_begin",
+    "on_epoch_end",
+    "on_loop_begin",
+    "on_loop_end",
+    "on_step_begin",
+    "on_step_end",
+    "on_eval_begin",
+    "on_eval_end",
+    "on_checkpoint_saved",
+)
+
+
+@dataclass
+class RunState:
+    """What a callback can see of a run, and its one way to act on it: `request_stop`.
+
+    Attributes:
+        global_step: completed training steps (0 before the first step).
+        epoch: completed passes over the training data (0 during the first pass).
+        phase: ``"train"``, ``"eval"`` or ``""`` between them.
+        trainer: the trainer being driven, if any.
+        evaluator: the evaluator being driven, if any.
+        stop_requested: set by `request_stop`; runners end the loop at the next step boundary.
+        stop_reason: why the stop was requested.
+    """
+
+    global_step: int = 0
+    epoch: int = 0
+    phase: str = ""
+    trainer: Any = None
+    evaluator: Any = None
+    stop_requested: bool = False
+    stop_reason: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def request_stop(self, reason: str) -> None:
+        """Asks the runner to stop training cleanly after the current step."""
+        self.stop_requested = True
+        self.stop_reason = reason
+
+
+class Callback:
+    """Base class of every callback. Override the hooks you need; each default does nothing.
+
+    Callbacks with state that must survive a restart (best value so far, patience counters)
+    return it from `state_dict` as plain values and tensors, and take it back in `load_state_dict`;
+    the checkpoint manager saves it with the model.
+    """
+
+    def on_train_begin(self, state: RunState) -> None:
+        """Runs when `Controller.train` (or `train_and_evaluate`) starts."""
+
+    def on_train_end(self, state: RunState) -> None:
+        """Runs when training ends: target reached, stop requested, or data exhausted."""
+
+    def on_epoch_begin(self, state: RunState) -> None:
+        """Runs when a pass over the training data starts (``state.epoch`` passes are done)."""
+
+    def on_epoch_end(self, state: RunState) -> None:
+        """Runs when a pass over the training data ends (``state.epoch`` is already advanced)."""
+
+    def on_loop_begin(self, state: RunState) -> None:
+        """Runs before each inner loop of ``trainer.train(num_steps)``."""
+
+    def on_loop_end(self, state: RunState, logs: dict[str, Any]) -> None:
+        """Runs after each inner loop with its logs, already on the host."""
+
+    def on_step_begin(self, state: RunState) -> None:
+        """Runs before every step. Overriding it adds Python work to every step."""
+
+    def on_step_end(self, state: RunState) -> None:
+        """Runs after every step. Overriding it adds Python work to every step."""
+
+    def on_eval_begin(self, state: RunState) -> None:
+        """Runs before an evaluation."""
+
+    def on_eval_end(self, state: RunState, logs: dict[str, Any]) -> None:
+        """Runs after an evaluation with its logs on the host (``"checkpoint"`` and ``"step"``
+        in ``state.extra["last_eval"]`` say which weights were evaluated)."""
+
+    def on_checkpoint_saved(self, state: RunState, path: str) -> None:
+        """Runs after a checkpoint was committed at `path`."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to save in checkpoints; plain values and tensors only."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores what `state_dict` returned."""
+
+
+def _overrides(callback: Callback, hook: str) -> bool:
+    return getattr(type(callback), hook) is not getattr(Callback, hook)
+
+
+class CallbackList:
+    """Dispatches hooks to the callbacks that override them, in the order given."""
+
+    def __init__(self, callbacks: Iterable[Callback] = ()) -> None:
+        self._callbacks: list[Callback] = []
+        self._by_hook: dict[str, list[Callback]] = {hook: [] for hook in HOOKS}
+        for callback in callbacks:
+            self.append(callback)
+
+    def append(self, callback: Callback) -> None:
+        """Adds a callback at the end.
+
+        Raises:
+            TypeError: if `callback` is not a `Callback`.
+        """
+        if not isinstance(callback, Callback):
+            raise TypeError(
+                f"callbacks must be cadence.Callback instances (got {type(callback).__name__}). "
+                "Subclass cadence.Callback and override the hooks you need."
+            )
+        self._callbacks.append(callback)
+        for hook in HOOKS:
+            if _overrides(callback, hook):
+                self._by_hook[hook].append(callback)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._callbacks)
+
+    def __len__(self) -> int:
+        return len(self._callbacks)
+
+    @property
+    def has_step_hooks(self) -> bool:
+        """Whether any callback overrides `on_step_begin` or `on_step_end`."""
+        return bool(self._by_hook["on_step_begin"] or self._by_hook["on_step_end"])
+
+    def hooked(self, hook: str) -> Sequence[Callback]:
+        """The callbacks that override `hook`, in order."""
+        return self._by_hook[hook]
+
+    def fire(self, hook: str, state: RunState, *args: Any) -> None:
+        """Calls `hook` on each callback that overrides it."""
+        for callback in self._by_hook[hook]:
+            getattr(callback, hook)(state, *args)
+
+    def _keys(self) -> list[str]:
+        seen: dict[str, int] = {}
+        keys = []
+        for callback in self._callbacks:
+            name = type(callback).__name__
+            seen[name] = seen.get(name, -1) + 1
+            keys.append(f"{name}:{seen[name]}")
+        return keys
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each callback's state, keyed by class name and index among callbacks of that class."""
+        return {key: cb.state_dict() for key, cb in zip(self._keys(), self._callbacks)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Gives each callback its saved state; logs callbacks that have none saved, and saved
+        states that no callback takes (the callback list changed between runs)."""
+        keys = self._keys()
+        for key, callback in zip(keys, self._callbacks):
+            if key in state_dict:
+                callback.load_state_dict(state_dict[key])
+            elif callback.state_dict():
+                logger.warning("No saved state for callback %s: it starts fresh.", key)
+        for key in state_dict.keys() - set(keys):
+            if state_dict[key]:
+                logger.warning("Saved state of callback %s is ignored: no such callback now.", key)

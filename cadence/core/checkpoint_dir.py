@@ -1,0 +1,222 @@
+"""The checkpoint directory: atomic commits, listing of complete checkpoints, retention.
+
+A checkpoint is a directory ``ckpt-<step>`` holding the files an I/O backend wrote plus a
+``manifest.json`` that names each file with its size. It is written under a hidden temporary
+name, every file and the directory are fsynced, the manifest is written last, and only then is
+the directory renamed into place -- one atomic step. So a ``ckpt-<step>`` directory that exists
+is complete; one without a valid manifest, or whose files do not match it, is never listed.
+A crash at any moment leaves at worst a hidden temporary directory, removed on the next start.
+
+Nothing here imports torch: what goes into the files is the I/O backend's business.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cadence.core.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "cadence-checkpoint"
+VERSION = 1
+MANIFEST = "manifest.json"
+_NAME = re.compile(r"^ckpt-(\d+)$")
+_TEMP_PREFIX = ".tmp-ckpt-"
+_TRASH_PREFIX = ".trash-ckpt-"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A complete checkpoint on disk."""
+
+    step: int
+    path: Path
+
+
+def fsync_path(path: Path) -> None:
+    """Flushes a file or directory to stable storage."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Reads and verifies the manifest of checkpoint directory `path`.
+
+    Raises:
+        CheckpointError: if `path` is not a directory, has no manifest, the manifest is not
+            cadence's, or a file is missing or has another size than when it was written.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(
+            f"Checkpoint {str(path)!r} does not exist or is not a directory. "
+            "Pass a `ckpt-<step>` directory written by cadence's CheckpointManager."
+        )
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{str(path)!r} has no {MANIFEST}: it is not a complete cadence checkpoint "
+            "(it was not written by cadence, or its write never finished). "
+            "Use CheckpointManager.checkpoints to list the complete ones."
+        ) from None
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"The manifest of {str(path)!r} is unreadable: {error}.") from error
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{str(path)!r} is not a cadence checkpoint (its {MANIFEST} has no "
+            f"format={FORMAT!r}). Load foreign weights in an `init_fn` instead."
+        )
+    if manifest.get("version", 0) > VERSION:
+        raise CheckpointError(
+            f"{str(path)!r} was written by a newer cadence (format version "
+            f"{manifest.get('version')}, this one reads up to {VERSION}). Upgrade cadence."
+        )
+    for name, size in manifest.get("files", {}).items():
+        file = path / name
+        if not file.is_file() or file.stat().st_size != size:
+            raise CheckpointError(
+                f"Checkpoint {str(path)!r} is corrupt: {name} is missing or has been "
+                f"truncated (expected {size} bytes). Restore an older checkpoint instead."
+            )
+    return manifest
+
+
+class CheckpointDirectory:
+    """Manages the ``ckpt-<step>`` directories under `directory`.
+
+    Args:
+        directory: where checkpoints live; created on the first commit.
+        max_to_keep: how many of the newest complete checkpoints to keep; None keeps all.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], max_to_keep: int | None = 5) -> None:
+        if max_to_keep is not None and (
+            isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1
+        ):
+            raise ValueError(
+                f"`max_to_keep` (got {max_to_keep!r}) must be a positive int, or None to keep "
+                "every checkpoint."
+            )
+        self.directory = Path(directory)
+        self.max_to_keep = max_to_keep
+
+    def path_for(self, step: int) -> Path:
+        """Where the checkpoint of `step` is (or would be) committed."""
+        return self.directory / f"ckpt-{step}"
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """Complete checkpoints, oldest first. Incomplete or foreign directories are skipped."""
+        if not self.directory.is_dir():
+            return []
+        found = []
+        for entry in self.directory.iterdir():
+            match = _NAME.match(entry.name)
+            if match is None or not entry.is_dir():
+                continue
+            try:
+                read_manifest(entry)
+            except CheckpointError as error:
+                logger.warning("Skipping %s: %s", entry, error)
+                continue
+            found.append(CheckpointInfo(int(match.group(1)), entry))
+        return sorted(found, key=lambda info: info.step)
+
+    def latest(self) -> CheckpointInfo | None:
+        """The newest complete checkpoint, or None."""
+        complete = self.checkpoints()
+        return complete[-1] if complete else None
+
+    def remove_stale(self) -> None:
+        """Removes temporary and half-deleted directories left by a crash."""
+        if not self.directory.is_dir():
+            return
+        for entry in self.directory.iterdir():
+            if entry.name.startswith((_TEMP_PREFIX, _TRASH_PREFIX)):
+                logger.info("Removing %s, left by an interrupted checkpoint write.", entry)
+                shutil.rmtree(entry, ignore_errors=True)
+
+    def temp_path(self, step: int, unique: bool = True) -> Path:
+        """A hidden staging path for the checkpoint of `step`.
+
+        With ``unique=False`` the name is the same in every process, which lets the ranks of a
+        distributed job write into one staging directory.
+        """
+        suffix = f"-{uuid.uuid4().hex[:8]}" if unique else ""
+        return self.directory / f"{_TEMP_PREFIX}{step}{suffix}"
+
+    @contextlib.contextmanager
+    def staging(self, step: int) -> Iterator[Path]:
+        """Yields an empty staging directory; on normal exit it is committed as ``ckpt-<step>``,
+        on an exception it is removed and nothing is committed."""
+        temp = self.temp_path(step)
+        temp.mkdir(parents=True)
+        try:
+            yield temp
+        except BaseException:
+            shutil.rmtree(temp, ignore_errors=True)
+            raise
+        self.commit(temp, step)
+
+    def commit(self, temp: Path, step: int, extra: dict[str, Any] | None = None) -> Path:
+        """Writes the manifest into staging directory `temp` and renames it to ``ckpt-<step>``.
+
+        Every file is fsynced before the manifest is written, and the rename is the last step,
+        so the checkpoint appears whole or not at all.
+        """
+        files = {}
+        for file in sorted(temp.rglob("*")):
+            if file.is_file():
+                fsync_path(file)
+                files[str(file.relative_to(temp))] = file.stat().st_size
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "step": step,
+            "time": time.time(),
+            "files": files,
+            **(extra or {}),
+        }
+        manifest_path = temp / MANIFEST
+        with open(manifest_path, "w", encoding="utf-8") as handle:
+            json.dump(manifest, handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        fsync_path(temp)
+        final = self.path_for(step)
+        os.rename(temp, final)
+        fsync_path(self.directory)
+        return final
+
+    def prune(self) -> list[Path]:
+        """Deletes the oldest complete checkpoints beyond `max_to_keep`; returns what it deleted.
+
+        The newest complete checkpoint is never deleted. A checkpoint is first renamed to a hidden
+        name and then removed, so a crash mid-delete never leaves a partial ``ckpt-<step>``.
+        """
+        if self.max_to_keep is None:
+            return []
+        complete = self.checkpoints()
+        doomed = complete[: max(0, len(complete) - self.max_to_keep)]
+        deleted = []
+        for info in doomed:
+            trash = self.directory / f"{_TRASH_PREFIX}{info.step}-{uuid.uuid4().hex[:8]}"
+            os.rename(info.path, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+            deleted.append(info.path)
+        return deleted

@@ -1,0 +1,528 @@
+"""The Controller: Orbit's outer loop, with exact intervals.
+
+The Controller decides how many steps the trainer runs next, and between those inner loops it
+saves checkpoints, writes summaries, logs, evaluates and calls callbacks and actions. It never
+counts steps itself: it reads the trainer's global step before and after each loop.
+
+What it does differently from Orbit (see the docs' "coming from Orbit" page):
+
+- Every interval (checkpoint, summary, evaluation) fires exactly on multiples of the interval:
+  inner loops are cut short at the next boundary, so ``steps_per_loop`` need not divide them.
+- Intervals are validated at construction; a first loop does not trigger a stray checkpoint.
+- An explicit `save_checkpoint` saves whether or not the manager has an interval.
+- Each evaluation records the step and the checkpoint (if any) whose weights it ran on.
+- A finished `train_and_evaluate` run restarted still runs its final evaluation if it never ran.
+- SIGTERM / SIGINT stop training at the next step boundary, save, and raise `Preempted`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from cadence.core.callbacks import Callback, CallbackList, RunState
+from cadence.core.errors import CheckpointError, Preempted
+from cadence.core.intervals import Interval, check_interval, steps_until_boundary
+from cadence.core.logs import format_logs, to_host
+from cadence.core.protocols import CheckpointManagerLike, Evaluable, Trainable
+from cadence.core.summary import SummaryManager
+
+logger = logging.getLogger("cadence")
+
+Action = Callable[[Mapping[str, Any]], None]
+"""An Orbit action: called with a loop's (or an evaluation's) raw output."""
+
+
+def _check_steps_per_loop(value: Any) -> int | Callable[[int], int]:
+    if callable(value):
+        return value  # type: ignore[no-any-return]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(
+            f"`steps_per_loop` (got {value!r}) must be a positive int, or a function of the global "
+            "step returning one. It is required when a trainer is given."
+        )
+    return value
+
+
+class Controller:
+    """Drives a trainer and/or an evaluator: the outer loop of training.
+
+    Args:
+        trainer: an object with ``train(num_steps) -> logs | None`` (e.g. a `StandardTrainer`).
+        evaluator: an object with ``evaluate(num_steps) -> logs | None``; may be the trainer.
+        global_step: returns the number of completed training steps. Defaults to reading the
+            trainer's (else the evaluator's) ``global_step`` attribute.
+        steps_per_loop: steps per inner loop (a positive int, or a function of the global step
+            that returns one). Required with a trainer. Bookkeeping happens between loops.
+        checkpoint_manager: saves and restores state. Constructing the Controller restores the
+            newest complete checkpoint, or runs the manager's ``init_fn`` when there is none.
+        summary_dir: where train logs are written as summaries; None writes none.
+        summary_interval: write train summaries (and record `cadence.summary.scalar` calls
+            made inside steps) every this many steps, exactly on multiples; None: every loop.
+        eval_summary_dir: where evaluation logs go; defaults to `summary_dir`.
+        callbacks: `Callback` objects, called in this order.
+        train_actions: Orbit actions, called with each loop's raw output.
+        eval_actions: Orbit actions, called with each evaluation's raw output.
+        handle_signals: turn SIGTERM and SIGINT during training into a clean stop, a checkpoint
+            and `Preempted` (only from the main thread).
+
+    Raises:
+        ValueError: if neither a trainer nor an evaluator is given, or an interval or
+            `steps_per_loop` is not a positive int.
+        TypeError: if the trainer has no ``train`` method, the evaluator no ``evaluate``
+            method, or the global step cannot be found.
+    """
+
+    def __init__(
+        self,
+        *,
+        trainer: Trainable | None = None,
+        evaluator: Evaluable | None = None,
+        global_step: Callable[[], int] | None = None,
+        steps_per_loop: int | Callable[[int], int] | None = None,
+        checkpoint_manager: CheckpointManagerLike | None = None,
+        summary_dir: str | None = None,
+        summary_interval: int | None = None,
+        eval_summary_dir: str | None = None,
+        callbacks: Iterable[Callback] = (),
+        train_actions: Iterable[Action] = (),
+        eval_actions: Iterable[Action] = (),
+        handle_signals: bool = True,
+    ) -> None:
+        if trainer is None and evaluator is None:
+            raise ValueError("Controller needs a `trainer`, an `evaluator`, or both.")
+        if trainer is not None and not callable(getattr(trainer, "train", None)):
+            raise TypeError(
+                f"`trainer` (got {type(trainer).__name__}) must have a train(num_steps) method; "
+                "subclass cadence.StandardTrainer or cadence.AbstractTrainer."
+            )
+        if evaluator is not None and not callable(getattr(evaluator, "evaluate", None)):
+            raise TypeError(
+                f"`evaluator` (got {type(evaluator).__name__}) must have an evaluate(num_steps) "
+                "method; subclass cadence.StandardEvaluator or cadence.AbstractEvaluator."
+            )
+        if trainer is not None:
+            if steps_per_loop is None:
+                raise ValueError(
+                    "`steps_per_loop` is required when a trainer is given, e.g. steps_per_loop=100."
+                )
+            self._steps_per_loop: int | Callable[[int], int] | None = _check_steps_per_loop(
+                steps_per_loop
+            )
+        else:
+            self._steps_per_loop = None
+        self.trainer = trainer
+        self.evaluator = evaluator
+        self._global_step = global_step or self._find_global_step()
+        self.summary_interval = check_interval("summary_interval", summary_interval)
+        self.checkpoint_manager = checkpoint_manager
+        checkpoint_interval = None
+        if checkpoint_manager is not None:
+            checkpoint_interval = check_interval(
+                "checkpoint_manager.checkpoint_interval", checkpoint_manager.checkpoint_interval
+            )
+        self.callbacks = CallbackList(callbacks)
+        self.train_actions = tuple(train_actions)
+        self.eval_actions = tuple(eval_actions)
+        self.handle_signals = handle_signals
+
+        self.summary_manager = SummaryManager(summary_dir, self._global_step)
+        eval_dir = eval_summary_dir if eval_summary_dir is not None else summary_dir
+        self.eval_summary_manager = (
+            self.summary_manager if eval_dir == summary_dir else
+            SummaryManager(eval_dir, self._global_step)
+        )
+
+        self.state = RunState(trainer=trainer, evaluator=evaluator)
+        for runner in {id(r): r for r in (trainer, evaluator) if r is not None}.values():
+            bind = getattr(runner, "bind", None)
+            if callable(bind):
+                bind(self.callbacks, self.state)
+
+        step = self._global_step()
+        self._checkpoint_interval = Interval(checkpoint_interval, last=step)
+        self._summary_interval = Interval(self.summary_interval, last=step)
+        self._last_eval_step = -1
+        self._weights_checkpoint: str | None = None
+        self._signal_received: int | None = None
+        if checkpoint_manager is not None:
+            checkpoint_manager.track("controller", self)
+            checkpoint_manager.track("callbacks", self.callbacks)
+            self.restore_checkpoint()
+        self.state.global_step = self._global_step()
+
+    # ------------------------------------------------------------------ properties and state
+
+    def _find_global_step(self) -> Callable[[], int]:
+        for runner in (self.trainer, self.evaluator):
+            if runner is not None and hasattr(runner, "global_step"):
+                return lambda runner=runner: int(runner.global_step)
+        raise TypeError(
+            "Cannot find the global step: neither the trainer nor the evaluator has a "
+            "`global_step` attribute. Pass global_step=lambda: <completed steps>."
+        )
+
+    @property
+    def global_step(self) -> int:
+        """Completed training steps, as the trainer reports them."""
+        return self._global_step()
+
+    @property
+    def steps_per_loop(self) -> int | None:
+        """Steps in the next inner loop (a callable `steps_per_loop` is evaluated now)."""
+        if callable(self._steps_per_loop):
+            return _check_steps_per_loop(self._steps_per_loop(self.global_step))  # type: ignore[return-value]
+        return self._steps_per_loop
+
+    def state_dict(self) -> dict[str, Any]:
+        """The Controller's own state: which step was last evaluated."""
+        return {"last_eval_step": self._last_eval_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._last_eval_step = int(state_dict.get("last_eval_step", -1))
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def restore_checkpoint(self, checkpoint_path: str | None = None) -> str | None:
+        """Restores `checkpoint_path`, or the newest complete checkpoint; with none on disk, runs
+        the manager's ``init_fn``.
+
+        Returns:
+            The restored checkpoint's path, or None if nothing was restored.
+
+        Raises:
+            ValueError: if the Controller has no checkpoint manager.
+            CheckpointError: if the checkpoint is incomplete, corrupt, foreign or mismatched.
+        """
+        if self.checkpoint_manager is None:
+            raise ValueError(
+                "restore_checkpoint() needs a checkpoint manager: "
+                "Controller(checkpoint_manager=CheckpointManager(...))."
+            )
+        if checkpoint_path is None:
+            path = self.checkpoint_manager.restore_or_initialize()
+        else:
+            self.checkpoint_manager.restore(checkpoint_path)
+            path = checkpoint_path
+        step = self._global_step()
+        self._checkpoint_interval.mark(step)
+        self._summary_interval.mark(step)
+        self._weights_checkpoint = path
+        self.state.global_step = step
+        if path is None:
+            logger.info("No checkpoint to restore: starting from step %d.", step)
+        else:
+            logger.info("Restored %s (step %d).", path, step)
+        return path
+
+    def save_checkpoint(self) -> str:
+        """Saves a checkpoint now, whatever the checkpoint interval.
+
+        Raises:
+            ValueError: if the Controller has no checkpoint manager.
+        """
+        if self.checkpoint_manager is None:
+            raise ValueError(
+                "save_checkpoint() needs a checkpoint manager: "
+                "Controller(checkpoint_manager=CheckpointManager(...))."
+            )
+        return self._save()
+
+    def _save(self) -> str:
+        assert self.checkpoint_manager is not None
+        step = self._global_step()
+        path = self.checkpoint_manager.save(step)
+        self._checkpoint_interval.mark(step)
+        self._weights_checkpoint = path
+        logger.info("Saved checkpoint %s.", path)
+        self.callbacks.fire("on_checkpoint_saved", self.state, path)
+        return path
+
+    # ------------------------------------------------------------------ training
+
+    def train(self, steps: int, checkpoint_at_completion: bool = True) -> None:
+        """Trains until the global step reaches `steps` (an absolute target, not a count).
+
+        Training also ends early, cleanly, when a callback requests a stop or the trainer's data
+        runs out (with ``StandardTrainerOptions(stop_at_end_of_data=True)``).
+
+        Args:
+            steps: the global step to train to.
+            checkpoint_at_completion: save a checkpoint when training ends (needs a manager).
+
+        Raises:
+            ValueError: without a trainer, or if `steps` is negative.
+            Preempted: after SIGTERM or SIGINT, once the checkpoint is saved.
+        """
+        self._require("trainer")
+        self._check_target(steps)
+        with self._training():
+            self._train_until(steps)
+            self._finish_training(checkpoint_at_completion)
+
+    def train_and_evaluate(
+        self, train_steps: int, eval_steps: int = -1, eval_interval: int | None = None
+    ) -> dict[str, Any] | None:
+        """Trains to `train_steps`, evaluating every `eval_interval` steps and at the end.
+
+        Evaluations happen exactly at multiples of `eval_interval` and once at the end. A run
+        restarted after it finished runs its final evaluation if it had not run yet.
+
+        Returns:
+            The logs of the last evaluation, or None if none ran.
+
+        Raises:
+            ValueError: without both a trainer and an evaluator, or on a bad interval.
+            Preempted: after SIGTERM or SIGINT, once the checkpoint is saved.
+        """
+        self._require("trainer")
+        self._require("evaluator")
+        self._check_target(train_steps)
+        self._check_eval_steps(eval_steps)
+        interval = Interval(check_interval("eval_interval", eval_interval))
+        output = None
+        with self._training():
+            current = self._global_step()
+            while current < train_steps and not self.state.stop_requested:
+                boundary = interval.next_boundary(current)
+                self._train_until(min(train_steps, boundary or train_steps))
+                current = self._global_step()
+                if self.state.stop_requested:
+                    break
+                output = self.evaluate(eval_steps)
+            if self._signal_received is None and self._last_eval_step != current:
+                output = self.evaluate(eval_steps)
+            self._finish_training(True)
+        return output
+
+    def _check_target(self, steps: int) -> None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"`steps` (got {steps!r}) must be a non-negative int: the global "
+                             "step to train to.")
+
+    @contextlib.contextmanager
+    def _training(self) -> Iterator[None]:
+        self.state.stop_requested = False
+        self.state.stop_reason = None
+        self._signal_received = None
+        self.state.global_step = self._global_step()
+        self.callbacks.fire("on_train_begin", self.state)
+        try:
+            with self._signal_guard():
+                yield
+        finally:
+            self.state.phase = ""
+            self.callbacks.fire("on_train_end", self.state)
+            self.summary_manager.flush()
+
+    def _finish_training(self, save: bool) -> None:
+        if self._signal_received is not None:
+            path = self._save() if self.checkpoint_manager is not None else None
+            raise Preempted(self._signal_received, path)
+        if save and self.checkpoint_manager is not None:
+            if self._weights_checkpoint is None or self._last_saved_step() != self._global_step():
+                self._save()
+
+    def _last_saved_step(self) -> int:
+        return self._checkpoint_interval.last
+
+    def _train_until(self, target: int) -> None:
+        current = self._global_step()
+        while current < target and not self.state.stop_requested:
+            steps_per_loop = self.steps_per_loop
+            assert steps_per_loop is not None
+            num_steps = min(
+                steps_per_loop,
+                steps_until_boundary(
+                    current, target, self._checkpoint_interval, self._summary_interval
+                ),
+            )
+            self._train_n_steps(num_steps)
+            current = self._global_step()
+            if self._checkpoint_interval.crossed(current) and self.checkpoint_manager is not None:
+                self._save()
+
+    def _record_if(self, step: int) -> bool:
+        return self.summary_interval is None or step % self.summary_interval == 0
+
+    def _train_n_steps(self, num_steps: int) -> None:
+        assert self.trainer is not None
+        before = self._global_step()
+        self.state.phase = "train"
+        self.callbacks.fire("on_loop_begin", self.state)
+        start = time.perf_counter()
+        with self.summary_manager.as_default(record_if=self._record_if):
+            output = self.trainer.train(num_steps)
+        output = output if output is not None else {}
+        for action in self.train_actions:
+            action(output)
+        logs = to_host(output)  # the one host-device synchronization of the loop
+        elapsed = time.perf_counter() - start
+        after = self._global_step()
+        done = after - before
+        if done != num_steps and not self.state.stop_requested:
+            logger.warning(
+                "trainer.train(%d) advanced the global step by %d. A step may do several "
+                "updates, but the global step must count steps.", num_steps, done,
+            )
+        if done > 0:
+            self._weights_checkpoint = None
+        rates: dict[str, float] = {"steps_per_second": max(done, 0) / elapsed if elapsed else 0.0}
+        examples = getattr(self.trainer, "examples_per_step", None)
+        if examples:
+            rates["examples_per_second"] = rates["steps_per_second"] * examples
+        rate_text = " | ".join(f"{k.replace('_per_second', '/sec')}: {v:.1f}"
+                               for k, v in rates.items())
+        logger.info("train | step: %d | %s | %s", after, rate_text, format_logs(logs))
+        logs = {**logs, **rates}
+        if self.summary_interval is None or self._summary_interval.crossed(after):
+            self.summary_manager.write_summaries(logs, step=after)
+            self._summary_interval.mark(after)
+        self.summary_manager.flush()
+        self.state.global_step = after
+        self.callbacks.fire("on_loop_end", self.state, logs)
+        self.state.phase = ""
+
+    # ------------------------------------------------------------------ evaluation
+
+    def _check_eval_steps(self, steps: int) -> None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or (steps <= 0 and steps != -1):
+            raise ValueError(
+                f"`steps` (got {steps!r}) must be a positive number of evaluation steps, or -1 "
+                "to evaluate until the data is exhausted."
+            )
+
+    def evaluate(self, steps: int = -1) -> dict[str, Any]:
+        """Runs one evaluation of `steps` steps (-1: until the data is exhausted).
+
+        The evaluation is recorded with the step and the checkpoint whose weights it used
+        (None when the weights in memory were not checkpointed): in the log line, in the
+        ``metrics.jsonl`` record, and in ``state.extra["last_eval"]``.
+
+        Returns:
+            The evaluator's logs on the host, plus ``steps_per_second`` when `steps` > 0.
+
+        Raises:
+            ValueError: without an evaluator, or if `steps` is neither positive nor -1.
+        """
+        self._require("evaluator")
+        self._check_eval_steps(steps)
+        assert self.evaluator is not None
+        step = self._global_step()
+        self.state.global_step = step
+        self.state.phase = "eval"
+        self.callbacks.fire("on_eval_begin", self.state)
+        start = time.perf_counter()
+        with self.eval_summary_manager.as_default():
+            output = self.evaluator.evaluate(steps)
+        output = output if output is not None else {}
+        for action in self.eval_actions:
+            action(output)
+        logs = to_host(output)
+        elapsed = time.perf_counter() - start
+        if steps > 0 and elapsed > 0:
+            logs["steps_per_second"] = steps / elapsed
+        record = {"step": step, "checkpoint": self._weights_checkpoint}
+        logger.info(
+            "eval | step: %d | checkpoint: %s | eval time: %.2fs | %s",
+            step, self._weights_checkpoint or "none (weights in memory)", elapsed,
+            format_logs(logs),
+        )
+        self.eval_summary_manager.write_summaries(
+            logs, step=step, extra={"checkpoint": self._weights_checkpoint}
+        )
+        self.eval_summary_manager.flush()
+        self._last_eval_step = step
+        self.state.extra["last_eval"] = record
+        self.callbacks.fire("on_eval_end", self.state, logs)
+        self.state.phase = ""
+        return logs
+
+    def evaluate_continuously(
+        self,
+        steps: int = -1,
+        timeout: float | None = None,
+        *,
+        stop_at_step: int | None = None,
+        poll_interval: float = 1.0,
+    ) -> dict[str, Any] | None:
+        """Evaluates every new checkpoint in the manager's directory, oldest first.
+
+        Unlike Orbit, which looks only at the newest checkpoint, every complete checkpoint that
+        appears is evaluated, and one deleted by retention before it was read is skipped.
+
+        Args:
+            steps: evaluation steps per checkpoint (-1: until the data is exhausted).
+            timeout: return after this many seconds without a new checkpoint; None waits forever.
+            stop_at_step: return once a checkpoint at this step or later was evaluated.
+            poll_interval: seconds between looks at the directory.
+
+        Returns:
+            The logs of the last evaluation, or None if none ran.
+
+        Raises:
+            ValueError: without an evaluator or a checkpoint manager.
+        """
+        self._require("evaluator")
+        self._check_eval_steps(steps)
+        if self.checkpoint_manager is None:
+            raise ValueError("evaluate_continuously() needs a checkpoint manager.")
+        evaluated: set[int] = set()
+        output = None
+        last_new = time.monotonic()
+        while True:
+            pending = [c for c in self.checkpoint_manager.checkpoints if c.step not in evaluated]
+            for info in pending:
+                evaluated.add(info.step)
+                try:
+                    self.restore_checkpoint(str(info.path))
+                except CheckpointError as error:
+                    logger.warning("Skipping checkpoint %s: %s", info.path, error)
+                    continue
+                output = self.evaluate(steps)
+                if stop_at_step is not None and info.step >= stop_at_step:
+                    return output
+            if pending:
+                last_new = time.monotonic()
+                continue
+            if timeout is not None and time.monotonic() - last_new >= timeout:
+                logger.info("No new checkpoint for %.0fs: continuous evaluation ends.", timeout)
+                return output
+            time.sleep(poll_interval)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _require(self, role: str) -> None:
+        if getattr(self, role) is None:
+            raise ValueError(f"This Controller has no {role}: pass Controller({role}=...).")
+
+    @contextlib.contextmanager
+    def _signal_guard(self) -> Iterator[None]:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._signal_received is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now, without saving
+            self._signal_received = signum
+            name = signal.Signals(signum).name
+            logger.warning("Received %s: stopping after this step and saving a checkpoint.", name)
+            self.state.request_stop(name)
+
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+    def close(self) -> None:
+        """Flushes and closes the summary writers."""
+        self.summary_manager.close()
+        self.eval_summary_manager.close()

@@ -1,0 +1,29 @@
+"""Exceptions that callers of cadence are expected to catch by type."""
+
+from __future__ import annotations
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be read: missing, incomplete, corrupt or not written by cadence."""
+
+
+class CheckpointMismatchError(CheckpointError, ValueError):
+    """A checkpoint does not fit the objects it is loaded into.
+
+    The message lists every difference (missing keys, unexpected keys, shape mismatches) so that one
+    read of the error is enough to fix the model definition or pick the right checkpoint.
+    """
+
+
+class Preempted(SystemExit):
+    """Raised after training was stopped by SIGTERM or SIGINT and a checkpoint was saved.
+
+    It is a `SystemExit`, so an unhandled one ends the program quietly with exit code
+    ``128 + signal number`` (143 for SIGTERM, 130 for SIGINT), which schedulers read as "requeue".
+    Running the same program again resumes from the checkpoint.
+    """
+
+    def __init__(self, signum: int, checkpoint: str | None) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+        self.checkpoint = checkpoint

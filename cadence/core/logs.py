@@ -1,0 +1,79 @@
+"""Helpers for logs: the (possibly nested) mappings that runners return.
+
+A leaf may be a tensor, a NumPy value or array, or a Python number. Nothing here imports torch:
+values are moved to the host by duck typing (anything with ``tolist()``), which is the single
+host-device synchronization of a loop and happens once per loop, at log time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+Logs = Mapping[str, Any]
+"""A mapping from names to tensors, arrays, numbers, or nested `Logs`."""
+
+
+def to_host(value: Any) -> Any:
+    """Returns `value` with every tensor or array leaf converted to Python numbers or lists.
+
+    For a CUDA tensor this synchronizes with the device: call it once per loop, not per step.
+    """
+    if isinstance(value, Mapping):
+        return {str(k): to_host(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_host(v) for v in value]
+    detach = getattr(value, "detach", None)
+    if detach is not None:  # a torch.Tensor: detach first so autograd history is dropped
+        value = detach()
+    tolist = getattr(value, "tolist", None)
+    if tolist is not None:  # torch.Tensor, numpy.ndarray, numpy scalar
+        return tolist()
+    return value
+
+
+def flatten(logs: Logs, prefix: str = "", sep: str = "/") -> dict[str, Any]:
+    """Flattens nested logs to ``{"a/b": value}``."""
+    out: dict[str, Any] = {}
+    for key, value in logs.items():
+        name = f"{prefix}{sep}{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name, sep))
+        else:
+            out[name] = value
+    return out
+
+
+def iter_groups(logs: Logs, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], dict]]:
+    """Yields ``(path, leaves)`` for each level of nested logs, leaves being the non-mapping items.
+
+    Orbit writes each nesting level to its own summary sub-directory; this is that split.
+    """
+    leaves = {k: v for k, v in logs.items() if not isinstance(v, Mapping)}
+    if leaves or not path:
+        yield path, leaves
+    for key, value in logs.items():
+        if isinstance(value, Mapping):
+            yield from iter_groups(value, (*path, str(key)))
+
+
+def is_scalar(value: Any) -> bool:
+    """Whether a host value (after `to_host`) is a single real number."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def format_value(value: Any) -> str:
+    """Formats one host value for a log line."""
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return str(value)
+        return f"{value:.6g}"
+    if isinstance(value, list) and len(value) > 8:
+        return f"[{len(value)} values]"
+    return str(value)
+
+
+def format_logs(logs: Logs) -> str:
+    """Formats host logs as ``name=value`` pairs (nested names joined by ``/``)."""
+    return ", ".join(f"{k}={format_value(v)}" for k, v in flatten(logs).items())

@@ -1,0 +1,49 @@
+"""The interfaces the Controller drives. Any object with these methods works; nothing here
+imports torch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from cadence.core.checkpoint_dir import CheckpointInfo
+
+
+@runtime_checkable
+class Trainable(Protocol):
+    """A trainer: runs `num_steps` steps and returns (possibly nested) logs or None."""
+
+    def train(self, num_steps: int) -> Mapping[str, Any] | None: ...
+
+
+@runtime_checkable
+class Evaluable(Protocol):
+    """An evaluator: runs `num_steps` steps (-1: until the data is exhausted), returns logs."""
+
+    def evaluate(self, num_steps: int) -> Mapping[str, Any] | None: ...
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """Anything that can be checkpointed: modules, optimizers, schedulers, callbacks."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> Any: ...
+
+
+class CheckpointManagerLike(Protocol):
+    """What the Controller needs of a checkpoint manager (`cadence.CheckpointManager` has it)."""
+
+    checkpoint_interval: int | None
+
+    @property
+    def checkpoints(self) -> Sequence[CheckpointInfo]: ...
+
+    def track(self, name: str, obj: Stateful) -> None: ...
+
+    def save(self, step: int) -> str: ...
+
+    def restore(self, path: str) -> int: ...
+
+    def restore_or_initialize(self) -> str | None: ...

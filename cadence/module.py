@@ -1,0 +1,294 @@
+"""`Module`: the ``tf.Module`` contract (seed 000) on PyTorch.
+
+A `Module` has a name, a name scope, and finds its submodules and variables by walking its
+attributes on demand -- nothing is registered, nothing intercepts ``__setattr__``:
+
+>>> import torch
+>>> a, b, c = Module(name="a"), Module(name="b"), Module(name="c")
+>>> a.b = b
+>>> b.c = c
+>>> list(a.submodules) == [b, c], list(b.submodules) == [c], list(c.submodules) == []
+(True, True, True)
+>>> b.w = torch.nn.Linear(2, 3)
+>>> [tuple(v.shape) for v in a.trainable_variables]
+[(3, 2), (3,)]
+
+Submodules are `cadence.Module` and ``nn.Module`` objects reachable through attributes (also
+inside lists, tuples and dicts), depth first, each once. Variables are the tensors they own --
+parameters, buffers, plain tensor attributes and optimizer state -- each once, in that order.
+
+A Module is also what a `CheckpointManager` saves: `state_dict` gathers every reachable object
+that has ``state_dict``/``load_state_dict`` (modules, optimizers, schedulers, scalers, ...).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from cadence.core.errors import CheckpointMismatchError
+from cadence.core.scope import push_scope
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+
+def camel_to_snake(name: str) -> str:
+    """``"MyTrainer"`` -> ``"my_trainer"``."""
+    name = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()
+
+
+def _leaves(value: Any) -> Iterator[Any]:
+    """The non-container values inside nested lists, tuples, dicts and sets."""
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _leaves(item)
+    elif isinstance(value, _CONTAINERS):
+        for item in value:
+            yield from _leaves(item)
+    else:
+        yield value
+
+
+def _named_leaves(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _named_leaves(f"{prefix}.{key}", item)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _named_leaves(f"{prefix}.{index}", item)
+    else:
+        yield prefix, value
+
+
+def _attributes(obj: Any) -> Iterator[tuple[str, Any]]:
+    """The attributes walked for discovery: a Module's own, sorted by name (as ``tf.Module``);
+    an ``nn.Module``'s children in registration order, then its public plain attributes."""
+    if isinstance(obj, Module):
+        ignored = obj._TRACKING_IGNORED
+        for name, value in sorted(vars(obj).items()):
+            if name not in ignored:
+                yield name, value
+    if isinstance(obj, nn.Module):
+        yield from obj._modules.items()
+        for name, value in vars(obj).items():
+            if not name.startswith("_") and not isinstance(obj, Module):
+                yield name, value
+
+
+class NameScope:
+    """The context manager returned by `Module.name_scope`.
+
+    Inside it, summary tags get the scope's path as prefix, and when the torch profiler is on,
+    the block is recorded as a range named after the path, so traces show the module structure.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._stack: list[Any] = []
+
+    def __enter__(self) -> str:
+        scope = push_scope(self.name)
+        path = scope.__enter__()
+        record = None
+        if torch.autograd.profiler._is_profiler_enabled:
+            record = torch.profiler.record_function(path)
+            record.__enter__()
+        self._stack.append((scope, record))
+        return path
+
+    def __exit__(self, *exc: Any) -> None:
+        scope, record = self._stack.pop()
+        if record is not None:
+            record.__exit__(*exc)
+        scope.__exit__(*exc)
+
+
+class Module:
+    """A named container of submodules and variables, found on demand.
+
+    Args:
+        name: the module's name; defaults to the class name in snake_case.
+
+    Raises:
+        ValueError: if `name` is not a valid name (letters, digits, ``_``, ``.``, ``-``;
+            not starting with a digit).
+    """
+
+    _TRACKING_IGNORED: frozenset[str] = frozenset({"_name"})
+
+    def __init__(self, name: str | None = None) -> None:
+        if name is not None and (not isinstance(name, str) or not _VALID_NAME.match(name)):
+            raise ValueError(
+                f"`name` (got {name!r}) must be a valid module name: letters, digits, '_', '.', "
+                "'-', not starting with a digit. Pass e.g. name='my_trainer'."
+            )
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        """The name given to the constructor, or the class name in snake_case."""
+        return getattr(self, "_name", None) or camel_to_snake(type(self).__name__)
+
+    @property
+    def name_scope(self) -> NameScope:
+        """A context manager that enters this module's name scope (nested inside the current)."""
+        return NameScope(self.name)
+
+    @staticmethod
+    def with_name_scope(method: F) -> F:
+        """Decorator: runs `method` inside ``self.name_scope``."""
+
+        @functools.wraps(method)
+        def wrapper(self: Module, *args: Any, **kwargs: Any) -> Any:
+            with self.name_scope:
+                return method(self, *args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ tracking
+
+    @property
+    def submodules(self) -> tuple[Module | nn.Module, ...]:
+        """All `Module` and ``nn.Module`` objects reachable from this one, depth first, each once."""
+        seen = {id(self)}
+        found: list[Module | nn.Module] = []
+
+        def visit(obj: Any) -> None:
+            for _, value in _attributes(obj):
+                for leaf in _leaves(value):
+                    if isinstance(leaf, (Module, nn.Module)) and id(leaf) not in seen:
+                        seen.add(id(leaf))
+                        found.append(leaf)
+                        visit(leaf)
+
+        visit(self)
+        return tuple(found)
+
+    @property
+    def variables(self) -> tuple[torch.Tensor, ...]:
+        """Tensors owned by this module and its submodules, each once: parameters, buffers,
+        plain tensor attributes, then the state of reachable optimizers."""
+        seen: set[int] = set()
+        found: list[torch.Tensor] = []
+
+        def add(tensor: Any) -> None:
+            if isinstance(tensor, torch.Tensor) and id(tensor) not in seen:
+                seen.add(id(tensor))
+                found.append(tensor)
+
+        optimizers: list[torch.optim.Optimizer] = []
+        for module in (self, *self.submodules):
+            if isinstance(module, nn.Module):
+                for tensor in module.parameters(recurse=False):
+                    add(tensor)
+                for tensor in module.buffers(recurse=False):
+                    add(tensor)
+            for _, value in _attributes(module):
+                for leaf in _leaves(value):
+                    add(leaf)
+                    if isinstance(leaf, torch.optim.Optimizer) and leaf not in optimizers:
+                        optimizers.append(leaf)
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    for _, value in sorted(optimizer.state.get(param, {}).items()):
+                        add(value)
+        return tuple(found)
+
+    @property
+    def trainable_variables(self) -> tuple[torch.Tensor, ...]:
+        """The `variables` that require gradients."""
+        return tuple(v for v in self.variables if v.requires_grad)
+
+    @property
+    def non_trainable_variables(self) -> tuple[torch.Tensor, ...]:
+        """The `variables` that do not require gradients."""
+        return tuple(v for v in self.variables if not v.requires_grad)
+
+    # ------------------------------------------------------------------ state
+
+    def stateful_objects(self) -> dict[str, Any]:
+        """Reachable objects with ``state_dict``/``load_state_dict``, by attribute path.
+
+        Submodules that are `cadence.Module` are walked into (``"task.model"``); any other
+        stateful object (an ``nn.Module``, optimizer, scheduler, scaler, metric) is one unit.
+        An object reachable twice is saved once, under the first path.
+        """
+        found: dict[str, Any] = {}
+        seen: set[int] = {id(self)}
+
+        def visit(module: Module, prefix: str) -> None:
+            for name, value in _attributes(module):
+                for path, leaf in _named_leaves(prefix + name, value):
+                    if id(leaf) in seen:
+                        continue
+                    if isinstance(leaf, Module):
+                        seen.add(id(leaf))
+                        visit(leaf, path + ".")
+                    elif callable(getattr(leaf, "state_dict", None)) and callable(
+                        getattr(leaf, "load_state_dict", None)
+                    ) and not isinstance(leaf, type):
+                        seen.add(id(leaf))
+                        found[path] = leaf
+
+        visit(self, "")
+        return found
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state of every object in `stateful_objects`, by path."""
+        return {path: obj.state_dict() for path, obj in self.stateful_objects().items()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads what `state_dict` returned, after checking that it fits.
+
+        Raises:
+            CheckpointMismatchError: listing every object missing from `state_dict`, every
+                unexpected entry, and for ``nn.Module`` objects every missing or unexpected
+                parameter and every shape mismatch. Nothing is loaded in that case.
+        """
+        objects = self.stateful_objects()
+        problems = describe_mismatch(objects, state_dict)
+        if problems:
+            raise CheckpointMismatchError(
+                "The checkpoint does not match this "
+                f"{type(self).__name__}:\n  - " + "\n  - ".join(problems) + "\nLoad a checkpoint "
+                "written by the same model definition, or load the weights you want in an "
+                "init_fn."
+            )
+        for path, obj in objects.items():
+            try:
+                obj.load_state_dict(state_dict[path])
+            except (KeyError, ValueError, RuntimeError, TypeError) as error:
+                raise CheckpointMismatchError(
+                    f"Cannot load the checkpoint's {path!r} into {type(obj).__name__}: {error}"
+                ) from error
+
+
+def describe_mismatch(objects: dict[str, Any], state_dict: dict[str, Any]) -> list[str]:
+    """Every difference between live stateful `objects` and a saved `state_dict` of them."""
+    problems = [f"missing from the checkpoint: {p!r}" for p in objects if p not in state_dict]
+    problems += [f"unexpected in the checkpoint: {p!r}" for p in state_dict if p not in objects]
+    for path, obj in objects.items():
+        if not isinstance(obj, nn.Module) or not isinstance(state_dict.get(path), dict):
+            continue
+        expected = obj.state_dict()
+        saved = state_dict[path]
+        problems += [f"{path}: missing parameter {k!r}" for k in expected if k not in saved]
+        problems += [f"{path}: unexpected parameter {k!r}" for k in saved if k not in expected]
+        for key, tensor in expected.items():
+            other = saved.get(key)
+            if isinstance(other, torch.Tensor) and other.shape != tensor.shape:
+                problems.append(
+                    f"{path}: {key!r} has shape {tuple(other.shape)} in the checkpoint, "
+                    f"{tuple(tensor.shape)} in the model"
+                )
+    return problems
