@@ -73,7 +73,7 @@ def _attributes(obj: Any) -> Iterator[tuple[str, Any]]:
     """The attributes walked for discovery: a Module's own, sorted by name (as ``tf.Module``);
     an ``nn.Module``'s children in registration order, then its public plain attributes."""
     if isinstance(obj, Module):
-        ignored = obj._TRACKING_IGNORED
+        ignored = _ignored_attributes(type(obj))
         for name, value in sorted(vars(obj).items()):
             if name not in ignored:
                 yield name, value
@@ -82,6 +82,16 @@ def _attributes(obj: Any) -> Iterator[tuple[str, Any]]:
         for name, value in vars(obj).items():
             if not name.startswith("_") and not isinstance(obj, Module):
                 yield name, value
+
+
+@functools.cache
+def _ignored_attributes(cls: type) -> frozenset[str]:
+    """The union of `_TRACKING_IGNORED` over the class hierarchy: attributes that hold data or
+    bookkeeping rather than submodules and variables."""
+    ignored: frozenset[str] = frozenset()
+    for klass in cls.__mro__:
+        ignored |= vars(klass).get("_TRACKING_IGNORED", frozenset())
+    return ignored
 
 
 class NameScope:
@@ -124,6 +134,7 @@ class Module:
     """
 
     _TRACKING_IGNORED: frozenset[str] = frozenset({"_name"})
+    """Attribute names that tracking skips; subclasses add theirs (the sets are merged)."""
 
     def __init__(self, name: str | None = None) -> None:
         if name is not None and (not isinstance(name, str) or not _VALID_NAME.match(name)):
@@ -255,22 +266,33 @@ class Module:
                 unexpected entry, and for ``nn.Module`` objects every missing or unexpected
                 parameter and every shape mismatch. Nothing is loaded in that case.
         """
-        objects = self.stateful_objects()
-        problems = describe_mismatch(objects, state_dict)
-        if problems:
+        load_stateful(self.stateful_objects(), state_dict, type(self).__name__)
+
+
+def load_stateful(objects: dict[str, Any], state_dict: dict[str, Any], owner: str) -> None:
+    """Loads `state_dict` into stateful `objects` (by path) if it fits them exactly.
+
+    Raises:
+        CheckpointMismatchError: listing every difference; nothing is loaded in that case.
+    """
+    if not isinstance(state_dict, dict):
+        raise CheckpointMismatchError(
+            f"The checkpoint's state for {owner} is a {type(state_dict).__name__}, not a dict."
+        )
+    problems = describe_mismatch(objects, state_dict)
+    if problems:
+        raise CheckpointMismatchError(
+            f"The checkpoint does not match this {owner}:\n  - " + "\n  - ".join(problems)
+            + "\nLoad a checkpoint written by the same model definition, or load the weights "
+            "you want in an init_fn."
+        )
+    for path, obj in objects.items():
+        try:
+            obj.load_state_dict(state_dict[path])
+        except (KeyError, ValueError, RuntimeError, TypeError) as error:
             raise CheckpointMismatchError(
-                "The checkpoint does not match this "
-                f"{type(self).__name__}:\n  - " + "\n  - ".join(problems) + "\nLoad a checkpoint "
-                "written by the same model definition, or load the weights you want in an "
-                "init_fn."
-            )
-        for path, obj in objects.items():
-            try:
-                obj.load_state_dict(state_dict[path])
-            except (KeyError, ValueError, RuntimeError, TypeError) as error:
-                raise CheckpointMismatchError(
-                    f"Cannot load the checkpoint's {path!r} into {type(obj).__name__}: {error}"
-                ) from error
+                f"Cannot load the checkpoint's {path!r} into {type(obj).__name__}: {error}"
+            ) from error
 
 
 def describe_mismatch(objects: dict[str, Any], state_dict: dict[str, Any]) -> list[str]:

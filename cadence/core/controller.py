@@ -292,12 +292,13 @@ class Controller:
                 boundary = interval.next_boundary(current)
                 self._train_until(min(train_steps, boundary or train_steps))
                 current = self._global_step()
-                if self.state.stop_requested:
+                if self.state.stop_requested or current >= train_steps:
                     break
                 output = self.evaluate(eval_steps)
-            if self._signal_received is None and self._last_eval_step != current:
-                output = self.evaluate(eval_steps)
+            # Save first, so that the final evaluation is bound to a checkpoint.
             self._finish_training(True)
+            if self._last_eval_step != current:
+                output = self.evaluate(eval_steps)
         return output
 
     def _check_target(self, steps: int) -> None:

@@ -1,0 +1,116 @@
+"""Metrics accumulated on the device: no host-device synchronization until they are read.
+
+``update`` only does tensor arithmetic in place; ``result`` returns a tensor. The Controller
+moves loop logs to the host once per loop, so a metric updated every step costs no sync.
+
+>>> import torch
+>>> loss = Mean()
+>>> for value in (1.0, 2.0, torch.tensor(6.0)):
+...     loss.update(value)
+>>> float(loss.result())
+3.0
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class Metric:
+    """Base class: holds its accumulators as tensors created on the first update's device."""
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self._device = torch.device(device) if device is not None else None
+        self._state: dict[str, torch.Tensor] = {}
+
+    def _tensor(self, value: Any) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):
+            value = value.detach()
+            if self._device is None:
+                self._device = value.device
+            return value.to(self._device, non_blocking=True)
+        return torch.as_tensor(value, dtype=torch.float32, device=self._device or "cpu")
+
+    def _accumulator(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        acc = self._state.get(name)
+        if acc is None:
+            dtype = torch.promote_types(like.dtype, torch.float32)
+            acc = self._state[name] = torch.zeros((), dtype=dtype, device=like.device)
+        return acc
+
+    def update(self, value: Any, weight: Any = 1.0) -> None:
+        raise NotImplementedError
+
+    def result(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Zeroes the accumulators in place (no new allocation, no sync)."""
+        for acc in self._state.values():
+            acc.zero_()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: acc.clone() for name, acc in self._state.items()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._state = {name: value.clone() for name, value in state_dict.items()}
+
+
+class Mean(Metric):
+    """The (weighted) mean of every value seen since the last reset; a tensor value counts each
+    of its elements."""
+
+    def update(self, value: Any, weight: Any = 1.0) -> None:
+        value = self._tensor(value)
+        total = self._accumulator("total", value)
+        count = self._accumulator("count", value)
+        if isinstance(weight, (int, float)) and weight == 1.0:
+            total.add_(value.sum())
+            count.add_(value.numel())
+        else:
+            weight = self._tensor(weight)
+            total.add_((value * weight).sum())
+            count.add_(weight.expand_as(value).sum() if weight.dim() else weight * value.numel())
+
+    def result(self) -> torch.Tensor:
+        """The mean as a 0-d tensor (NaN before any update)."""
+        if not self._state:
+            return torch.tensor(float("nan"))
+        return self._state["total"] / self._state["count"]
+
+
+class Sum(Metric):
+    """The sum of every value seen since the last reset."""
+
+    def update(self, value: Any, weight: Any = 1.0) -> None:
+        value = self._tensor(value)
+        total = self._accumulator("total", value)
+        total.add_(value.sum() if isinstance(weight, (int, float)) and weight == 1.0
+                   else (value * self._tensor(weight)).sum())
+
+    def result(self) -> torch.Tensor:
+        """The sum as a 0-d tensor (0 before any update)."""
+        if not self._state:
+            return torch.tensor(0.0)
+        return self._state["total"].clone()
+
+
+class Last(Metric):
+    """The last value seen."""
+
+    def update(self, value: Any, weight: Any = 1.0) -> None:
+        value = self._tensor(value)
+        last = self._state.get("last")
+        if last is None or last.shape != value.shape:
+            self._state["last"] = value.clone()
+        else:
+            last.copy_(value)
+
+    def result(self) -> torch.Tensor:
+        """The last value (NaN before any update)."""
+        return self._state["last"].clone() if self._state else torch.tensor(float("nan"))
+
+    def reset(self) -> None:
+        self._state.clear()
