@@ -295,10 +295,10 @@ class Controller:
                 if self.state.stop_requested or current >= train_steps:
                     break
                 output = self.evaluate(eval_steps)
-            # Save first, so that the final evaluation is bound to a checkpoint.
-            self._finish_training(True)
-            if self._last_eval_step != current:
+            if self._signal_received is None and self._last_eval_step != current:
                 output = self.evaluate(eval_steps)
+            # Saved after the final evaluation, so that a restarted run knows it happened.
+            self._finish_training(True)
         return output
 
     def _check_target(self, steps: int) -> None:
@@ -344,7 +344,13 @@ class Controller:
                 ),
             )
             self._train_n_steps(num_steps)
-            current = self._global_step()
+            previous, current = current, self._global_step()
+            if current <= previous and not self.state.stop_requested:
+                raise RuntimeError(
+                    f"trainer.train({num_steps}) did not advance the global step (still "
+                    f"{current}), so training would never reach step {target}. Make train() "
+                    "count its steps, e.g. by subclassing cadence.StandardTrainer."
+                )
             if self._checkpoint_interval.crossed(current) and self.checkpoint_manager is not None:
                 self._save()
 

@@ -1,0 +1,246 @@
+"""The Controller's outer loop, with torch-free fake runners (tests/fakes.py)."""
+
+import logging
+import os
+import signal
+
+import pytest
+from fakes import CountingEvaluator, CountingTrainer, FakeCheckpointManager
+
+from cadence.core import Callback, Controller, Preempted
+
+
+def make(steps_per_loop=10, checkpoint_interval=None, evaluator=False, **kwargs):
+    trainer = CountingTrainer()
+    manager = FakeCheckpointManager(trainer, checkpoint_interval)
+    controller = Controller(
+        trainer=trainer,
+        evaluator=CountingEvaluator(trainer) if evaluator else None,
+        steps_per_loop=steps_per_loop,
+        checkpoint_manager=manager,
+        **kwargs,
+    )
+    return controller, trainer, manager
+
+
+@pytest.mark.parametrize(
+    ("steps_per_loop", "interval", "loops", "saves"),
+    [
+        (5, 10, [5, 5, 5, 5, 5], [10, 20, 25]),          # divides: loops untouched
+        (3, 10, [3, 3, 3, 1, 3, 3, 3, 1, 3, 2], [10, 20, 25]),  # does not divide: cut at 10, 20
+        (20, 10, [10, 10, 5], [10, 20, 25]),              # interval shorter than a loop
+    ],
+)
+def test_checkpoints_land_exactly_on_interval_multiples(steps_per_loop, interval, loops, saves):
+    controller, trainer, manager = make(steps_per_loop, interval)
+    controller.train(25)
+    assert trainer.loops == loops
+    assert sorted(manager.saved) == saves  # 25: the save at completion; no stray save at step 5
+
+
+def test_train_takes_an_absolute_target():
+    controller, trainer, _ = make(10)
+    controller.train(15)
+    controller.train(15)  # already there: nothing to do
+    controller.train(30)
+    assert trainer.loops == [10, 5, 10, 5]
+
+
+def test_explicit_saves_do_not_depend_on_an_interval():
+    controller, _, manager = make(10, checkpoint_interval=None)
+    controller.train(20, checkpoint_at_completion=False)
+    assert manager.saved == {}
+    assert controller.save_checkpoint() == "ckpt-20"
+    assert list(manager.saved) == [20]
+
+
+def test_constructing_a_controller_restores_the_newest_checkpoint():
+    controller, trainer, manager = make(10, 10)
+    controller.train(30)
+    trainer.global_step = 0
+    again = Controller(trainer=trainer, steps_per_loop=10, checkpoint_manager=manager)
+    assert again.global_step == 30 and trainer.global_step == 30
+
+
+def test_eval_interval_is_exact_and_loops_are_cut_at_eval_boundaries():
+    controller, trainer, _ = make(300, evaluator=True)
+    controller.train_and_evaluate(train_steps=2000, eval_interval=1000)
+    assert trainer.loops == [300, 300, 300, 100, 300, 300, 300, 100]
+    assert controller.evaluator.evaluated_at == [1000, 2000]
+
+
+def test_a_finished_run_restarted_runs_a_final_evaluation_it_never_ran():
+    controller, trainer, manager = make(10, evaluator=True)
+    controller.train(50)  # trained to the end, then stopped before evaluating
+    restarted = Controller(trainer=trainer, evaluator=CountingEvaluator(trainer),
+                           steps_per_loop=10, checkpoint_manager=manager)
+    assert restarted.train_and_evaluate(train_steps=50) == {"accuracy": 0.5}
+    assert restarted.evaluator.evaluated_at == [50]
+
+
+def test_a_finished_run_restarted_does_not_repeat_its_final_evaluation():
+    controller, trainer, manager = make(10, evaluator=True)
+    controller.train_and_evaluate(train_steps=50)
+    assert controller.evaluator.evaluated_at == [50]
+    restarted = Controller(trainer=trainer, evaluator=CountingEvaluator(trainer),
+                           steps_per_loop=10, checkpoint_manager=manager)
+    assert restarted.train_and_evaluate(train_steps=50) is None
+    assert restarted.evaluator.evaluated_at == []
+
+
+def test_each_evaluation_records_its_step_and_checkpoint():
+    controller, trainer, _ = make(10, 20, evaluator=True)
+    seen = []
+
+    class Spy(Callback):
+        def on_eval_end(self, state, logs):
+            seen.append(dict(state.extra["last_eval"]))
+
+    controller.callbacks.append(Spy())
+    controller.train(20)
+    controller.evaluate()
+    controller.train(25, checkpoint_at_completion=False)
+    controller.evaluate()
+    assert seen == [{"step": 20, "checkpoint": "ckpt-20"}, {"step": 25, "checkpoint": None}]
+
+
+def test_hooks_fire_in_the_documented_order():
+    controller, _, _ = make(10, 10, evaluator=True)
+    calls = []
+
+    class Order(Callback):
+        pass
+
+    for hook in ("on_train_begin", "on_loop_begin", "on_loop_end", "on_checkpoint_saved",
+                 "on_eval_begin", "on_eval_end", "on_train_end"):
+        setattr(Order, hook, lambda self, state, *args, hook=hook: calls.append(hook))
+    controller.callbacks.append(Order())
+    controller.train_and_evaluate(train_steps=20, eval_interval=10)
+    assert calls == [
+        "on_train_begin",
+        "on_loop_begin", "on_loop_end", "on_checkpoint_saved", "on_eval_begin", "on_eval_end",
+        "on_loop_begin", "on_loop_end", "on_checkpoint_saved", "on_eval_begin", "on_eval_end",
+        "on_train_end",
+    ]
+
+
+def test_a_callback_can_stop_training_cleanly():
+    controller, trainer, manager = make(10, evaluator=True)
+
+    class StopAt30(Callback):
+        def on_loop_end(self, state, logs):
+            if state.global_step >= 30:
+                state.request_stop("enough")
+
+    controller.callbacks.append(StopAt30())
+    controller.train_and_evaluate(train_steps=100, eval_interval=50)
+    assert trainer.global_step == 30
+    assert list(manager.saved) == [30]
+    assert controller.evaluator.evaluated_at == [30]  # the final evaluation still runs
+
+
+def test_sigterm_stops_saves_and_raises_preempted():
+    class SelfTerminating(CountingTrainer):
+        def train(self, num_steps):
+            if self.global_step == 20:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().train(num_steps)
+
+    trainer = SelfTerminating()
+    manager = FakeCheckpointManager(trainer)
+    controller = Controller(trainer=trainer, steps_per_loop=10, checkpoint_manager=manager)
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Preempted) as raised:
+        controller.train(100)
+    assert raised.value.code == 128 + signal.SIGTERM
+    assert raised.value.checkpoint == "ckpt-30"
+    assert list(manager.saved) == [30]
+    assert signal.getsignal(signal.SIGTERM) is previous  # the handler is put back
+
+
+def test_actions_get_the_raw_output_and_logs_get_rates():
+    outputs, ends = [], []
+
+    class Ends(Callback):
+        def on_loop_end(self, state, logs):
+            ends.append(logs)
+
+    controller, _, _ = make(10, train_actions=[outputs.append], callbacks=[Ends()])
+    controller.train(10)
+    assert outputs == [{"loss": 0.1, "nested": {"value": 10.0}}]
+    assert set(ends[0]) == {"loss", "nested", "steps_per_second"}
+
+
+def test_summary_interval_writes_train_summaries_on_its_multiples(tmp_path):
+    controller, _, _ = make(3, summary_dir=str(tmp_path), summary_interval=5)
+    controller.train(20)
+    controller.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [int(line.split(",")[0].split(":")[1]) for line in lines] == [5, 10, 15, 20]
+
+
+def test_evaluate_continuously_evaluates_every_checkpoint_not_only_the_newest():
+    controller, trainer, manager = make(10, 10, evaluator=True)
+    controller.train(30)
+    evaluated = []
+
+    class Spy(Callback):
+        def on_eval_end(self, state, logs):
+            evaluated.append(state.extra["last_eval"]["checkpoint"])
+
+    controller.callbacks.append(Spy())
+    controller.evaluate_continuously(timeout=0)
+    assert evaluated == ["ckpt-10", "ckpt-20", "ckpt-30"]
+    assert controller.evaluator.evaluated_at == [10, 20, 30]
+
+
+def test_a_wrong_step_count_is_reported(caplog):
+    class CountsUpdates(CountingTrainer):  # a GAN that wrongly counts two updates per step
+        def train(self, num_steps):
+            return super().train(2 * num_steps)
+
+    controller = Controller(trainer=CountsUpdates(), steps_per_loop=10)
+    with caplog.at_level(logging.WARNING, logger="cadence"):
+        controller.train(20)
+    assert "advanced the global step by 20" in caplog.text
+
+
+def test_a_trainer_that_does_not_count_steps_fails_instead_of_looping_forever():
+    class Stuck(CountingTrainer):
+        def train(self, num_steps):
+            return {}
+
+    with pytest.raises(RuntimeError, match="did not advance the global step"):
+        Controller(trainer=Stuck(), steps_per_loop=10).train(20)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({}, ValueError, "trainer"),
+        ({"trainer": CountingTrainer()}, ValueError, "steps_per_loop"),
+        ({"trainer": CountingTrainer(), "steps_per_loop": 0}, ValueError, "steps_per_loop"),
+        ({"trainer": CountingTrainer(), "steps_per_loop": 5, "summary_interval": 0},
+         ValueError, "summary_interval"),
+        ({"trainer": object(), "steps_per_loop": 5}, TypeError, "train"),
+        ({"evaluator": object()}, TypeError, "evaluate"),
+        ({"evaluator": type("E", (), {"evaluate": lambda s, n: {}})()}, TypeError, "global step"),
+    ],
+)
+def test_bad_arguments_are_rejected_at_construction(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        Controller(**kwargs)
+
+
+def test_bad_call_arguments_are_rejected():
+    controller, _, _ = make(10, evaluator=True)
+    with pytest.raises(ValueError, match="non-negative"):
+        controller.train(-1)
+    with pytest.raises(ValueError, match="-1"):
+        controller.evaluate(0)
+    with pytest.raises(ValueError, match="eval_interval"):
+        controller.train_and_evaluate(10, eval_interval=0)
+    with pytest.raises(ValueError, match="no evaluator"):
+        Controller(trainer=CountingTrainer(), steps_per_loop=1).evaluate()
+    with pytest.raises(ValueError, match="checkpoint manager"):
+        Controller(trainer=CountingTrainer(), steps_per_loop=1).save_checkpoint()
