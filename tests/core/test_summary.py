@@ -1,0 +1,68 @@
+import json
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from cadence.core.scope import push_scope
+from cadence.core.summary import SummaryManager, scalar
+
+
+def read_scalars(directory):
+    accumulator = EventAccumulator(str(directory))
+    accumulator.Reload()
+    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)]
+            for tag in accumulator.Tags()["scalars"]}
+
+
+def test_nested_logs_become_subdirectories_that_tensorboard_reads(tmp_path):
+    manager = SummaryManager(tmp_path)
+    manager.write_summaries({"loss": 0.5, "eval": {"accuracy": 0.75, "deep": {"x": 1}}}, step=10)
+    manager.write_summaries({"loss": 0.25, "eval": {"accuracy": 1.0, "deep": {"x": 2}}}, step=20)
+    manager.close()
+    assert read_scalars(tmp_path) == {"loss": [(10, 0.5), (20, 0.25)]}
+    assert read_scalars(tmp_path / "eval") == {"accuracy": [(10, 0.75), (20, 1.0)]}
+    assert read_scalars(tmp_path / "eval" / "deep") == {"x": [(10, 1.0), (20, 2.0)]}
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records == [{"step": 10, "loss": 0.5}, {"step": 20, "loss": 0.25}]
+
+
+def test_tensors_and_numpy_values_are_written_as_numbers(tmp_path):
+    np = pytest.importorskip("numpy")
+    manager = SummaryManager(tmp_path)
+    manager.write_summaries({"a": np.float32(1.5), "b": np.array(2.0)}, step=1,
+                            extra={"checkpoint": "ckpt-1"})
+    manager.close()
+    assert read_scalars(tmp_path) == {"a": [(1, 1.5)], "b": [(1, 2.0)]}
+    record = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert record == {"step": 1, "checkpoint": "ckpt-1", "a": 1.5, "b": 2.0}
+
+
+def test_only_rank_zero_writes(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    manager = SummaryManager(tmp_path / "s")
+    manager.write_summaries({"loss": 1.0}, step=1)
+    manager.close()
+    assert not (tmp_path / "s").exists()
+
+
+def test_no_directory_makes_everything_a_no_op():
+    manager = SummaryManager(None)
+    manager.write_summaries({"loss": 1.0}, step=1)
+    with manager.as_default():
+        assert scalar("x", 1.0, step=1) is False
+
+
+def test_in_step_scalars_are_prefixed_by_the_name_scope_and_follow_record_if(tmp_path):
+    steps = iter(range(1, 5))
+    manager = SummaryManager(tmp_path, global_step=lambda: next(steps))
+    with manager.as_default(record_if=lambda step: step % 2 == 0):
+        with push_scope("trainer"), push_scope("encoder"):
+            recorded = [scalar("norm", float(i)) for i in range(4)]
+    manager.close()
+    assert recorded == [False, True, False, True]
+    assert read_scalars(tmp_path) == {"trainer/encoder/norm": [(2, 1.0), (4, 3.0)]}
+
+
+def test_write_without_a_step_names_the_fix(tmp_path):
+    with pytest.raises(ValueError, match="global_step"):
+        SummaryManager(tmp_path).write_summaries({"loss": 1.0})

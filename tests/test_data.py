@@ -1,0 +1,130 @@
+"""DataIterator: a resumed run continues with the next batch, and later passes shuffle as in an
+uninterrupted run."""
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from cadence import DataIterator
+
+
+class Counting(Dataset):
+    """Items are their own index; counts loads."""
+
+    def __init__(self, n=40):
+        self.n = n
+        self.loads = 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        self.loads += 1
+        return index
+
+
+def take(iterator, count):
+    out = []
+    while len(out) < count:
+        try:
+            batch = next(iterator)
+            out.append(batch.tolist() if isinstance(batch, torch.Tensor) else batch)
+        except StopIteration:
+            iterator.end_pass()
+    return out
+
+
+LOADERS = {
+    "shuffled": lambda ds, g: DataLoader(ds, batch_size=8, shuffle=True),
+    "shuffled_with_generator": lambda ds, g: DataLoader(ds, batch_size=8, shuffle=True,
+                                                        generator=g),
+    "sequential": lambda ds, g: DataLoader(ds, batch_size=8),
+    "drop_last": lambda ds, g: DataLoader(ds, batch_size=6, shuffle=True, drop_last=True),
+    "workers": lambda ds, g: DataLoader(ds, batch_size=8, shuffle=True, num_workers=2),
+}
+
+
+@pytest.mark.parametrize("kind", list(LOADERS))
+@pytest.mark.parametrize("stop_after", [3, 5, 7])
+def test_resume_mid_epoch_matches_an_uninterrupted_run(kind, stop_after):
+    torch.manual_seed(0)
+    uninterrupted = take(DataIterator(LOADERS[kind](Counting(), torch.Generator().manual_seed(1))),
+                         14)
+
+    torch.manual_seed(0)
+    first = DataIterator(LOADERS[kind](Counting(), torch.Generator().manual_seed(1)))
+    before = take(first, stop_after)
+    saved, rng = first.state_dict(), torch.get_rng_state()
+
+    torch.manual_seed(12345)  # a new process: different RNG until the checkpoint is restored
+    dataset = Counting()
+    second = DataIterator(LOADERS[kind](dataset, torch.Generator().manual_seed(1)))
+    torch.set_rng_state(rng)
+    second.load_state_dict(saved)
+    after = take(second, 14 - stop_after)
+    assert before + after == uninterrupted
+    assert second.epoch == first.epoch + (len(uninterrupted) - stop_after + first.batches) // (
+        len(LOADERS[kind](Counting(), None)))
+
+
+def test_resume_skips_at_the_index_level_without_loading_consumed_batches():
+    loader = DataLoader(Counting(), batch_size=8, shuffle=True)
+    first = DataIterator(loader)
+    take(first, 3)
+    dataset = Counting()
+    second = DataIterator(DataLoader(dataset, batch_size=8, shuffle=True))
+    second.load_state_dict(first.state_dict())
+    take(second, 1)
+    assert dataset.loads == 8  # one batch, not four
+
+
+def test_lists_resume_by_index():
+    batches = [[i] for i in range(5)]
+    first = DataIterator(batches)
+    assert take(first, 3) == [[0], [1], [2]]
+    second = DataIterator(batches)
+    second.load_state_dict(first.state_dict())
+    assert take(second, 4) == [[3], [4], [0], [1]]
+
+
+class Stateful:
+    def __init__(self):
+        self.start = 0
+
+    def __iter__(self):
+        for i in range(self.start, 5):
+            self.start = i + 1
+            yield i
+        self.start = 0
+
+    def state_dict(self):
+        return {"start": self.start}
+
+    def load_state_dict(self, state):
+        self.start = state["start"]
+
+
+def test_sources_with_state_dict_use_their_own_state():
+    first = DataIterator(Stateful())
+    assert take(first, 2) == [0, 1]
+    second = DataIterator(Stateful())
+    second.load_state_dict(first.state_dict())
+    assert take(second, 2) == [2, 3]
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(range(10))
+
+
+def test_a_source_without_position_warns_what_a_resume_will_do():
+    iterator = DataIterator(DataLoader(Stream(), batch_size=2))
+    take(iterator, 1)
+    with pytest.warns(UserWarning, match="starts that data from its beginning"):
+        iterator.state_dict()
+
+
+def test_a_position_from_another_kind_of_source_is_rejected():
+    saved = DataIterator([[1], [2]]).state_dict()
+    with pytest.raises(ValueError, match="same kind of data source"):
+        DataIterator(DataLoader(Counting(), batch_size=2)).load_state_dict(saved)

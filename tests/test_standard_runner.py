@@ -1,0 +1,157 @@
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from fakes import TinyClassifier, make_loader
+
+import cadence
+
+
+class Recorder(cadence.StandardTrainer, cadence.StandardEvaluator):
+    """Records the order of template calls and the batches it sees."""
+
+    def __init__(self, train_data, eval_data=(), options=None, eval_options=None):
+        cadence.StandardTrainer.__init__(self, train_data, options)
+        cadence.StandardEvaluator.__init__(self, eval_data, eval_options)
+        self.calls: list[Any] = []
+
+    _TRACKING_IGNORED = frozenset({"calls"})
+
+    def train_loop_begin(self):
+        self.calls.append("begin")
+
+    def train_step(self, iterator: Iterator[Any]) -> None:
+        self.calls.append(next(iterator))
+
+    def train_loop_end(self):
+        self.calls.append("end")
+        return {"steps": self.global_step}
+
+    def eval_begin(self):
+        return []
+
+    def eval_step(self, iterator):
+        return next(iterator)
+
+    def eval_reduce(self, state=None, step_outputs=None):
+        return [*state, step_outputs]
+
+    def eval_end(self, state):
+        return {"seen": state}
+
+
+def test_train_runs_the_template_and_the_iterator_persists_across_calls():
+    runner = Recorder([1, 2, 3, 4, 5])
+    assert runner.train(2) == {"steps": 2}
+    assert runner.train(2) == {"steps": 4}
+    assert runner.calls == ["begin", 1, 2, "end", "begin", 3, 4, "end"]
+
+
+def test_exhausted_data_starts_a_new_epoch():
+    runner = Recorder([1, 2, 3])
+    runner.train(7)
+    assert runner.calls[1:-1] == [1, 2, 3, 1, 2, 3, 1]
+    assert runner.epoch == 2 and runner.global_step == 7
+
+
+def test_stop_at_end_of_data_ends_training_cleanly():
+    runner = Recorder([1, 2, 3], options=cadence.StandardTrainerOptions(stop_at_end_of_data=True))
+    assert runner.train(10) == {"steps": 3}
+    assert runner.epoch == 1
+    assert runner.train(2) == {"steps": 5}  # the next call starts the next pass
+
+
+def test_a_one_shot_iterator_fails_with_a_clear_error_instead_of_spinning():
+    runner = Recorder(iter([1, 2]))
+    with pytest.raises(ValueError, match="iterated only once"):
+        runner.train(5)
+
+
+def test_evaluate_to_exhaustion_always_reduces():
+    runner = Recorder([], eval_data=[10, 20, 30])
+    assert runner.evaluate(-1) == {"seen": [10, 20, 30]}
+    assert runner.evaluate(2) == {"seen": [10, 20]}  # a fresh iterator per evaluation
+
+
+def test_eval_reduce_runs_when_eval_begin_returns_none():
+    class NoState(Recorder):
+        def eval_begin(self):
+            return None
+
+        def eval_reduce(self, state=None, step_outputs=None):
+            return (state or 0) + step_outputs
+
+    assert NoState([], eval_data=[1, 2, 3]).evaluate(-1) == {"seen": 6}
+
+
+def test_persistent_eval_iterator_continues_between_evaluations():
+    options = cadence.StandardEvaluatorOptions(recreate_iterator_for_each_eval=False)
+    runner = Recorder([], eval_data=[1, 2, 3, 4], eval_options=options)
+    assert runner.evaluate(2) == {"seen": [1, 2]}
+    assert runner.evaluate(2) == {"seen": [3, 4]}
+
+
+def test_evaluation_runs_without_gradients():
+    class Grad(Recorder):
+        def eval_step(self, iterator):
+            next(iterator)
+            return torch.is_grad_enabled()
+
+    assert Grad([], eval_data=[0]).evaluate(-1) == {"seen": [False]}
+
+
+@pytest.mark.parametrize("bad", [-2, 1.5, "3"])
+def test_bad_num_steps_are_rejected(bad):
+    with pytest.raises(ValueError, match="num_steps"):
+        Recorder([1]).train(bad)
+    with pytest.raises(ValueError, match="num_steps"):
+        Recorder([1]).evaluate(bad)
+
+
+def test_options_must_be_the_options_class():
+    with pytest.raises(TypeError, match="StandardTrainerOptions"):
+        Recorder([1], options={"compile_step": True})
+
+
+def test_step_and_epoch_callbacks_fire_through_the_controller():
+    calls = []
+
+    class Hooks(cadence.Callback):
+        def on_step_end(self, state):
+            calls.append(("step", state.global_step))
+
+        def on_epoch_end(self, state):
+            calls.append(("epoch", state.epoch))
+
+    runner = Recorder([1, 2])
+    controller = cadence.Controller(trainer=runner, steps_per_loop=3, callbacks=[Hooks()])
+    controller.train(3)
+    assert calls == [("step", 1), ("step", 2), ("epoch", 1), ("step", 3)]
+
+
+def test_data_exhaustion_ends_controller_training_cleanly():
+    runner = Recorder([1, 2, 3], options=cadence.StandardTrainerOptions(stop_at_end_of_data=True))
+    controller = cadence.Controller(trainer=runner, steps_per_loop=2)
+    controller.train(100)
+    assert runner.global_step == 3
+
+
+def test_examples_per_step_comes_from_the_loader():
+    assert TinyClassifier(make_loader(batch_size=8)).examples_per_step == 8
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning")  # dynamo's tracing warns about torch internals
+def test_compiled_step_trains_like_the_eager_one():
+    pytest.importorskip("torch._dynamo")
+    eager = TinyClassifier([(torch.randn(4, 4), torch.tensor([0, 1, 2, 0]))])
+    compiled = TinyClassifier(eager.train_dataset,
+                              options=cadence.StandardTrainerOptions(compile_step=True))
+    compiled.model.load_state_dict(eager.model.state_dict())
+    compiled.model.eval(), eager.model.eval()  # no dropout: identical updates expected
+    eager.train_loop_begin = compiled.train_loop_begin = lambda: None
+    eager.train(2)
+    compiled.train(2)
+    for a, b in zip(eager.model.parameters(), compiled.model.parameters()):
+        torch.testing.assert_close(a, b)
