@@ -80,6 +80,12 @@ class DataIterator:
         self._skip = 0
         self._warned = False
         self._recorder: _RecordingSampler | None = None
+        try:
+            self.pass_length: int | None = len(source)
+        except TypeError:
+            self.pass_length = None
+        """Batches in one pass, when the source knows; lets a pass end right after its last
+        batch instead of on the next, failing ``next()``."""
         if isinstance(source, DataLoader) and not isinstance(source.dataset, IterableDataset):
             batch_sampler = source.batch_sampler
             if type(batch_sampler) is BatchSampler:

@@ -205,6 +205,7 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
             self._fire_epoch("on_epoch_begin")
         self._epoch_begun = True
         progress = self._progress
+        pass_length = data.pass_length
         hooks = self._callbacks if self._callbacks.has_step_hooks else None
         done = 0
         empty_pass = False
@@ -231,6 +232,8 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
             if hooks is not None:
                 state.global_step = progress.global_step
                 hooks.fire("on_step_end", state)
+            if data.batches == pass_length:  # the last batch of a sized source: epoch ends now
+                self._end_pass()
         state.global_step = progress.global_step
         return self.train_loop_end()
 

@@ -1,0 +1,174 @@
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+from fakes import TinyClassifier, make_loader
+from torch import nn
+
+import cadence
+from cadence import CheckpointError, CheckpointManager, CheckpointMismatchError
+
+
+def trained(steps=5):
+    runner = TinyClassifier(make_loader())
+    runner.train(steps)
+    return runner
+
+
+def params(module):
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def test_save_and_restore_round_trip_everything_a_module_reaches(tmp_path):
+    runner = trained()
+    manager = CheckpointManager(runner, tmp_path)
+    path = manager.save(runner.global_step)
+    assert path == str(tmp_path / "ckpt-5")
+    expected = params(runner.model)
+    lr = runner.optimizer.param_groups[0]["lr"]
+
+    fresh = TinyClassifier(make_loader())
+    assert CheckpointManager(fresh, tmp_path).restore_or_initialize() == path
+    assert fresh.global_step == 5
+    for a, b in zip(params(fresh.model), expected):
+        assert torch.equal(a, b)
+    assert fresh.optimizer.state_dict()["state"][0]["exp_avg"].equal(
+        runner.optimizer.state_dict()["state"][0]["exp_avg"])
+    assert fresh.scheduler.last_epoch == 5 and fresh.optimizer.param_groups[0]["lr"] == lr
+
+
+def test_rng_states_are_restored(tmp_path):
+    model = nn.Linear(1, 1)
+    manager = CheckpointManager({"model": model}, tmp_path)
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    manager.save(1)
+    expected = (random.random(), np.random.rand(), torch.rand(1))
+    random.seed(2), np.random.seed(2), torch.manual_seed(2)
+    manager.restore(manager.latest_checkpoint)
+    assert (random.random(), np.random.rand(), torch.rand(1)) == expected
+
+
+def test_saving_the_same_step_twice_keeps_the_first(tmp_path):
+    manager = CheckpointManager({"model": nn.Linear(1, 1)}, tmp_path)
+    first = manager.save(3)
+    mtime = os.stat(os.path.join(first, "state.pt")).st_mtime_ns
+    assert manager.save(3) == first
+    assert os.stat(os.path.join(first, "state.pt")).st_mtime_ns == mtime
+
+
+def test_retention_keeps_max_to_keep(tmp_path):
+    manager = CheckpointManager({"model": nn.Linear(1, 1)}, tmp_path, max_to_keep=2)
+    for step in (1, 2, 3, 4):
+        manager.save(step)
+    assert [c.step for c in manager.checkpoints] == [3, 4]
+
+
+def test_init_fn_runs_only_when_there_is_no_checkpoint(tmp_path):
+    calls = []
+    manager = CheckpointManager({"model": nn.Linear(1, 1)}, tmp_path,
+                                init_fn=lambda: calls.append("init"))
+    assert manager.restore_or_initialize() is None
+    manager.save(1)
+    assert manager.restore_or_initialize() == str(tmp_path / "ckpt-1")
+    assert calls == ["init"]
+
+
+def test_a_mismatched_checkpoint_lists_every_difference_and_loads_nothing(tmp_path):
+    CheckpointManager({"model": nn.Linear(3, 2)}, tmp_path).save(1)
+    other = nn.Linear(4, 2)
+    before = params(other)
+    manager = CheckpointManager({"model": other, "head": nn.Linear(1, 1)}, tmp_path)
+    with pytest.raises(CheckpointMismatchError) as raised:
+        manager.restore_or_initialize()
+    assert "missing from the checkpoint: 'head'" in str(raised.value)
+    assert "'weight' has shape (2, 3) in the checkpoint, (2, 4) in the model" in str(raised.value)
+    assert all(torch.equal(a, b) for a, b in zip(params(other), before))
+
+
+def test_a_corrupt_file_is_reported_not_loaded(tmp_path):
+    manager = CheckpointManager({"model": nn.Linear(3, 2)}, tmp_path)
+    path = manager.save(1)
+    state = os.path.join(path, "state.pt")
+    size = os.path.getsize(state)
+    with open(state, "wb") as handle:
+        handle.write(b"\0" * size)  # same size: only the reader can tell
+    with pytest.raises(CheckpointError, match="corrupt"):
+        manager.restore(path)
+
+
+def test_a_truncated_checkpoint_is_skipped_and_the_previous_one_restored(tmp_path):
+    model = nn.Linear(3, 2)
+    manager = CheckpointManager({"model": model}, tmp_path)
+    manager.save(1)
+    newest = manager.save(2)
+    with open(os.path.join(newest, "state.pt"), "r+b") as handle:
+        handle.truncate(10)
+    assert manager.restore_or_initialize() == str(tmp_path / "ckpt-1")
+
+
+class Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_loading_never_executes_code_from_the_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    manager = CheckpointManager({"model": nn.Linear(1, 1)}, tmp_path / "ckpts")
+    path = manager.save(1)
+    payload = torch.load(os.path.join(path, "state.pt"), weights_only=True)
+    payload["state"]["model"]["evil"] = Exploit()
+    torch.save(payload, os.path.join(path, "state.pt"))
+    manifest_path = os.path.join(path, "manifest.json")
+    with open(manifest_path) as handle:
+        manifest = json.load(handle)
+    manifest["files"]["state.pt"] = os.path.getsize(os.path.join(path, "state.pt"))
+    with open(manifest_path, "w") as handle:
+        json.dump(manifest, handle)
+    with pytest.raises(CheckpointError, match="never unpickles"):
+        manager.restore(path)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_foreign_directory_is_rejected_with_the_fix(tmp_path):
+    (tmp_path / "weights").mkdir()
+    torch.save({"w": torch.ones(1)}, tmp_path / "weights" / "state.pt")
+    manager = CheckpointManager({"model": nn.Linear(1, 1)}, tmp_path / "ckpts")
+    with pytest.raises(CheckpointError, match="init_fn|not a complete cadence checkpoint"):
+        manager.restore(tmp_path / "weights")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"state": [nn.Linear(1, 1)]}, TypeError, "cadence.Module or a dict"),
+        ({"state": {"x": object()}}, TypeError, "state_dict"),
+        ({"init_fn": 3}, TypeError, "init_fn"),
+        ({"max_to_keep": 0}, ValueError, "max_to_keep"),
+        ({"checkpoint_interval": -1}, ValueError, "checkpoint_interval"),
+    ],
+)
+def test_bad_arguments_are_rejected_before_anything_is_written(tmp_path, kwargs, error, match):
+    kwargs = {"state": {"model": nn.Linear(1, 1)}, **kwargs}
+    with pytest.raises(error, match=match):
+        CheckpointManager(directory=tmp_path / "new", **kwargs)
+    assert not (tmp_path / "new").exists()
+
+
+def test_controller_with_a_real_manager_resumes_a_rerun_program(tmp_path):
+    def program(train_to):
+        torch.manual_seed(0)
+        runner = TinyClassifier(make_loader())
+        controller = cadence.Controller(
+            trainer=runner, steps_per_loop=3,
+            checkpoint_manager=CheckpointManager(runner, tmp_path, checkpoint_interval=4),
+        )
+        controller.train(train_to)
+        return runner
+
+    program(10)
+    assert [c.step for c in CheckpointManager({}, tmp_path).checkpoints] == [4, 8, 10]
+    assert program(10).global_step == 10
+    assert program(12).global_step == 12

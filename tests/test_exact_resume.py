@@ -1,0 +1,97 @@
+"""Exact resume: an interrupted and resumed run ends bitwise equal to an uninterrupted one,
+with a shuffled DataLoader, dropout, Adam and a learning-rate schedule in the job -- also when
+the first process is killed with SIGKILL at a random moment, or in the middle of a checkpoint
+write."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+JOB = Path(__file__).parent / "resume_job.py"
+TARGET = 40  # five passes over the data; checkpoints every 2 steps, loops of 3
+
+
+def run(directory, steps, out=None, *extra):
+    command = [sys.executable, str(JOB), "--dir", str(directory), "--steps", str(steps), *extra]
+    if out is not None:
+        command += ["--out", str(out)]
+    subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
+
+
+def assert_bitwise_equal(a, b):
+    left = torch.load(a, weights_only=True)
+    right = torch.load(b, weights_only=True)
+    assert left["epoch"] == right["epoch"] == 5
+    assert left["scheduler"] == right["scheduler"]
+    for key, tensor in left["model"].items():
+        assert torch.equal(tensor, right["model"][key]), key
+    for index, state in left["optimizer"]["state"].items():
+        for key, tensor in state.items():
+            assert torch.equal(tensor, right["optimizer"]["state"][index][key]), (index, key)
+
+
+@pytest.fixture(scope="module", params=["global_rng", "generator"])
+def reference(request, tmp_path_factory):
+    flags = ["--generator"] if request.param == "generator" else []
+    directory = tmp_path_factory.mktemp("reference")
+    out = directory / "final.pt"
+    run(directory / "ckpt", TARGET, out, *flags)
+    return out, flags
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop_at", [7, 17])
+def test_train_stop_and_resume_in_a_new_process(tmp_path, reference, stop_at):
+    out, flags = reference
+    run(tmp_path, stop_at, None, *flags)
+    run(tmp_path, TARGET, tmp_path / "final.pt", *flags)
+    assert_bitwise_equal(out, tmp_path / "final.pt")
+
+
+def start(directory, flags):
+    return subprocess.Popen(
+        [sys.executable, str(JOB), "--dir", str(directory), "--steps", str(TARGET), *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+
+
+def kill(process):
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    process.stdout.close()
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_then_resume(tmp_path, reference):
+    out, flags = reference
+    rng = random.Random(1234)
+    for _ in range(3):
+        process = start(tmp_path, [*flags, "--step-sleep", "0.02"])
+        assert process.stdout.readline().startswith("START")
+        time.sleep(rng.uniform(0.05, 0.6))
+        kill(process)
+    run(tmp_path, TARGET, tmp_path / "final.pt", *flags)
+    assert_bitwise_equal(out, tmp_path / "final.pt")
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path, reference):
+    out, flags = reference
+    process = start(tmp_path, [*flags, "--pause-in-write"])
+    assert process.stdout.readline().startswith("START")
+    for _ in range(3):  # let a few checkpoints commit, then kill in the middle of the next one
+        assert process.stdout.readline().strip() == "WRITING"
+    kill(process)
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-ckpt-")]
+    assert leftovers, "the kill should have left a half-written checkpoint behind"
+    run(tmp_path, TARGET, tmp_path / "final.pt", *flags)
+    assert_bitwise_equal(out, tmp_path / "final.pt")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-ckpt-")]
