@@ -9,8 +9,8 @@ Hook order during ``Controller.train_and_evaluate`` (the other entry points are 
           on_step_begin, on_step_end    around every step (only if some callback overrides them)
           [on_epoch_end]                when a pass over the data ends
         on_loop_end(logs)
-        [on_checkpoint_saved(path)]
-        [on_eval_begin, on_eval_end(logs)]
+        [on_eval_begin, on_eval_end(logs)]  at evaluation steps
+        [on_checkpoint_saved(path)]         at checkpoint steps (after an evaluation at the same step)
     on_train_end
 
 A callback overrides only the hooks it needs. The dispatcher looks up, once, which callbacks

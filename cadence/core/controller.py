@@ -10,7 +10,9 @@ What it does differently from Orbit (see the docs' "coming from Orbit" page):
   inner loops are cut short at the next boundary, so ``steps_per_loop`` need not divide them.
 - Intervals are validated at construction; a first loop does not trigger a stray checkpoint.
 - An explicit `save_checkpoint` saves whether or not the manager has an interval.
-- Each evaluation records the step and the checkpoint (if any) whose weights it ran on.
+- Each evaluation records the step and the checkpoint (if any) whose weights it ran on. In
+  `train_and_evaluate`, a checkpoint due at an evaluation's step is written right after that
+  evaluation (same weights), so that a restarted run knows which evaluations already ran.
 - A finished `train_and_evaluate` run restarted still runs its final evaluation if it never ran.
 - SIGTERM / SIGINT stop training at the next step boundary, save, and raise `Preempted`.
 """
@@ -289,12 +291,16 @@ class Controller:
         with self._training():
             current = self._global_step()
             while current < train_steps and not self.state.stop_requested:
-                boundary = interval.next_boundary(current)
-                self._train_until(min(train_steps, boundary or train_steps))
+                target = min(train_steps, interval.next_boundary(current) or train_steps)
+                # A checkpoint due at the evaluation's step is saved after the evaluation, so
+                # that a restarted run knows the evaluation happened.
+                self._train_until(target, defer_save_at=target)
                 current = self._global_step()
                 if self.state.stop_requested or current >= train_steps:
                     break
                 output = self.evaluate(eval_steps)
+                if self._checkpoint_interval.crossed(current) and self.checkpoint_manager:
+                    self._save()
             if self._signal_received is None and self._last_eval_step != current:
                 output = self.evaluate(eval_steps)
             # Saved after the final evaluation, so that a restarted run knows it happened.
@@ -332,7 +338,7 @@ class Controller:
     def _last_saved_step(self) -> int:
         return self._checkpoint_interval.last
 
-    def _train_until(self, target: int) -> None:
+    def _train_until(self, target: int, defer_save_at: int | None = None) -> None:
         current = self._global_step()
         while current < target and not self.state.stop_requested:
             steps_per_loop = self.steps_per_loop
@@ -351,7 +357,8 @@ class Controller:
                     f"{current}), so training would never reach step {target}. Make train() "
                     "count its steps, e.g. by subclassing cadence.StandardTrainer."
                 )
-            if self._checkpoint_interval.crossed(current) and self.checkpoint_manager is not None:
+            if (self._checkpoint_interval.crossed(current) and current != defer_save_at
+                    and self.checkpoint_manager is not None):
                 self._save()
 
     def _record_if(self, step: int) -> bool:

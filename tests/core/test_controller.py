@@ -118,8 +118,8 @@ def test_hooks_fire_in_the_documented_order():
     controller.train_and_evaluate(train_steps=20, eval_interval=10)
     assert calls == [
         "on_train_begin",
-        "on_loop_begin", "on_loop_end", "on_checkpoint_saved", "on_eval_begin", "on_eval_end",
-        "on_loop_begin", "on_loop_end", "on_checkpoint_saved", "on_eval_begin", "on_eval_end",
+        "on_loop_begin", "on_loop_end", "on_eval_begin", "on_eval_end", "on_checkpoint_saved",
+        "on_loop_begin", "on_loop_end", "on_eval_begin", "on_eval_end", "on_checkpoint_saved",
         "on_train_end",
     ]
 
