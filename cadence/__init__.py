@@ -40,7 +40,35 @@ _EXPORTS = {
 }
 _SUBMODULES = {"summary": "cadence.core.summary", "core": "cadence.core"}
 
-__all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
+__all__ = [
+    "AbstractEvaluator",
+    "AbstractTrainer",
+    "Action",
+    "Callback",
+    "CheckpointError",
+    "CheckpointIO",
+    "CheckpointManager",
+    "CheckpointMismatchError",
+    "Controller",
+    "DataIterator",
+    "Last",
+    "Mean",
+    "Metric",
+    "Module",
+    "Output",
+    "Preempted",
+    "RunState",
+    "StandardEvaluator",
+    "StandardEvaluatorOptions",
+    "StandardTrainer",
+    "StandardTrainerOptions",
+    "Sum",
+    "SummaryManager",
+    "TorchSaveIO",
+    "__version__",
+    "core",
+    "summary",
+]
 
 if TYPE_CHECKING:
     from cadence import core as core

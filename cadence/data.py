@@ -90,7 +90,7 @@ class DataIterator:
             batch_sampler = source.batch_sampler
             if type(batch_sampler) is BatchSampler:
                 if not isinstance(batch_sampler.sampler, _RecordingSampler):
-                    batch_sampler.sampler = _RecordingSampler(batch_sampler.sampler)
+                    batch_sampler.sampler = _RecordingSampler(batch_sampler.sampler)  # type: ignore[arg-type]
                 self._recorder = batch_sampler.sampler
         self.kind = (
             "loader" if self._recorder is not None

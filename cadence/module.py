@@ -73,7 +73,7 @@ def _attributes(obj: Any) -> Iterator[tuple[str, Any]]:
     """The attributes walked for discovery: a Module's own, sorted by name (as ``tf.Module``);
     an ``nn.Module``'s children in registration order, then its public plain attributes."""
     if isinstance(obj, Module):
-        ignored = _ignored_attributes(type(obj))
+        ignored = _ignored_attributes(type(obj))  # type: ignore[arg-type]
         for name, value in sorted(vars(obj).items()):
             if name not in ignored:
                 yield name, value
@@ -169,7 +169,7 @@ class Module:
 
     @property
     def submodules(self) -> tuple[Module | nn.Module, ...]:
-        """All `Module` and ``nn.Module`` objects reachable from this one, depth first, each once."""
+        """All `Module` and ``nn.Module`` objects reachable from here, depth first, each once."""
         seen = {id(self)}
         found: list[Module | nn.Module] = []
 
@@ -199,10 +199,10 @@ class Module:
         optimizers: list[torch.optim.Optimizer] = []
         for module in (self, *self.submodules):
             if isinstance(module, nn.Module):
-                for tensor in module.parameters(recurse=False):
-                    add(tensor)
-                for tensor in module.buffers(recurse=False):
-                    add(tensor)
+                for param in module.parameters(recurse=False):
+                    add(param)
+                for buffer in module.buffers(recurse=False):
+                    add(buffer)
             for _, value in _attributes(module):
                 for leaf in _leaves(value):
                     add(leaf)

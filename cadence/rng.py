@@ -15,7 +15,7 @@ import torch
 
 def capture_rng_state() -> dict[str, Any]:
     """The states of Python's, NumPy's and torch's global generators (and CUDA's, if in use)."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": {

@@ -84,7 +84,7 @@ def _check_num_steps(num_steps: Any, allow_all: bool) -> int:
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or (
         num_steps < 0 and not (allow_all and num_steps == -1)
     ):
-        allowed = "a non-negative int, or -1 for all the data" if allow_all else "a non-negative int"
+        allowed = "a non-negative int" + (", or -1 for all the data" if allow_all else "")
         raise ValueError(f"`num_steps` (got {num_steps!r}) must be {allowed}.")
     return num_steps
 
@@ -138,7 +138,7 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
 
     @property
     def train_dataset(self) -> Any:
-        """The training data. Setting it starts a fresh iterator (and position) over the new data."""
+        """The training data. Setting it starts a fresh iterator and position over the new data."""
         return self._train_data.source
 
     @train_dataset.setter

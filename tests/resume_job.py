@@ -17,8 +17,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import cadence  # noqa: E402
-from fakes import TinyClassifier, make_loader  # noqa: E402
+from fakes import TinyClassifier, make_loader
+
+import cadence
 
 
 class PausingIO(cadence.TorchSaveIO):

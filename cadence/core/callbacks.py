@@ -10,7 +10,7 @@ Hook order during ``Controller.train_and_evaluate`` (the other entry points are 
           [on_epoch_end]                when a pass over the data ends
         on_loop_end(logs)
         [on_eval_begin, on_eval_end(logs)]  at evaluation steps
-        [on_checkpoint_saved(path)]         at checkpoint steps (after an evaluation at the same step)
+        [on_checkpoint_saved(path)]         at checkpoint steps (after an evaluation there)
     on_train_end
 
 A callback overrides only the hooks it needs. The dispatcher looks up, once, which callbacks
@@ -21,7 +21,7 @@ when no callback overrides them, runners use a loop with no per-step callback co
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,7 +150,7 @@ class CallbackList:
             if _overrides(callback, hook):
                 self._by_hook[hook].append(callback)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Callback]:
         return iter(self._callbacks)
 
     def __len__(self) -> int:

@@ -42,7 +42,7 @@ Action = Callable[[Mapping[str, Any]], None]
 
 def _check_steps_per_loop(value: Any) -> int | Callable[[int], int]:
     if callable(value):
-        return value  # type: ignore[no-any-return]
+        return value
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(
             f"`steps_per_loop` (got {value!r}) must be a positive int, or a function of the global "
@@ -163,7 +163,8 @@ class Controller:
     def _find_global_step(self) -> Callable[[], int]:
         for runner in (self.trainer, self.evaluator):
             if runner is not None and hasattr(runner, "global_step"):
-                return lambda runner=runner: int(runner.global_step)
+                found: Any = runner
+                return lambda: int(found.global_step)
         raise TypeError(
             "Cannot find the global step: neither the trainer nor the evaluator has a "
             "`global_step` attribute. Pass global_step=lambda: <completed steps>."
@@ -331,9 +332,10 @@ class Controller:
         if self._signal_received is not None:
             path = self._save() if self.checkpoint_manager is not None else None
             raise Preempted(self._signal_received, path)
-        if save and self.checkpoint_manager is not None:
-            if self._weights_checkpoint is None or self._last_saved_step() != self._global_step():
-                self._save()
+        if save and self.checkpoint_manager is not None and (
+            self._weights_checkpoint is None or self._last_saved_step() != self._global_step()
+        ):
+            self._save()
 
     def _last_saved_step(self) -> int:
         return self._checkpoint_interval.last

@@ -1,7 +1,7 @@
 """Intervals: *when* something happens, kept apart from *what* happens.
 
 Bookkeeping runs once per loop, not once per step, so an interval fires when a boundary was
-crossed since it last fired (``step // every > last // every``) rather than on ``step % every == 0``.
+crossed since it last fired (``step // every > last // every``), not on ``step % every == 0``.
 The Controller also asks each interval for its next boundary and ends loops there, so periodic
 work lands exactly on multiples of the interval whatever ``steps_per_loop`` is.
 """

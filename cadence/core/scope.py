@@ -10,7 +10,9 @@ import contextlib
 import contextvars
 from collections.abc import Iterator
 
-_STACK: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("cadence_scope", default=())
+_STACK: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "cadence_scope", default=()
+)
 
 
 def current_scope() -> str:

@@ -89,7 +89,7 @@ def test_a_finished_run_restarted_does_not_repeat_its_final_evaluation():
 
 
 def test_each_evaluation_records_its_step_and_checkpoint():
-    controller, trainer, _ = make(10, 20, evaluator=True)
+    controller, _, _ = make(10, 20, evaluator=True)
     seen = []
 
     class Spy(Callback):
@@ -180,7 +180,7 @@ def test_summary_interval_writes_train_summaries_on_its_multiples(tmp_path):
 
 
 def test_evaluate_continuously_evaluates_every_checkpoint_not_only_the_newest():
-    controller, trainer, manager = make(10, 10, evaluator=True)
+    controller, _, _ = make(10, 10, evaluator=True)
     controller.train(30)
     evaluated = []
 
