@@ -29,6 +29,7 @@ _EXPORTS = {
     "Module": "cadence.module",
     "Output": "cadence.runner",
     "Preempted": "cadence.core.errors",
+    "ProgressBar": "cadence.core.progress",
     "RunState": "cadence.core.callbacks",
     "StandardEvaluator": "cadence.standard_runner",
     "StandardEvaluatorOptions": "cadence.standard_runner",
@@ -57,6 +58,7 @@ __all__ = [
     "Module",
     "Output",
     "Preempted",
+    "ProgressBar",
     "RunState",
     "StandardEvaluator",
     "StandardEvaluatorOptions",
@@ -77,6 +79,7 @@ if TYPE_CHECKING:
     from cadence.core.callbacks import Callback, RunState
     from cadence.core.controller import Action, Controller
     from cadence.core.errors import CheckpointError, CheckpointMismatchError, Preempted
+    from cadence.core.progress import ProgressBar
     from cadence.core.summary import SummaryManager
     from cadence.data import DataIterator
     from cadence.metrics import Last, Mean, Metric, Sum

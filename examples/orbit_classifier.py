@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         ),
         summary_dir=os.path.join(args.model_dir, "train"),
         eval_summary_dir=os.path.join(args.model_dir, "eval"),
+        callbacks=[cadence.ProgressBar()],  # shown on a terminal only
     )
     result = controller.train_and_evaluate(
         train_steps=args.train_steps, eval_interval=args.eval_interval

@@ -50,6 +50,7 @@ class RunState:
         global_step: completed training steps (0 before the first step).
         epoch: completed passes over the training data (0 during the first pass).
         phase: ``"train"``, ``"eval"`` or ``""`` between them.
+        target_step: the global step the current ``train`` call trains to, if known.
         trainer: the trainer being driven, if any.
         evaluator: the evaluator being driven, if any.
         stop_requested: set by `request_stop`; runners end the loop at the next step boundary.
@@ -59,6 +60,7 @@ class RunState:
     global_step: int = 0
     epoch: int = 0
     phase: str = ""
+    target_step: int | None = None
     trainer: Any = None
     evaluator: Any = None
     stop_requested: bool = False

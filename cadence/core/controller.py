@@ -264,6 +264,7 @@ class Controller:
         """
         self._require("trainer")
         self._check_target(steps)
+        self.state.target_step = steps
         with self._training():
             self._train_until(steps)
             self._finish_training(checkpoint_at_completion)
@@ -288,6 +289,7 @@ class Controller:
         self._check_target(train_steps)
         self._check_eval_steps(eval_steps)
         interval = Interval(check_interval("eval_interval", eval_interval))
+        self.state.target_step = train_steps
         output = None
         with self._training():
             current = self._global_step()

@@ -41,7 +41,6 @@ class _DirectoryWriter:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._events: Any = None
-        self._jsonl: Any = None
 
     def write(self, step: int, values: dict[str, Any], extra: dict[str, Any] | None) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -49,7 +48,6 @@ class _DirectoryWriter:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
             self._events = EventFileWriter(str(self.directory))
-            self._jsonl = open(self.directory / JSONL_NAME, "a", encoding="utf-8")  # noqa: SIM115
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
 
@@ -62,18 +60,18 @@ class _DirectoryWriter:
             event.summary.value.extend(summary_values)
             self._events.add_event(event)
         record = {"step": int(step), **(extra or {}), **values}
-        self._jsonl.write(json.dumps(record, default=str) + "\n")
+        # Opened per write (once per loop): nothing stays open if the program never closes us.
+        with open(self.directory / JSONL_NAME, "a", encoding="utf-8") as jsonl:
+            jsonl.write(json.dumps(record, default=str) + "\n")
 
     def flush(self) -> None:
         if self._events is not None:
             self._events.flush()
-            self._jsonl.flush()
 
     def close(self) -> None:
         if self._events is not None:
             self._events.close()
-            self._jsonl.close()
-            self._events = self._jsonl = None
+            self._events = None
 
 
 class SummaryManager:
