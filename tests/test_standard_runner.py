@@ -155,3 +155,47 @@ def test_compiled_step_trains_like_the_eager_one():
     compiled.train(2)
     for a, b in zip(eager.model.parameters(), compiled.model.parameters()):
         torch.testing.assert_close(a, b)
+
+
+def test_the_training_loop_adds_no_host_syncs_between_log_points(monkeypatch):
+    class Sgd(cadence.StandardTrainer):
+        def __init__(self, data):
+            super().__init__(data)
+            self.model = torch.nn.Linear(4, 3)
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+            self.loss = cadence.Mean()
+
+        def train_step(self, iterator):
+            x, y = next(iterator)
+            loss = torch.nn.functional.cross_entropy(self.model(x), y)
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+            self.loss.update(loss)
+
+        def train_loop_end(self):
+            return {"loss": self.loss.result()}
+
+    calls = []
+
+    class Count(cadence.Callback):  # hooks steps and epochs, so those paths run too
+        def on_step_end(self, state):
+            pass
+
+        def on_epoch_end(self, state):
+            pass
+
+    # A list of batches: a DataLoader draws its per-epoch shuffle seeds with .item() on CPU
+    # tensors, which a hand-written loop over it does too.
+    x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+    trainer = Sgd([(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)])
+    cadence.Controller(trainer=trainer, steps_per_loop=5, callbacks=[Count()])
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__", "numpy"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda self, *a, _o=original, _n=name, **k: (calls.append(_n),
+                                                                         _o(self, *a, **k))[1])
+    logs = trainer.train(10)  # crosses two epoch boundaries
+    assert calls == []
+    monkeypatch.undo()
+    assert float(logs["loss"]) > 0
