@@ -80,13 +80,17 @@ class DataIterator:
         self._skip = 0
         self._warned = False
         self._recorder: _RecordingSampler | None = None
+        stateful = callable(getattr(source, "state_dict", None)) and callable(
+            getattr(source, "load_state_dict", None)
+        )
         try:
             self.pass_length: int | None = len(source)
         except TypeError:
             self.pass_length = None
         """Batches in one pass, when the source knows; lets a pass end right after its last
         batch instead of on the next, failing ``next()``."""
-        if isinstance(source, DataLoader) and not isinstance(source.dataset, IterableDataset):
+        if (not stateful and isinstance(source, DataLoader)
+                and not isinstance(source.dataset, IterableDataset)):
             batch_sampler = source.batch_sampler
             if type(batch_sampler) is BatchSampler:
                 if not isinstance(batch_sampler.sampler, _RecordingSampler):
@@ -94,8 +98,7 @@ class DataIterator:
                 self._recorder = batch_sampler.sampler
         self.kind = (
             "loader" if self._recorder is not None
-            else "stateful" if callable(getattr(source, "state_dict", None))
-            and callable(getattr(source, "load_state_dict", None))
+            else "stateful" if stateful
             else "sequence" if isinstance(source, Sequence)
             else "plain"
         )

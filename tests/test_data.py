@@ -128,3 +128,23 @@ def test_a_position_from_another_kind_of_source_is_rejected():
     saved = DataIterator([[1], [2]]).state_dict()
     with pytest.raises(ValueError, match="same kind of data source"):
         DataIterator(DataLoader(Counting(), batch_size=2)).load_state_dict(saved)
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata's own import
+def test_torchdata_stateful_dataloader_uses_its_native_state():
+    stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader")
+    torch.manual_seed(0)
+    uninterrupted = take(DataIterator(stateful_dataloader.StatefulDataLoader(
+        Counting(), batch_size=8, shuffle=True)), 9)
+    torch.manual_seed(0)
+    first = DataIterator(stateful_dataloader.StatefulDataLoader(Counting(), batch_size=8,
+                                                                shuffle=True))
+    before = take(first, 3)
+    saved, rng = first.state_dict(), torch.get_rng_state()
+    assert saved["kind"] == "stateful"
+    torch.manual_seed(99)
+    second = DataIterator(stateful_dataloader.StatefulDataLoader(Counting(), batch_size=8,
+                                                                 shuffle=True))
+    torch.set_rng_state(rng)
+    second.load_state_dict(saved)
+    assert before + take(second, 6) == uninterrupted
