@@ -172,3 +172,11 @@ def test_controller_with_a_real_manager_resumes_a_rerun_program(tmp_path):
     assert [c.step for c in CheckpointManager({}, tmp_path).checkpoints] == [4, 8, 10]
     assert program(10).global_step == 10
     assert program(12).global_step == 12
+
+
+def test_a_name_can_be_tracked_once(tmp_path):
+    manager = CheckpointManager({"model": nn.Linear(1, 1)}, tmp_path)
+    manager.track("callbacks", cadence.core.CallbackList())
+    for name in ("callbacks", "state"):
+        with pytest.raises(ValueError, match="already tracked"):
+            manager.track(name, cadence.core.CallbackList())

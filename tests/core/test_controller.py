@@ -244,3 +244,9 @@ def test_bad_call_arguments_are_rejected():
         Controller(trainer=CountingTrainer(), steps_per_loop=1).evaluate()
     with pytest.raises(ValueError, match="checkpoint manager"):
         Controller(trainer=CountingTrainer(), steps_per_loop=1).save_checkpoint()
+    with pytest.raises(ValueError, match="checkpoint manager"):
+        Controller(trainer=CountingTrainer(), steps_per_loop=1).restore_checkpoint()
+    trainer = CountingTrainer()
+    with pytest.raises(ValueError, match="checkpoint manager"):
+        Controller(evaluator=CountingEvaluator(trainer),
+                   global_step=lambda: 0).evaluate_continuously(timeout=0)
