@@ -26,7 +26,7 @@ import torch.distributed as dist
 from cadence.core.checkpoint_dir import CheckpointDirectory, CheckpointInfo, read_manifest
 from cadence.core.errors import CheckpointError
 from cadence.core.intervals import check_interval
-from cadence.core.protocols import Stateful
+from cadence.core.protocols import Stateful, is_stateful
 from cadence.module import Module, load_stateful
 from cadence.rng import capture_rng_state, restore_rng_state
 
@@ -79,8 +79,7 @@ class _DictState:
 
     def __init__(self, objects: Mapping[str, Any]) -> None:
         for name, obj in objects.items():
-            if not (callable(getattr(obj, "state_dict", None))
-                    and callable(getattr(obj, "load_state_dict", None))):
+            if not is_stateful(obj):
                 raise TypeError(
                     f"state[{name!r}] (got {type(obj).__name__}) has no state_dict() and "
                     "load_state_dict(); pass modules, optimizers, schedulers or other stateful "

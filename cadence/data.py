@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, SequentialSampler
 
+from cadence.core.protocols import is_stateful
+
 
 class _RecordingSampler(Sampler[int]):
     """Wraps a loader's sampler: records each pass's index order, and replays the rest of a
@@ -80,9 +82,7 @@ class DataIterator:
         self._skip = 0
         self._warned = False
         self._recorder: _RecordingSampler | None = None
-        stateful = callable(getattr(source, "state_dict", None)) and callable(
-            getattr(source, "load_state_dict", None)
-        )
+        stateful = is_stateful(source)
         try:
             self.pass_length: int | None = len(source)
         except TypeError:

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from cadence.core.errors import CheckpointMismatchError
+from cadence.core.protocols import is_stateful
 from cadence.core.scope import push_scope
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -245,9 +246,7 @@ class Module:
                     if isinstance(leaf, Module):
                         seen.add(id(leaf))
                         visit(leaf, path + ".")
-                    elif callable(getattr(leaf, "state_dict", None)) and callable(
-                        getattr(leaf, "load_state_dict", None)
-                    ) and not isinstance(leaf, type):
+                    elif is_stateful(leaf):
                         seen.add(id(leaf))
                         found[path] = leaf
 

@@ -32,6 +32,16 @@ class Stateful(Protocol):
     def load_state_dict(self, state_dict: dict[str, Any]) -> Any: ...
 
 
+def is_stateful(obj: Any) -> bool:
+    """Whether `obj` is an instance with callable ``state_dict`` and ``load_state_dict`` (a class
+    has them as plain functions, so classes are not stateful)."""
+    return (
+        not isinstance(obj, type)
+        and callable(getattr(obj, "state_dict", None))
+        and callable(getattr(obj, "load_state_dict", None))
+    )
+
+
 class CheckpointManagerLike(Protocol):
     """What the Controller needs of a checkpoint manager (`cadence.CheckpointManager` has it)."""
 
