@@ -113,6 +113,9 @@ class CheckpointManager:
         init_fn: called by `restore_or_initialize` when there is no checkpoint yet (e.g. to load
             pretrained weights).
         io: how payloads are written; defaults to `TorchSaveIO`.
+        strict: restoring requires the checkpoint to hold exactly the state's objects. False
+            ignores objects the checkpoint has but `state` does not track (an evaluation job
+            restores only the model from a training checkpoint); missing ones are still errors.
 
     Raises:
         TypeError: if `state` is neither a Module nor a dict of stateful objects, or `init_fn`
@@ -129,6 +132,7 @@ class CheckpointManager:
         checkpoint_interval: int | None = None,
         init_fn: Callable[[], Any] | None = None,
         io: CheckpointIO | None = None,
+        strict: bool = True,
     ) -> None:
         if isinstance(state, Module):
             self._state: Stateful = state
@@ -146,6 +150,7 @@ class CheckpointManager:
         self.init_fn = init_fn
         self.io: CheckpointIO = io or TorchSaveIO()
         self._tracked: dict[str, Stateful] = {}
+        self.strict = strict
         if _distributed()[0] == 0:
             self._directory.remove_stale()
 
@@ -239,7 +244,12 @@ class CheckpointManager:
             if not isinstance(payload.get(key), dict):
                 raise CheckpointError(f"{str(path)!r} has no {key!r} section: not a cadence "
                                       "checkpoint, or written by an incompatible version.")
-        self._state.load_state_dict(payload["state"])
+        state = payload["state"]
+        if not self.strict:
+            wanted = (self._state.stateful_objects() if isinstance(self._state, Module)
+                      else self._state.objects)  # type: ignore[attr-defined]
+            state = {path: value for path, value in state.items() if path in wanted}
+        self._state.load_state_dict(state)
         for name, obj in self._tracked.items():
             if name in payload["tracked"]:
                 obj.load_state_dict(payload["tracked"][name])

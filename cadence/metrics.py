@@ -114,3 +114,32 @@ class Last(Metric):
 
     def reset(self) -> None:
         self._state.clear()
+
+
+class Accuracy(Metric):
+    """The fraction of examples whose highest-scoring class is the label, since the last reset.
+
+    `update_state` takes ``(labels, outputs)`` as a `Task`'s metrics do: integer labels of
+    shape ``[N, ...]`` and scores of shape ``[N, ..., classes]``.
+
+    >>> accuracy = Accuracy()
+    >>> accuracy.update_state(torch.tensor([0, 1]), torch.tensor([[2.0, 1.0], [3.0, 0.0]]))
+    >>> float(accuracy.result())
+    0.5
+    """
+
+    def update_state(self, labels: torch.Tensor, outputs: torch.Tensor) -> None:
+        labels = self._tensor(labels)
+        correct = (outputs.detach().argmax(dim=-1) == labels).sum()
+        self._accumulator("correct", correct).add_(correct)
+        self._accumulator("count", correct).add_(labels.numel())
+
+    def update(self, value: Any, weight: Any = 1.0) -> None:
+        """`update_state` with (labels, outputs)."""
+        self.update_state(value, weight)
+
+    def result(self) -> torch.Tensor:
+        """The accuracy as a 0-d tensor (NaN before any update)."""
+        if not self._state:
+            return torch.tensor(float("nan"))
+        return self._state["correct"] / self._state["count"]

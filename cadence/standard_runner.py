@@ -199,8 +199,24 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         if state is self._own_state:  # not driven by a Controller: each call is a fresh start
             state.stop_requested, state.stop_reason = False, None
         self.train_loop_begin()
+        self.create_train_loop_fn()(self._train_data, num_steps)
+        state.global_step = self._progress.global_step
+        return self.train_loop_end()
+
+    def create_train_loop_fn(self) -> Callable[[DataIterator, int], None]:
+        """The inner loop that `train` runs: ``loop_fn(iterator, num_steps)`` calls the (compiled,
+        with ``compile_step``) `train_step` `num_steps` times, counting steps and epochs and
+        firing step hooks."""
         step_fn = self._train_step_fn()
-        data = self._train_data
+
+        def loop_fn(iterator: DataIterator, num_steps: int) -> None:
+            self._run_steps(step_fn, iterator, num_steps)
+
+        return loop_fn
+
+    def _run_steps(self, step_fn: Callable[[Iterator[Any]], Any], data: DataIterator,
+                   num_steps: int) -> None:
+        state = self._run_state
         if not self._epoch_begun and data.at_pass_start:
             self._fire_epoch("on_epoch_begin")
         self._epoch_begun = True
@@ -234,8 +250,6 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
                 hooks.fire("on_step_end", state)
             if data.batches == pass_length:  # the last batch of a sized source: epoch ends now
                 self._end_pass()
-        state.global_step = progress.global_step
-        return self.train_loop_end()
 
     def _end_pass(self) -> None:
         self._train_data.end_pass()
@@ -325,10 +339,26 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
         state = self.eval_begin()
         if self._eval_iterator is None or self._eval_options.recreate_iterator_for_each_eval:
             self._eval_iterator = iter(self._eval_dataset)
-        iterator = self._eval_iterator
-        step_fn = self._eval_step_fn()
-        done = 0
+        loop_fn = self.create_eval_loop_fn(has_state=state is not None)
         with torch.no_grad() if self._eval_options.no_grad else contextlib.nullcontext():
+            state = loop_fn(self._eval_iterator, num_steps, state=state,
+                            reduce_fn=self.eval_reduce)
+        return self.eval_end(state) if state is not None else self.eval_end()
+
+    def create_eval_loop_fn(self, has_state: bool) -> Callable[..., Any]:
+        """The loop that `evaluate` runs: ``loop_fn(iterator, num_steps, state=None,
+        reduce_fn=None)`` calls the (compiled, with ``compile_step``) `eval_step` `num_steps`
+        times (-1: until the iterator is exhausted), folding each step's outputs into the state
+        with ``reduce_fn``, and returns the state.
+
+        `has_state` says whether `eval_begin` returned a state. The loop calls ``reduce_fn``
+        either way, so host-side aggregation that starts from None still sees every step.
+        """
+        step_fn = self._eval_step_fn()
+
+        def loop_fn(iterator: Iterator[Any], num_steps: int, state: Any = None,
+                    reduce_fn: Callable[[Any, Any], Any] | None = None) -> Any:
+            done = 0
             while num_steps == -1 or done < num_steps:
                 try:
                     outputs = step_fn(iterator)
@@ -337,9 +367,12 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
                         logger.info("Evaluation data ran out after %d of %d steps.", done,
                                     num_steps)
                     break
-                state = self.eval_reduce(state, outputs)
+                if reduce_fn is not None:
+                    state = reduce_fn(state, outputs)
                 done += 1
-        return self.eval_end(state) if state is not None else self.eval_end()
+            return state
+
+        return loop_fn
 
     def _eval_step_fn(self) -> Callable[[Iterator[Any]], Any]:
         if not self._eval_options.compile_step:

@@ -53,6 +53,7 @@ class RunState:
         target_step: the global step the current ``train`` call trains to, if known.
         trainer: the trainer being driven, if any.
         evaluator: the evaluator being driven, if any.
+        controller: the Controller driving the run, if any (e.g. to restore a checkpoint).
         stop_requested: set by `request_stop`; runners end the loop at the next step boundary.
         stop_reason: why the stop was requested.
     """
@@ -63,6 +64,7 @@ class RunState:
     target_step: int | None = None
     trainer: Any = None
     evaluator: Any = None
+    controller: Any = None
     stop_requested: bool = False
     stop_reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -35,6 +35,9 @@ from cadence.core.protocols import CheckpointManagerLike, Evaluable, Trainable
 from cadence.core.summary import SummaryManager
 
 logger = logging.getLogger("cadence")
+loop_logger = logging.getLogger("cadence.loop")
+"""Carries the per-loop training lines, so that a front-end showing a progress bar can quiet
+them without quieting evaluations and checkpoints."""
 
 Action = Callable[[Mapping[str, Any]], None]
 """An Orbit action: called with a loop's (or an evaluation's) raw output."""
@@ -140,7 +143,7 @@ class Controller:
             SummaryManager(eval_dir, self._global_step)
         )
 
-        self.state = RunState(trainer=trainer, evaluator=evaluator)
+        self.state = RunState(trainer=trainer, evaluator=evaluator, controller=self)
         for runner in {id(r): r for r in (trainer, evaluator) if r is not None}.values():
             bind = getattr(runner, "bind", None)
             if callable(bind):
@@ -355,7 +358,11 @@ class Controller:
             )
             self._train_n_steps(num_steps)
             previous, current = current, self._global_step()
-            if current <= previous and not self.state.stop_requested:
+            if current < previous:  # a callback restored an earlier checkpoint (recovery)
+                logger.warning("The global step went back from %d to %d: training again from "
+                               "there.", previous, current)
+                continue
+            if current == previous and not self.state.stop_requested:
                 raise RuntimeError(
                     f"trainer.train({num_steps}) did not advance the global step (still "
                     f"{current}), so training would never reach step {target}. Make train() "
@@ -396,7 +403,7 @@ class Controller:
             rates["examples_per_second"] = rates["steps_per_second"] * examples
         rate_text = " | ".join(f"{k.replace('_per_second', '/sec')}: {v:.1f}"
                                for k, v in rates.items())
-        logger.info("train | step: %d | %s | %s", after, rate_text, format_logs(logs))
+        loop_logger.info("train | step: %d | %s | %s", after, rate_text, format_logs(logs))
         logs = {**logs, **rates}
         if self.summary_interval is None or self._summary_interval.crossed(after):
             self.summary_manager.write_summaries(logs, step=after)

@@ -27,3 +27,12 @@ class Preempted(SystemExit):
         super().__init__(128 + signum)
         self.signum = signum
         self.checkpoint = checkpoint
+
+
+class ConfigError(ValueError):
+    """A configuration is invalid: an unknown key, a value of the wrong type, a value out of range,
+    or an experiment that is not registered.
+
+    The message names the offending key path and the source it came from (a file, an override)
+    and lists the valid choices, so that one read is enough to fix the command line or the file.
+    """

@@ -1,0 +1,8 @@
+"""Built-in experiments, registered by name (`cadence experiments` lists them).
+
+* ``digits`` (the default): a classifier of scikit-learn's bundled 8x8 handwritten digits.
+* ``char_lm`` / ``char_lm_large``: a character-level transformer language model trained on the
+  Python standard library's own source files.
+
+Both use data that every installation carries: nothing is downloaded.
+"""
