@@ -269,6 +269,8 @@ class ExperimentConfig:
             raise ConfigError("Invalid config:\n  " + "\n  ".join(problems))
 
 
+MODES = ("train", "train_and_eval", "train_and_post_eval", "eval", "continuous_eval")
+"""What `cadence.run_experiment` can run (see `cadence.train_lib`)."""
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
 SCHEDULES = ("constant", "cosine", "linear", "step", "exponential")
 PRECISIONS = (None, "bf16", "fp16")

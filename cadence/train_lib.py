@@ -38,7 +38,13 @@ import torch.distributed as dist
 from torch import nn
 
 from cadence.checkpoint import CheckpointManager
-from cadence.config import ExperimentConfig, config_differences, load_config, save_config
+from cadence.config import (
+    MODES,
+    ExperimentConfig,
+    config_differences,
+    load_config,
+    save_config,
+)
 from cadence.core.callbacks import Callback
 from cadence.core.controller import Action, Controller
 from cadence.core.errors import ConfigError
@@ -53,7 +59,6 @@ from cadence.trainer import Trainer
 
 logger = logging.getLogger("cadence")
 
-MODES = ("train", "train_and_eval", "train_and_post_eval", "eval", "continuous_eval")
 CONFIG_FILE = "params.yaml"
 
 

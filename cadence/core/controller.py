@@ -335,7 +335,11 @@ class Controller:
 
     def _finish_training(self, save: bool) -> None:
         if self._signal_received is not None:
-            path = self._save() if self.checkpoint_manager is not None else None
+            path = None
+            if self.checkpoint_manager is not None:
+                saved_now = (self._weights_checkpoint is not None
+                             and self._last_saved_step() == self._global_step())
+                path = self._weights_checkpoint if saved_now else self._save()
             raise Preempted(self._signal_received, path)
         if save and self.checkpoint_manager is not None and (
             self._weights_checkpoint is None or self._last_saved_step() != self._global_step()
