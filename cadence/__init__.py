@@ -15,75 +15,135 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "AbstractEvaluator": "cadence.runner",
     "AbstractTrainer": "cadence.runner",
+    "Accuracy": "cadence.metrics",
     "Action": "cadence.core.controller",
+    "BestCheckpointExporter": "cadence.exporter",
     "Callback": "cadence.core.callbacks",
     "CheckpointError": "cadence.core.errors",
     "CheckpointIO": "cadence.checkpoint",
     "CheckpointManager": "cadence.checkpoint",
     "CheckpointMismatchError": "cadence.core.errors",
+    "ConfigError": "cadence.core.errors",
     "Controller": "cadence.core.controller",
+    "DataConfig": "cadence.config",
     "DataIterator": "cadence.data",
+    "EMAConfig": "cadence.config",
+    "ExperimentConfig": "cadence.config",
+    "InputContext": "cadence.task",
     "Last": "cadence.metrics",
+    "LearningRateConfig": "cadence.config",
+    "LossGuard": "cadence.recovery",
     "Mean": "cadence.metrics",
     "Metric": "cadence.metrics",
     "Module": "cadence.module",
+    "OptimizationConfig": "cadence.config",
+    "OptimizerConfig": "cadence.config",
     "Output": "cadence.runner",
     "Preempted": "cadence.core.errors",
     "ProgressBar": "cadence.core.progress",
     "RunState": "cadence.core.callbacks",
+    "RuntimeConfig": "cadence.config",
     "StandardEvaluator": "cadence.standard_runner",
     "StandardEvaluatorOptions": "cadence.standard_runner",
     "StandardTrainer": "cadence.standard_runner",
     "StandardTrainerOptions": "cadence.standard_runner",
     "Sum": "cadence.metrics",
     "SummaryManager": "cadence.core.summary",
+    "Task": "cadence.task",
+    "TaskConfig": "cadence.config",
     "TorchSaveIO": "cadence.checkpoint",
+    "Trainer": "cadence.trainer",
+    "TrainerConfig": "cadence.config",
+    "load_config": "cadence.config",
+    "load_weights": "cadence.exporter",
+    "register_experiment": "cadence.registry",
+    "register_task": "cadence.registry",
+    "run_experiment": "cadence.train_lib",
+    "save_config": "cadence.config",
 }
 _SUBMODULES = {"summary": "cadence.core.summary", "core": "cadence.core"}
 
 __all__ = [
     "AbstractEvaluator",
     "AbstractTrainer",
+    "Accuracy",
     "Action",
+    "BestCheckpointExporter",
     "Callback",
     "CheckpointError",
     "CheckpointIO",
     "CheckpointManager",
     "CheckpointMismatchError",
+    "ConfigError",
     "Controller",
+    "DataConfig",
     "DataIterator",
+    "EMAConfig",
+    "ExperimentConfig",
+    "InputContext",
     "Last",
+    "LearningRateConfig",
+    "LossGuard",
     "Mean",
     "Metric",
     "Module",
+    "OptimizationConfig",
+    "OptimizerConfig",
     "Output",
     "Preempted",
     "ProgressBar",
     "RunState",
+    "RuntimeConfig",
     "StandardEvaluator",
     "StandardEvaluatorOptions",
     "StandardTrainer",
     "StandardTrainerOptions",
     "Sum",
     "SummaryManager",
+    "Task",
+    "TaskConfig",
     "TorchSaveIO",
+    "Trainer",
+    "TrainerConfig",
     "__version__",
     "core",
+    "load_config",
+    "load_weights",
+    "register_experiment",
+    "register_task",
+    "run_experiment",
+    "save_config",
     "summary",
 ]
 
 if TYPE_CHECKING:
     from cadence import core as core
     from cadence.checkpoint import CheckpointIO, CheckpointManager, TorchSaveIO
+    from cadence.config import (
+        DataConfig,
+        EMAConfig,
+        ExperimentConfig,
+        LearningRateConfig,
+        OptimizationConfig,
+        OptimizerConfig,
+        RuntimeConfig,
+        TaskConfig,
+        TrainerConfig,
+        load_config,
+        save_config,
+    )
     from cadence.core import summary as summary
     from cadence.core.callbacks import Callback, RunState
     from cadence.core.controller import Action, Controller
-    from cadence.core.errors import CheckpointError, CheckpointMismatchError, Preempted
+    from cadence.core.errors import CheckpointError, CheckpointMismatchError, ConfigError, Preempted
     from cadence.core.progress import ProgressBar
     from cadence.core.summary import SummaryManager
     from cadence.data import DataIterator
-    from cadence.metrics import Last, Mean, Metric, Sum
+    from cadence.exporter import BestCheckpointExporter, load_weights
+    from cadence.metrics import Accuracy, Last, Mean, Metric, Sum
     from cadence.module import Module
+    from cadence.recovery import LossGuard
+    from cadence.registry import register_experiment, register_task
     from cadence.runner import AbstractEvaluator, AbstractTrainer, Output
     from cadence.standard_runner import (
         StandardEvaluator,
@@ -91,7 +151,9 @@ if TYPE_CHECKING:
         StandardTrainer,
         StandardTrainerOptions,
     )
-
+    from cadence.task import InputContext, Task
+    from cadence.train_lib import run_experiment
+    from cadence.trainer import Trainer
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:

@@ -57,7 +57,7 @@ def create_optimizer(
         kwargs[name] = tuple(value) if isinstance(value, list) else value
     kwargs.update(config.kwargs)
     try:
-        return cls(parameters, **kwargs)  # type: ignore[no-any-return]
+        return cls(parameters, **kwargs)
     except TypeError as error:
         raise ValueError(
             f"torch.optim.{class_name} rejected the config's arguments {sorted(kwargs)}: {error}. "

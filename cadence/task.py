@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
 
 from cadence.module import Module
 
@@ -71,6 +73,34 @@ class InputContext:
                 f"{self.num_replicas_in_sync}."
             )
         return global_batch_size // self.num_replicas_in_sync
+
+
+def build_dataloader(dataset: Dataset[Any], params: Any,
+                     input_context: InputContext | None = None,
+                     seed: int = 0) -> DataLoader[Any]:
+    """A DataLoader over this process's share of `dataset`, as a `DataConfig` describes it.
+
+    Training data (``params.is_training``) is shuffled unless ``params.shuffle`` says otherwise,
+    with its own generator seeded by ``params.seed`` (else `seed`), so its order is part of the
+    checkpoint. With several processes each reads its shard through a ``DistributedSampler``.
+    """
+    context = input_context or InputContext()
+    training = bool(params.is_training)
+    shuffle = training if params.shuffle is None else bool(params.shuffle)
+    seed = params.seed if params.seed is not None else seed
+    sampler: DistributedSampler[Any] | None = None
+    if context.num_input_pipelines > 1:
+        sampler = DistributedSampler(dataset, context.num_input_pipelines,
+                                     context.input_pipeline_id, shuffle=shuffle, seed=seed)
+    return DataLoader(
+        dataset,
+        batch_size=context.get_per_replica_batch_size(params.global_batch_size),
+        shuffle=shuffle if sampler is None else None,
+        sampler=sampler,
+        drop_last=params.drop_remainder,
+        num_workers=params.num_workers,
+        generator=torch.Generator().manual_seed(seed) if sampler is None else None,
+    )
 
 
 def split_inputs(inputs: Any) -> tuple[Any, Any]:
@@ -184,7 +214,7 @@ class Task(Module):
 
     # ------------------------------------------------------------------ steps
 
-    def train_step(self, inputs: Any, model: nn.Module, optimizer: torch.optim.Optimizer,
+    def train_step(self, inputs: Any, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                    metrics: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """One training step's forward pass: returns logs with the loss under `self.loss`.
 

@@ -171,7 +171,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
         self.training_loss = Mean()
         self.validation_loss = Mean()
         self.gradient_norm = Mean()
-        self.train_metrics: dict[str, Any] = dict(task.build_metrics(training=True)) if train else {}
+        self.train_metrics: dict[str, Any] = (
+            dict(task.build_metrics(training=True)) if train else {})
         self.validation_metrics: dict[str, Any] = (
             dict(task.build_metrics(training=False)) if evaluate else {})
         self._extra_train_logs: dict[str, Mean] = {}

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-from torch.utils.data.distributed import DistributedSampler
 
 from cadence.config import (
     DataConfig,
@@ -38,7 +37,7 @@ from cadence.config import (
 )
 from cadence.metrics import Accuracy
 from cadence.registry import register_experiment, register_task
-from cadence.task import InputContext, Task
+from cadence.task import InputContext, Task, build_dataloader
 
 VOCAB_SIZE = 256
 
@@ -122,6 +121,8 @@ class ByteWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 class CharTransformer(nn.Module):
     """A decoder-only transformer over bytes (pre-norm blocks, learned positions, tied head)."""
 
+    causal_mask: torch.Tensor
+
     def __init__(self, config: CharLMModelConfig, sequence_length: int) -> None:
         super().__init__()
         self.embedding = nn.Embedding(VOCAB_SIZE, config.d_model)
@@ -144,7 +145,8 @@ class CharTransformer(nn.Module):
         length = tokens.shape[1]
         x = self.embedding(tokens) + self.position[:length]
         x = self.blocks(x, mask=self.causal_mask[:length, :length], is_causal=True)
-        return self.head(self.norm(x))  # type: ignore[no-any-return]
+        logits: torch.Tensor = self.head(self.norm(x))
+        return logits
 
     @torch.no_grad()
     def generate(self, prompt: bytes, num_bytes: int, temperature: float = 0.8,
@@ -173,26 +175,10 @@ class CharLMTask(Task):
         config = self.task_config
         text = torch.frombuffer(bytearray(stdlib_text(config.max_bytes)), dtype=torch.uint8)
         cut = int(len(text) * (1.0 - config.validation_fraction))
-        training = bool(params.is_training)
-        tokens = text[:cut] if (params.split or ("train" if training else "validation")) == \
-            "train" else text[cut:]
-        dataset = ByteWindows(tokens, config.sequence_length)
-        context = input_context or InputContext()
-        shuffle = training if params.shuffle is None else params.shuffle
-        seed = params.seed if params.seed is not None else 0
-        sampler = None
-        if context.num_input_pipelines > 1:
-            sampler = DistributedSampler(dataset, context.num_input_pipelines,
-                                         context.input_pipeline_id, shuffle=shuffle, seed=seed)
-        return DataLoader(
-            dataset,
-            batch_size=context.get_per_replica_batch_size(params.global_batch_size),
-            shuffle=shuffle if sampler is None else None,
-            sampler=sampler,
-            drop_last=params.drop_remainder,
-            num_workers=params.num_workers,
-            generator=torch.Generator().manual_seed(seed) if sampler is None else None,
-        )
+        split = params.split or ("train" if params.is_training else "validation")
+        tokens = text[:cut] if split == "train" else text[cut:]
+        return build_dataloader(ByteWindows(tokens, config.sequence_length), params,
+                                input_context)
 
     def build_losses(self, labels: torch.Tensor, model_outputs: torch.Tensor,
                      aux_losses: Any = None) -> torch.Tensor:

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
 
 from cadence.config import (
     DataConfig,
@@ -29,7 +28,7 @@ from cadence.config import (
 )
 from cadence.metrics import Accuracy
 from cadence.registry import register_experiment, register_task
-from cadence.task import InputContext, Task
+from cadence.task import InputContext, Task, build_dataloader
 
 
 @dataclass
@@ -82,7 +81,7 @@ class DigitsTask(Task):
         images, labels = load_digits_arrays()
         order = torch.randperm(len(labels),
                                generator=torch.Generator().manual_seed(self.task_config.split_seed))
-        n_val = int(round(len(labels) * self.task_config.validation_fraction))
+        n_val = round(len(labels) * self.task_config.validation_fraction)
         index = order[:n_val] if split == "validation" else order[n_val:]
         return TensorDataset(images[index], labels[index])
 
@@ -98,24 +97,9 @@ class DigitsTask(Task):
 
     def build_inputs(self, params: DataConfig,
                      input_context: InputContext | None = None) -> DataLoader[Any]:
-        training = bool(params.is_training)
-        dataset = self._split(params.split or ("train" if training else "validation"))
-        context = input_context or InputContext()
-        shuffle = training if params.shuffle is None else params.shuffle
-        seed = params.seed if params.seed is not None else self.task_config.split_seed
-        sampler = None
-        if context.num_input_pipelines > 1:
-            sampler = DistributedSampler(dataset, context.num_input_pipelines,
-                                         context.input_pipeline_id, shuffle=shuffle, seed=seed)
-        return DataLoader(
-            dataset,
-            batch_size=context.get_per_replica_batch_size(params.global_batch_size),
-            shuffle=shuffle if sampler is None else None,
-            sampler=sampler,
-            drop_last=params.drop_remainder,
-            num_workers=params.num_workers,
-            generator=torch.Generator().manual_seed(seed) if sampler is None else None,
-        )
+        split = params.split or ("train" if params.is_training else "validation")
+        return build_dataloader(self._split(split), params, input_context,
+                                seed=self.task_config.split_seed)
 
     def build_losses(self, labels: torch.Tensor, model_outputs: torch.Tensor,
                      aux_losses: Any = None) -> torch.Tensor:
