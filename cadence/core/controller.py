@@ -155,6 +155,7 @@ class Controller:
         self._last_eval_step = -1
         self._weights_checkpoint: str | None = None
         self._signal_received: int | None = None
+        self._restores = 0  # counts restores, so that a rewind during a loop is recognized
         if checkpoint_manager is not None:
             checkpoint_manager.track("controller", self)
             checkpoint_manager.track("callbacks", self.callbacks)
@@ -216,6 +217,7 @@ class Controller:
             self.checkpoint_manager.restore(checkpoint_path)
             path = checkpoint_path
         step = self._global_step()
+        self._restores += 1
         self._checkpoint_interval.mark(step)
         self._summary_interval.mark(step)
         self._weights_checkpoint = path
@@ -360,11 +362,12 @@ class Controller:
                     current, target, self._checkpoint_interval, self._summary_interval
                 ),
             )
+            restores = self._restores
             self._train_n_steps(num_steps)
             previous, current = current, self._global_step()
-            if current < previous:  # a callback restored an earlier checkpoint (recovery)
-                logger.warning("The global step went back from %d to %d: training again from "
-                               "there.", previous, current)
+            if self._restores != restores:  # a callback restored a checkpoint (recovery)
+                logger.warning("A checkpoint of step %d was restored during the loop: training "
+                               "again from there.", current)
                 continue
             if current == previous and not self.state.stop_requested:
                 raise RuntimeError(

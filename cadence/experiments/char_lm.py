@@ -136,6 +136,7 @@ class CharTransformer(nn.Module):
         self.head = nn.Linear(config.d_model, VOCAB_SIZE, bias=False)
         self.head.weight = self.embedding.weight
         nn.init.normal_(self.position, std=0.02)
+        nn.init.normal_(self.embedding.weight, std=0.02)
         self.register_buffer(
             "causal_mask", nn.Transformer.generate_square_subsequent_mask(sequence_length),
             persistent=False,
