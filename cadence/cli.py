@@ -121,8 +121,8 @@ def _train_dir(config: Any) -> Path:
         step = _latest_step(newest)
         if (saved is not None and not config_differences(saved, config)
                 and (step or 0) < config.trainer.train_steps):
-            logger.info("Resuming %s (step %d of %d).", newest, step or 0,
-                        config.trainer.train_steps)
+            print(f"Resuming {newest} (step {step or 0} of {config.trainer.train_steps}).",
+                  file=sys.stderr)
             return newest
     name = f"{config.experiment or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = RUNS_DIR / name
