@@ -132,6 +132,11 @@ class DataIterator:
         self._iterator = None
 
     def _start(self) -> Iterator[Any]:
+        sampler = (self._recorder.inner if self._recorder is not None
+                   else getattr(self.source, "sampler", None))
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch):  # a DistributedSampler shuffles by seed + epoch
+            set_epoch(self.epoch)
         if not self._resuming:
             return iter(self.source)
         self._resuming = False

@@ -4,6 +4,7 @@
 moves loop logs to the host once per loop, so a metric updated every step costs no sync.
 
 >>> import torch
+import torch.distributed as dist
 >>> loss = Mean()
 >>> for value in (1.0, 2.0, torch.tensor(6.0)):
 ...     loss.update(value)
@@ -16,10 +17,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 
 class Metric:
     """Base class: holds its accumulators as tensors created on the first update's device."""
+
+    _SUMMED: tuple[str, ...] = ()
+    """Accumulators that add up across processes (see `all_reduce`)."""
 
     def __init__(self, device: torch.device | str | None = None) -> None:
         self._device = torch.device(device) if device is not None else None
@@ -51,6 +56,19 @@ class Metric:
         for acc in self._state.values():
             acc.zero_()
 
+    def all_reduce(self) -> None:
+        """Sums the accumulators over the processes of a distributed job, so that `result` is
+        the metric of all their data; a no-op in a single process. Every process must call it.
+        """
+        if not self._SUMMED or not dist.is_available() or not dist.is_initialized():
+            return
+        if dist.get_world_size() == 1:
+            return
+        for name in self._SUMMED:  # a process that saw no data still takes part, with zeros
+            if name not in self._state:
+                self._state[name] = torch.zeros((), device=self._device or "cpu")
+            dist.all_reduce(self._state[name])
+
     def state_dict(self) -> dict[str, Any]:
         return {name: acc.clone() for name, acc in self._state.items()}
 
@@ -61,6 +79,8 @@ class Metric:
 class Mean(Metric):
     """The (weighted) mean of every value seen since the last reset; a tensor value counts each
     of its elements."""
+
+    _SUMMED = ("total", "count")
 
     def update(self, value: Any, weight: Any = 1.0) -> None:
         value = self._tensor(value)
@@ -83,6 +103,8 @@ class Mean(Metric):
 
 class Sum(Metric):
     """The sum of every value seen since the last reset."""
+
+    _SUMMED = ("total",)
 
     def update(self, value: Any, weight: Any = 1.0) -> None:
         value = self._tensor(value)
@@ -127,6 +149,8 @@ class Accuracy(Metric):
     >>> float(accuracy.result())
     0.5
     """
+
+    _SUMMED = ("correct", "count")
 
     def update_state(self, labels: torch.Tensor, outputs: torch.Tensor) -> None:
         labels = self._tensor(labels)

@@ -122,7 +122,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
 
     _TRACKING_IGNORED = frozenset(
         {"_config", "_checkpoint_exporter", "_coordinator", "_device", "_autocast_dtype",
-         "_eval_model"}
+         "_eval_model", "_train_model"}
     )
 
     def __init__(
@@ -154,6 +154,14 @@ class Trainer(StandardTrainer, StandardEvaluator):
         self._checkpoint_exporter = checkpoint_exporter
         self.task = task
         self.model = model.to(self._device)
+        self._train_model: nn.Module = self.model
+        if (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+                and any(p.requires_grad for p in self.model.parameters())):
+            # Data parallel: gradients are averaged across processes during backward.
+            # Checkpoints and exports hold the plain model (no "module." prefix).
+            self._train_model = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self._device.index] if self._device.type == "cuda"
+                else None)
         self.optimizer = optimizer
         self.lr_scheduler = (
             create_lr_schedule(trainer_config.optimizer_config.learning_rate, optimizer,
@@ -277,9 +285,13 @@ class Trainer(StandardTrainer, StandardEvaluator):
         batches = [to_device(self.next_train_inputs(iterator), self._device)
                    for _ in range(self._accumulation)]  # all fetched first: no half steps
         updated = False
-        for inputs in batches:
-            with self._autocast():
-                logs = self.task.train_step(inputs, self.model, self.optimizer,
+        ddp = self._train_model
+        for index, inputs in enumerate(batches):
+            # Between micro-batches DDP need not average gradients: only the last one does.
+            accumulating = index < len(batches) - 1
+            with (ddp.no_sync() if isinstance(ddp, nn.parallel.DistributedDataParallel)
+                  and accumulating else contextlib.nullcontext()), self._autocast():
+                logs = self.task.train_step(inputs, self._train_model, self.optimizer,
                                             self.train_metrics)
             loss = self._loss_of(logs)
             self.training_loss.update(loss.detach())
@@ -351,6 +363,9 @@ class Trainer(StandardTrainer, StandardEvaluator):
         """The loop's means: ``training_loss``, the task's metrics, other scalars the task's
         ``train_step`` returned, ``learning_rate`` and, with clipping, ``gradient_norm``."""
         self.join()
+        for metric in (self.training_loss, self.gradient_norm, *self.train_metrics.values(),
+                       *self._extra_train_logs.values()):
+            metric.all_reduce()  # across processes; a no-op in one
         logs: dict[str, Any] = {"training_loss": self.training_loss.result()}
         logs.update({name: metric.result() for name, metric in self.train_metrics.items()})
         logs.update({name: metric.result() for name, metric in self._extra_train_logs.items()})
@@ -404,6 +419,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
         """Metric results, ``validation_loss``, the task's reduced aggregates, and the export:
         when the exporter keeps these weights, ``best_<metric>`` is added."""
         self.join()
+        for metric in (self.validation_loss, *self.validation_metrics.values()):
+            metric.all_reduce()
         logs: dict[str, Any] = {name: metric.result()
                                 for name, metric in self.validation_metrics.items()}
         if self._validation_loss_seen:

@@ -3,7 +3,8 @@ uninterrupted run."""
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
 
 from cadence import DataIterator
 
@@ -148,3 +149,15 @@ def test_torchdata_stateful_dataloader_uses_its_native_state():
     torch.set_rng_state(rng)
     second.load_state_dict(saved)
     assert before + take(second, 6) == uninterrupted
+
+
+def test_a_distributed_sampler_gets_the_epoch_so_each_pass_is_shuffled_anew():
+    dataset = TensorDataset(torch.arange(16))
+    loader = DataLoader(dataset, batch_size=16,
+                        sampler=DistributedSampler(dataset, num_replicas=1, rank=0, seed=3))
+    data = DataIterator(loader)
+    first = next(data)[0].tolist()
+    data.end_pass()
+    second = next(data)[0].tolist()
+    assert sorted(first) == sorted(second) == list(range(16))
+    assert first != second

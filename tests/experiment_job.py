@@ -1,0 +1,29 @@
+"""Run under torchrun (gloo): the digits experiment trained data-parallel by run_experiment."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import cadence
+
+
+def main() -> None:
+    directory = Path(sys.argv[1])
+    config = cadence.load_config("digits", overrides=[
+        "trainer.train_steps=40", "trainer.steps_per_loop=10", "trainer.checkpoint_interval=20",
+        "trainer.validation_interval=20", "task.model.hidden_sizes=[32]"])
+    model, logs = cadence.run_experiment(config, "train_and_eval", directory / "run")
+    rank = dist.get_rank()
+    torch.save(model.state_dict(), directory / f"weights-{rank}.pt")
+    (directory / f"logs-{rank}.json").write_text(json.dumps(logs))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
