@@ -50,6 +50,7 @@ _EXPORTS = {
     "Sum": "cadence.metrics",
     "SummaryManager": "cadence.core.summary",
     "Task": "cadence.task",
+    "build_dataloader": "cadence.task",
     "TaskConfig": "cadence.config",
     "TorchSaveIO": "cadence.checkpoint",
     "Trainer": "cadence.trainer",
@@ -106,6 +107,7 @@ __all__ = [
     "Trainer",
     "TrainerConfig",
     "__version__",
+    "build_dataloader",
     "core",
     "load_config",
     "load_weights",
@@ -151,7 +153,7 @@ if TYPE_CHECKING:
         StandardTrainer,
         StandardTrainerOptions,
     )
-    from cadence.task import InputContext, Task
+    from cadence.task import InputContext, Task, build_dataloader
     from cadence.train_lib import run_experiment
     from cadence.trainer import Trainer
 

@@ -4,7 +4,6 @@
 moves loop logs to the host once per loop, so a metric updated every step costs no sync.
 
 >>> import torch
-import torch.distributed as dist
 >>> loss = Mean()
 >>> for value in (1.0, 2.0, torch.tensor(6.0)):
 ...     loss.update(value)

@@ -1,4 +1,4 @@
-"""The README's twenty-line example runs as written."""
+"""The README's examples run as written, and its commands are the ones CI runs."""
 
 import re
 from pathlib import Path
@@ -6,15 +6,37 @@ from pathlib import Path
 README = Path(__file__).parent.parent / "README.md"
 
 
-def test_readme_example_trains_and_resumes(tmp_path, monkeypatch):
-    code = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
+def python_blocks():
+    return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+
+
+def run(code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    namespace: dict = {}
+    namespace: dict = {"__name__": "readme"}
     exec(compile(code, "README.md", "exec"), namespace)
+    return namespace
+
+
+def test_the_task_example_trains_evaluates_and_exports(tmp_path, monkeypatch):
+    (code,) = [block for block in python_blocks() if "cadence.Task" in block]
+    namespace = run(code, tmp_path, monkeypatch)
+    assert namespace["logs"]["accuracy"] > 0.9
+    assert (tmp_path / "runs/blobs/best/info.json").is_file()
+    assert (tmp_path / "runs/blobs/checkpoints/ckpt-300").is_dir()
+
+
+def test_the_orbit_example_trains_and_resumes(tmp_path, monkeypatch):
+    (code,) = [block for block in python_blocks() if "cadence.StandardTrainer" in block]
+    namespace = run(code, tmp_path, monkeypatch)
     assert namespace["trainer"].global_step == 200
     checkpoints = {p.name for p in (tmp_path / "runs/demo/ckpt").iterdir()}
     assert checkpoints == {"ckpt-50", "ckpt-100", "ckpt-150", "ckpt-200"}
-    again: dict = {}
-    exec(compile(code, "README.md", "exec"), again)  # the same program resumes: nothing to train
+    again = run(code, tmp_path, monkeypatch)  # the same program resumes: nothing to train
     assert again["trainer"].global_step == 200
     assert (tmp_path / "runs/demo/train/metrics.jsonl").read_text().count("\n") == 8
+
+
+def test_ci_runs_the_readme_test_command():
+    commands = re.findall(r"^    (python3 -m venv .*)$", README.read_text(), re.M)
+    test_command = next(c for c in commands if "pytest" in c)
+    assert test_command in (README.parent / ".ci" / "run").read_text()
