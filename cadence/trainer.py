@@ -55,10 +55,14 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except RuntimeError as error:
         raise ValueError(f"runtime.device {name!r} is not a device: {error}. Use 'auto', 'cpu', "
                          "'cuda' or 'cuda:<index>'.") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"runtime.device is {name!r} but CUDA is not available here: set "
+                         "runtime.device=auto (or cpu).")
+    return device
 
 
 def to_device(value: Any, device: torch.device) -> Any:
@@ -122,7 +126,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
 
     _TRACKING_IGNORED = frozenset(
         {"_config", "_checkpoint_exporter", "_coordinator", "_device", "_autocast_dtype",
-         "_eval_model", "_train_model"}
+         "_eval_model", "_train_model", "_task_train_step", "_task_validation_step"}
     )
 
     def __init__(
@@ -193,14 +197,17 @@ class Trainer(StandardTrainer, StandardEvaluator):
         if evaluate and validation_dataset is None:
             validation_dataset = self.distribute_dataset(task.build_inputs,
                                                          config.task.validation_data)
-        StandardTrainer.__init__(
-            self, train_dataset if train else [],
-            StandardTrainerOptions(compile_step=trainer_config.compile_step), name=task.name,
-        )
-        StandardEvaluator.__init__(
-            self, validation_dataset,
-            StandardEvaluatorOptions(compile_step=trainer_config.compile_step), name=task.name,
-        )
+        # With compile_step, the task's forward and loss are compiled and backward runs through
+        # the compiled graph; the update stays eager (a graph break there gains nothing).
+        self._task_train_step: Callable[..., Any] | None = None
+        self._task_validation_step: Callable[..., Any] | None = None
+        if trainer_config.compile_step:
+            self._task_train_step = torch.compile(task.train_step)
+            self._task_validation_step = torch.compile(task.validation_step)
+        StandardTrainer.__init__(self, train_dataset if train else [], StandardTrainerOptions(),
+                                 name=task.name)
+        StandardEvaluator.__init__(self, validation_dataset, StandardEvaluatorOptions(),
+                                   name=task.name)
         self.init_async()
 
     # ------------------------------------------------------------------ properties
@@ -291,8 +298,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
             accumulating = index < len(batches) - 1
             with (ddp.no_sync() if isinstance(ddp, nn.parallel.DistributedDataParallel)
                   and accumulating else contextlib.nullcontext()), self._autocast():
-                logs = self.task.train_step(inputs, self._train_model, self.optimizer,
-                                            self.train_metrics)
+                logs = (self._task_train_step or self.task.train_step)(
+                    inputs, self._train_model, self.optimizer, self.train_metrics)
             loss = self._loss_of(logs)
             self.training_loss.update(loss.detach())
             self._record_extra(logs)
@@ -400,7 +407,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
         inputs, host_logs = self.next_eval_inputs(iterator)
         inputs = to_device(inputs, self._device)
         with self._autocast():
-            logs = self.task.validation_step(inputs, self._eval_model, self.validation_metrics)
+            logs = (self._task_validation_step or self.task.validation_step)(
+                inputs, self._eval_model, self.validation_metrics)
         logs = dict(logs or {})
         if self.task.loss in logs:
             self.validation_loss.update(logs[self.task.loss])

@@ -321,3 +321,24 @@ def test_loop_functions_are_available_as_in_seed_002():
     state = eval_loop(iter(trainer.eval_dataset), 2, state=[],
                       reduce_fn=lambda state, outputs: [*state, outputs])
     assert len(state) == 2 and "loss" in state[0]
+
+
+def test_a_device_that_is_not_there_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(ValueError, match="CUDA is not available here: set runtime.device=auto"):
+        make_trainer("runtime.device=cuda")
+    with pytest.raises(ValueError, match="is not a device"):
+        make_trainer("runtime.device=tpu9")
+
+
+@pytest.mark.slow
+def test_compiled_steps_train_like_eager_ones():
+    torch.manual_seed(0)
+    eager = make_trainer()
+    torch.manual_seed(0)
+    compiled = make_trainer("trainer.compile_step=true")
+    for trainer in (eager, compiled):
+        trainer.train(4)
+        trainer.evaluate(2)
+    torch.testing.assert_close(compiled.model.weight, eager.model.weight)
