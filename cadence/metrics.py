@@ -81,23 +81,60 @@ class Mean(Metric):
 
     _SUMMED = ("total", "count")
 
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        super().__init__(device)
+        self._host_count = 0
+        """Elements of unweighted updates, counted on the host: one kernel per update, not two."""
+
     def update(self, value: Any, weight: Any = 1.0) -> None:
+        if isinstance(weight, (int, float)) and weight == 1.0:
+            total = self._state.get("total")
+            if (total is not None and isinstance(value, torch.Tensor)
+                    and value.device == total.device):  # the hot path: one in-place add
+                value = value.detach()
+                total.add_(value if value.dim() == 0 else value.sum())
+                self._host_count += value.numel()
+                return
+            value = self._tensor(value)
+            self._accumulator("total", value).add_(value.sum())
+            self._accumulator("count", value)
+            self._host_count += value.numel()
+            return
         value = self._tensor(value)
         total = self._accumulator("total", value)
         count = self._accumulator("count", value)
-        if isinstance(weight, (int, float)) and weight == 1.0:
-            total.add_(value.sum())
-            count.add_(value.numel())
-        else:
-            weight = self._tensor(weight)
-            total.add_((value * weight).sum())
-            count.add_(weight.expand_as(value).sum() if weight.dim() else weight * value.numel())
+        weight = self._tensor(weight)
+        total.add_((value * weight).sum())
+        count.add_(weight.expand_as(value).sum() if weight.dim() else weight * value.numel())
+
+    def _fold_host_count(self) -> None:
+        if self._host_count:
+            self._state["count"].add_(self._host_count)
+            self._host_count = 0
 
     def result(self) -> torch.Tensor:
         """The mean as a 0-d tensor (NaN before any update)."""
         if not self._state:
             return torch.tensor(float("nan"))
-        return self._state["total"] / self._state["count"]
+        return self._state["total"] / (self._state["count"] + self._host_count)
+
+    def reset(self) -> None:
+        super().reset()
+        self._host_count = 0
+
+    def all_reduce(self) -> None:
+        if self._state:
+            self._fold_host_count()
+        super().all_reduce()
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._state:
+            self._fold_host_count()
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._host_count = 0
 
 
 class Sum(Metric):

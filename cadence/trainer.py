@@ -167,10 +167,11 @@ class Trainer(StandardTrainer, StandardEvaluator):
                 self.model, device_ids=[self._device.index] if self._device.type == "cuda"
                 else None)
         self.optimizer = optimizer
-        self.lr_scheduler = (
-            create_lr_schedule(trainer_config.optimizer_config.learning_rate, optimizer,
-                               trainer_config.train_steps)
-            if optimizer is not None else None
+        schedule = trainer_config.optimizer_config.learning_rate
+        self.lr_scheduler = (  # none for a constant rate: no work per step that changes nothing
+            create_lr_schedule(schedule, optimizer, trainer_config.train_steps)
+            if optimizer is not None and (schedule.schedule != "constant"
+                                          or schedule.warmup_steps > 0) else None
         )
         self.grad_scaler = (
             torch.amp.GradScaler(self._device.type)
