@@ -116,6 +116,8 @@ class CheckpointManager:
         strict: restoring requires the checkpoint to hold exactly the state's objects. False
             ignores objects the checkpoint has but `state` does not track (an evaluation job
             restores only the model from a training checkpoint); missing ones are still errors.
+        read_only: only read checkpoints: `save` raises, and leftovers of interrupted writes are
+            not cleaned up (they may be a training job's write in progress).
 
     Raises:
         TypeError: if `state` is neither a Module nor a dict of stateful objects, or `init_fn`
@@ -133,6 +135,7 @@ class CheckpointManager:
         init_fn: Callable[[], Any] | None = None,
         io: CheckpointIO | None = None,
         strict: bool = True,
+        read_only: bool = False,
     ) -> None:
         if isinstance(state, Module):
             self._state: Stateful = state
@@ -151,7 +154,8 @@ class CheckpointManager:
         self.io: CheckpointIO = io or TorchSaveIO()
         self._tracked: dict[str, Stateful] = {}
         self.strict = strict
-        if _distributed()[0] == 0:
+        self.read_only = read_only
+        if _distributed()[0] == 0 and not read_only:
             self._directory.remove_stale()
 
     @property
@@ -192,6 +196,11 @@ class CheckpointManager:
         Every rank of a distributed job must call this; only rank 0 writes the shared state,
         each rank writes its own RNG states.
         """
+        if self.read_only:
+            raise CheckpointError(
+                f"This CheckpointManager of {str(self.directory)!r} is read-only (an evaluation "
+                "job): it does not save."
+            )
         final = self._directory.path_for(step)
         rank, world = _distributed()
         if final.is_dir():

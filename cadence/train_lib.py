@@ -200,7 +200,7 @@ def run_experiment(
     manager = CheckpointManager(
         state, model_dir / "checkpoints", max_to_keep=trainer_config.max_to_keep,
         checkpoint_interval=trainer_config.checkpoint_interval, init_fn=trainer.initialize,
-        strict=trains,
+        strict=trains, read_only=not trains,
     )
     builtin: list[Callback] = [ProgressBar(enabled=progress_bar)] if trains else []
     if trains:

@@ -180,3 +180,22 @@ def test_a_name_can_be_tracked_once(tmp_path):
     for name in ("callbacks", "state"):
         with pytest.raises(ValueError, match="already tracked"):
             manager.track(name, cadence.core.CallbackList())
+
+
+def test_a_read_only_manager_restores_but_neither_saves_nor_cleans_up(tmp_path):
+    class Holder(cadence.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = torch.nn.Linear(2, 2)
+
+    writer = cadence.CheckpointManager(Holder(), tmp_path)
+    writer.save(1)
+    in_progress = tmp_path / ".tmp-ckpt-2-writer"  # another job's write, not yet committed
+    in_progress.mkdir()
+    reader = cadence.CheckpointManager(Holder(), tmp_path, read_only=True)
+    assert in_progress.is_dir()
+    assert reader.restore_or_initialize() == str(tmp_path / "ckpt-1")
+    with pytest.raises(cadence.CheckpointError, match="read-only"):
+        reader.save(2)
+    cadence.CheckpointManager(Holder(), tmp_path)  # a writer cleans leftovers up
+    assert not in_progress.exists()
