@@ -26,7 +26,10 @@ _EXPORTS = {
     "ConfigError": "cadence.core.errors",
     "Controller": "cadence.core.controller",
     "DataConfig": "cadence.config",
+    "DataFlow": "cadence.dataflow",
     "DataIterator": "cadence.data",
+    "EventKeys": "cadence.core.events",
+    "EventSource": "cadence.core.events",
     "EMAConfig": "cadence.config",
     "ExperimentConfig": "cadence.config",
     "InputContext": "cadence.task",
@@ -53,6 +56,7 @@ _EXPORTS = {
     "build_dataloader": "cadence.task",
     "TaskConfig": "cadence.config",
     "TorchSaveIO": "cadence.checkpoint",
+    "TrainLoop": "cadence.train_loop",
     "Trainer": "cadence.trainer",
     "TrainerConfig": "cadence.config",
     "load_config": "cadence.config",
@@ -78,8 +82,11 @@ __all__ = [
     "ConfigError",
     "Controller",
     "DataConfig",
+    "DataFlow",
     "DataIterator",
     "EMAConfig",
+    "EventKeys",
+    "EventSource",
     "ExperimentConfig",
     "InputContext",
     "Last",
@@ -104,6 +111,7 @@ __all__ = [
     "Task",
     "TaskConfig",
     "TorchSaveIO",
+    "TrainLoop",
     "Trainer",
     "TrainerConfig",
     "__version__",
@@ -138,9 +146,11 @@ if TYPE_CHECKING:
     from cadence.core.callbacks import Callback, RunState
     from cadence.core.controller import Action, Controller
     from cadence.core.errors import CheckpointError, CheckpointMismatchError, ConfigError, Preempted
+    from cadence.core.events import EventKeys, EventSource
     from cadence.core.progress import ProgressBar
     from cadence.core.summary import SummaryManager
     from cadence.data import DataIterator
+    from cadence.dataflow import DataFlow
     from cadence.exporter import BestCheckpointExporter, load_weights
     from cadence.metrics import Accuracy, Last, Mean, Metric, Sum
     from cadence.module import Module
@@ -155,6 +165,7 @@ if TYPE_CHECKING:
     )
     from cadence.task import InputContext, Task, build_dataloader
     from cadence.train_lib import run_experiment
+    from cadence.train_loop import TrainLoop
     from cadence.trainer import Trainer
 
 def __getattr__(name: str) -> Any:

@@ -91,7 +91,7 @@ class ArrayFlow(DataFlow):
                              "have the same first dimension.")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"`batch_size` (got {batch_size!r}) must be a positive int.")
-        self.arrays = arrays
+        self.source_arrays = arrays
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.skip_incomplete = skip_incomplete
@@ -114,7 +114,7 @@ class ArrayFlow(DataFlow):
     @property
     def array_count(self) -> int:
         """How many arrays each batch holds."""
-        return len(self.arrays)
+        return len(self.source_arrays)
 
     def _take(self, array: Any, index: torch.Tensor | slice) -> Any:
         if isinstance(index, slice) or isinstance(array, torch.Tensor):
@@ -134,7 +134,7 @@ class ArrayFlow(DataFlow):
             index: torch.Tensor | slice = (self._order[start:stop] if self._order is not None
                                            else slice(start, stop))
             self._position = batch + 1
-            yield tuple(self._take(array, index) for array in self.arrays)
+            yield tuple(self._take(array, index) for array in self.source_arrays)
         self._in_pass = False
 
     def state_dict(self) -> dict[str, Any]:

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -138,10 +139,16 @@ class StatisticsCollector:
                                                            dtype=torch.float64,
                                                            device=values.device)]))
             return
-        array = torch.as_tensor(values, dtype=torch.float64).flatten()
+        if isinstance(values, (int, float)):
+            value = float(values)
+            self._sum += value * weight
+            self._square += value * value * weight
+            self._weight += weight
+            return
+        array = np.asarray(values, dtype=np.float64).ravel()
         self._sum += float(array.sum()) * weight
         self._square += float((array * array).sum()) * weight
-        self._weight += float(array.numel()) * weight
+        self._weight += float(array.size) * weight
 
     def _reduce(self) -> None:
         if not self._scalars:
@@ -314,9 +321,8 @@ class TrainLoop:
         callbacks: Iterable[Callback] = (),
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        if checkpoint_epoch_freq is not None and (
-                isinstance(checkpoint_epoch_freq, bool) or not isinstance(checkpoint_epoch_freq, int)
-                or checkpoint_epoch_freq < 1):
+        freq = checkpoint_epoch_freq
+        if freq is not None and (isinstance(freq, bool) or not isinstance(freq, int) or freq < 1):
             raise ValueError(f"`checkpoint_epoch_freq` (got {checkpoint_epoch_freq!r}) must be a "
                              "positive int or None.")
         if checkpoint_dir is None and (checkpoint_epoch_freq or checkpoint_save_objects):
@@ -698,8 +704,9 @@ class TrainLoop:
                                  for name, p in self._named_parameters().items()}
 
     def _named_parameters(self) -> dict[str, torch.Tensor]:
-        named = {f"{prefix}.{n}": p for prefix, module in self._modules.items()
-                 for n, p in module.named_parameters()}
+        named: dict[str, torch.Tensor] = {
+            f"{prefix}.{n}": p for prefix, module in self._modules.items()
+            for n, p in module.named_parameters()}
         named.update(self._tensors)
         return named
 
@@ -885,7 +892,7 @@ class TrainLoop:
         if other:
             groups.append(("Other Parameters", other))
         for title, members in groups:
-            lines += _parameter_table(title, members) + [""]
+            lines += [*_parameter_table(title, members), ""]
         self._print_func("\n".join(lines).rstrip())
 
     # ------------------------------------------------------------------ checkpoints

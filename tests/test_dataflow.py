@@ -15,7 +15,8 @@ def test_arrays_are_batched_in_order_keeping_or_dropping_the_incomplete_batch():
     x = np.arange(7)
     assert values(DataFlow.arrays([x], 3)) == [[0, 1, 2], [3, 4, 5], [6]]
     assert values(DataFlow.arrays([x], 3, skip_incomplete=True)) == [[0, 1, 2], [3, 4, 5]]
-    assert len(DataFlow.arrays([x], 3)) == 3 and len(DataFlow.arrays([x], 3, skip_incomplete=True)) == 2
+    assert len(DataFlow.arrays([x], 3)) == 3
+    assert len(DataFlow.arrays([x], 3, skip_incomplete=True)) == 2
     tensors = DataFlow.arrays([torch.arange(4), torch.arange(4) * 2], 2)
     assert [b[1].tolist() for b in tensors] == [[0, 2], [4, 6]]
 

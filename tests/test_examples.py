@@ -32,3 +32,17 @@ def test_orbit_classifier_trains_checkpoints_summarizes_and_resumes(tmp_path):
     # A longer target continues from step 400.
     result = example.main(["--model-dir", str(tmp_path), "--train-steps", "500"])
     assert result is not None and (tmp_path / "checkpoints" / "ckpt-500").is_dir()
+
+
+@pytest.mark.slow
+def test_train_loop_example_trains_restores_the_best_and_resumes(tmp_path, capsys):
+    example = load("train_loop_digits")
+    result = example.main(["--model-dir", str(tmp_path), "--epochs", "6"])
+    assert result["valid_acc"] == result["best_valid_acc"] > 0.9  # the best parameters are back
+    out = capsys.readouterr().out
+    assert "[Epoch 6/6, Step 138" in out and "Restored the early-stopping parameters" in out
+    assert list((tmp_path / "summaries").glob("events.out.tfevents.*"))
+    again = example.main(["--model-dir", str(tmp_path), "--epochs", "8"])  # two more epochs
+    out = capsys.readouterr().out
+    assert "Resume training: epoch 6, step 138" in out and "[Epoch 8/8, Step 184" in out
+    assert again["best_valid_acc"] >= result["best_valid_acc"]
