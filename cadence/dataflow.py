@@ -122,7 +122,7 @@ class ArrayFlow(DataFlow):
         return array[index.numpy()]
 
     def __iter__(self) -> Iterator[Batch]:
-        if not (self._resume and self._in_pass):
+        if not (self._resume and self._in_pass and self._position < len(self)):
             self._order = (torch.randperm(self.data_length, generator=self.generator)
                            if self.shuffle else None)
             self._position = 0
@@ -138,7 +138,8 @@ class ArrayFlow(DataFlow):
         self._in_pass = False
 
     def state_dict(self) -> dict[str, Any]:
-        return {"order": self._order, "position": self._position, "in_pass": self._in_pass,
+        in_pass = self._in_pass and self._position < len(self)  # a finished pass is not open
+        return {"order": self._order, "position": self._position, "in_pass": in_pass,
                 "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

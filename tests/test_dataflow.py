@@ -80,3 +80,14 @@ def test_a_threaded_flow_raises_the_workers_error_in_the_consumer():
     assert next(iterator)[0].tolist() == [0, 1]
     with pytest.raises(OSError, match="bad record"):
         next(iterator)
+
+
+def test_a_position_saved_right_after_the_last_batch_starts_a_new_pass():
+    flow = DataFlow.arrays([np.arange(4)], 2, shuffle=True, random_state=0)
+    iterator = iter(flow)
+    next(iterator), next(iterator)  # the pass is used up, the generator not yet resumed
+    state = flow.state_dict()
+    expected = values(flow)
+    resumed = DataFlow.arrays([np.arange(4)], 2, shuffle=True, random_state=0)
+    resumed.load_state_dict(state)
+    assert values(resumed) == expected
