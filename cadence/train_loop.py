@@ -841,7 +841,9 @@ class TrainLoop:
         if time_stats:
             self._events.fire(EventKeys.TIME_METRIC_STATS_PRINTED, self, time_stats)
         self._state.global_step = self._step
-        self._callbacks.fire("on_loop_end", self._state, {n: m for n, (m, _) in stats.items()})
+        means = {n: m for n, (m, _) in stats.items()}
+        self._state.put_metrics(means)
+        self._callbacks.fire("on_loop_end", self._state, means)
         collectors.clear()
 
     def _write_summaries(self, means: dict[str, float]) -> None:

@@ -21,9 +21,11 @@ when no callback overrides them, runners use a loop with no per-step callback co
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from cadence.core.logs import flatten, is_scalar
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +58,9 @@ class RunState:
         controller: the Controller driving the run, if any (e.g. to restore a checkpoint).
         stop_requested: set by `request_stop`; runners end the loop at the next step boundary.
         stop_reason: why the stop was requested.
+        metrics: the latest value of every scalar the run produced so far (loop logs, evaluation
+            logs as ``eval/<name>``, callbacks' results), on the host: what savers, early
+            stopping and schedules read.
     """
 
     global_step: int = 0
@@ -68,6 +73,13 @@ class RunState:
     stop_requested: bool = False
     stop_reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def put_metrics(self, logs: Mapping[str, Any], prefix: str = "") -> None:
+        """Records the scalars of (host, possibly nested) `logs` in `metrics`."""
+        for name, value in flatten(logs).items():
+            if is_scalar(value):
+                self.metrics[prefix + name] = float(value)
 
     def request_stop(self, reason: str) -> None:
         """Asks the runner to stop training cleanly after the current step."""
@@ -81,7 +93,25 @@ class Callback:
     Callbacks with state that must survive a restart (best value so far, patience counters)
     return it from `state_dict` as plain values and tensors, and take it back in `load_state_dict`;
     the checkpoint manager saves it with the model.
+
+    Periodic work goes in `trigger` (tensorpack's ``_trigger``); a scheduling wrapper such as
+    `cadence.callbacks.PeriodicTrigger` decides when it runs. Callbacks that read a metric
+    another callback produces declare it: `requires` names what they read, `provides` what they
+    write into ``state.metrics``; a `CallbackList` refuses a consumer placed before its producer.
+
+    Attributes:
+        requires: metric names this callback reads from ``state.metrics``.
+        provides: metric names this callback writes into ``state.metrics``.
+        active_hooks: when set (by wrappers), the hooks to dispatch to this instance instead of
+            the ones its class overrides.
     """
+
+    requires: tuple[str, ...] = ()
+    provides: tuple[str, ...] = ()
+    active_hooks: frozenset[str] | None = None
+
+    def trigger(self, state: RunState) -> None:
+        """Does the callback's periodic work; called by scheduling wrappers."""
 
     def on_train_begin(self, state: RunState) -> None:
         """Runs when `Controller.train` (or `train_and_evaluate`) starts."""
@@ -126,7 +156,14 @@ class Callback:
 
 
 def _overrides(callback: Callback, hook: str) -> bool:
+    if callback.active_hooks is not None:
+        return hook in callback.active_hooks
     return getattr(type(callback), hook) is not getattr(Callback, hook)
+
+
+def overridden_hooks(callback: Callback) -> frozenset[str]:
+    """The hooks a callback handles (what `CallbackList` dispatches to it)."""
+    return frozenset(hook for hook in HOOKS if _overrides(callback, hook))
 
 
 class CallbackList:
@@ -149,6 +186,14 @@ class CallbackList:
                 f"callbacks must be cadence.Callback instances (got {type(callback).__name__}). "
                 "Subclass cadence.Callback and override the hooks you need."
             )
+        for name in callback.provides:
+            for earlier in self._callbacks:
+                if name in earlier.requires:
+                    raise ValueError(
+                        f"{type(earlier).__name__} reads {name!r}, which "
+                        f"{type(callback).__name__} produces, but comes before it: put "
+                        f"{type(callback).__name__} earlier in the callback list."
+                    )
         self._callbacks.append(callback)
         for hook in HOOKS:
             if _overrides(callback, hook):

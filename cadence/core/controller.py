@@ -412,6 +412,7 @@ class Controller:
                                for k, v in rates.items())
         loop_logger.info("train | step: %d | %s | %s", after, rate_text, format_logs(logs))
         logs = {**logs, **rates}
+        self.state.put_metrics(logs)
         if self.summary_interval is None or self._summary_interval.crossed(after):
             self.summary_manager.write_summaries(logs, step=after)
             self._summary_interval.mark(after)
@@ -471,6 +472,7 @@ class Controller:
         self.eval_summary_manager.flush()
         self._last_eval_step = step
         self.state.extra["last_eval"] = record
+        self.state.put_metrics(logs, prefix="eval/")
         self.callbacks.fire("on_eval_end", self.state, logs)
         self.state.phase = ""
         return logs

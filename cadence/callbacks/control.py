@@ -1,0 +1,118 @@
+"""Callbacks that stop training: `EarlyStopping` and `StopAtTimeLimit`.
+
+(The NaN/Inf guard is `cadence.LossGuard`: it stops training, or restores a checkpoint, when the
+loss of a loop is not finite.)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+import torch
+
+from cadence.core.callbacks import Callback, RunState
+from cadence.train_loop import infer_smaller_is_better
+
+logger = logging.getLogger("cadence")
+
+
+class EarlyStopping(Callback):
+    """Stops training when `monitor` has not improved for `patience` triggers (epochs, by
+    default); with `restore_best`, puts the best weights back into ``state.trainer.model`` when
+    training ends. The best value, the waiting count and the best weights are checkpointed.
+
+    Args:
+        monitor: the metric in ``state.metrics``.
+        patience: triggers without improvement before stopping.
+        min_delta: the smallest change that counts as an improvement.
+        mode: ``"min"`` or ``"max"``; None infers it from the name (see
+            `cadence.train_loop.LARGER_IS_BETTER`).
+        restore_best: restore the best weights at the end.
+    """
+
+    def __init__(self, monitor: str, patience: int = 3, min_delta: float = 0.0,
+                 mode: str | None = None, restore_best: bool = False) -> None:
+        if mode not in (None, "min", "max"):
+            raise ValueError(f"`mode` (got {mode!r}) must be 'min', 'max' or None.")
+        if patience < 1:
+            raise ValueError(f"`patience` (got {patience}) must be at least 1.")
+        self.monitor = monitor
+        self.requires = (monitor,)
+        self.patience = patience
+        self.min_delta = abs(min_delta)
+        self.mode = mode or ("min" if infer_smaller_is_better(monitor) else "max")
+        self.restore_best = restore_best
+        self.best: float | None = None
+        self.best_step: int | None = None
+        self.wait = 0
+        self.best_weights: dict[str, torch.Tensor] | None = None
+
+    def _improved(self, value: float) -> bool:
+        if self.best is None:
+            return True
+        if self.mode == "min":
+            return value < self.best - self.min_delta
+        return value > self.best + self.min_delta
+
+    def trigger(self, state: RunState) -> None:
+        value = state.metrics.get(self.monitor)
+        if value is None or math.isnan(value):
+            logger.warning("EarlyStopping: no value of %r at step %d.", self.monitor,
+                           state.global_step)
+            return
+        if self._improved(value):
+            self.best, self.best_step, self.wait = value, state.global_step, 0
+            if self.restore_best:
+                model = state.trainer.model
+                self.best_weights = {k: v.detach().to("cpu", copy=True)
+                                     for k, v in model.state_dict().items()}
+            return
+        self.wait += 1
+        if self.wait >= self.patience:
+            state.request_stop(f"early stopping: {self.monitor} did not improve for "
+                               f"{self.wait} epochs (best {self.best:.6g} at step "
+                               f"{self.best_step})")
+            logger.info("Early stopping at step %d: %s did not improve on %.6g for %d epochs.",
+                        state.global_step, self.monitor, self.best, self.wait)
+
+    def on_epoch_end(self, state: RunState) -> None:
+        self.trigger(state)
+
+    def on_train_end(self, state: RunState) -> None:
+        if self.restore_best and self.best_weights is not None:
+            state.trainer.model.load_state_dict(self.best_weights)
+            logger.info("Restored the weights of step %s (%s = %.6g).", self.best_step,
+                        self.monitor, self.best)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "best_step": self.best_step, "wait": self.wait,
+                "best_weights": self.best_weights}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best = state_dict["best"]
+        self.best_step = state_dict["best_step"]
+        self.wait = int(state_dict["wait"])
+        self.best_weights = state_dict.get("best_weights")
+
+
+class StopAtTimeLimit(Callback):
+    """Stops training cleanly after `seconds` of training in this process (checked after every
+    step, so the overrun is at most one step)."""
+
+    def __init__(self, seconds: float) -> None:
+        if seconds <= 0:
+            raise ValueError(f"`seconds` (got {seconds}) must be positive.")
+        self.seconds = seconds
+        self._deadline = math.inf
+
+    def on_train_begin(self, state: RunState) -> None:
+        self._deadline = time.monotonic() + self.seconds
+
+    def on_step_end(self, state: RunState) -> None:
+        if time.monotonic() >= self._deadline and not state.stop_requested:
+            state.request_stop(f"time limit of {self.seconds:g}s reached")
+            logger.info("Time limit of %gs reached at step %d: stopping.", self.seconds,
+                        state.global_step)

@@ -1,0 +1,94 @@
+"""Monitors: where the scalars of each loop (an epoch, in the tensorpack trainer) go.
+
+They listen to ``on_loop_end``, which every front-end fires with host values, so they add
+nothing per step. Put them last: they then see what every other callback recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from cadence.core.callbacks import Callback, RunState
+from cadence.core.logs import format_logs
+from cadence.core.summary import SummaryManager, process_rank
+
+logger = logging.getLogger("cadence")
+
+
+def _directory(state: RunState, given: str | Path | None, what: str) -> Path:
+    if given is not None:
+        return Path(given)
+    logdir = getattr(state.trainer, "logdir", None)
+    if logdir is None:
+        raise ValueError(f"{what} needs a directory: pass one, or train with a logdir.")
+    return Path(logdir)
+
+
+def _snapshot(state: RunState, logs: dict[str, Any]) -> dict[str, Any]:
+    return {**state.metrics, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
+
+
+class JSONWriter(Callback):
+    """Appends one JSON line per loop -- ``epoch``, ``global_step`` and every scalar -- to
+    ``stats.jsonl`` (tensorpack rewrote a whole ``stats.json`` each epoch; appending never
+    loses earlier lines to a crash).
+
+    Args:
+        directory: where; default the trainer's logdir.
+    """
+
+    def __init__(self, directory: str | Path | None = None) -> None:
+        self.directory = directory
+
+    def on_loop_end(self, state: RunState, logs: dict[str, Any]) -> None:
+        if process_rank() != 0:
+            return
+        path = _directory(state, self.directory, "JSONWriter") / "stats.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"epoch": state.epoch, "global_step": state.global_step,
+                  **_snapshot(state, logs)}
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+class TensorBoardWriter(Callback):
+    """Writes every scalar of each loop as TensorBoard summaries at the global step.
+
+    Args:
+        directory: where; default ``<logdir>/train``.
+    """
+
+    def __init__(self, directory: str | Path | None = None) -> None:
+        self.directory = directory
+        self._summaries: SummaryManager | None = None
+
+    def on_train_begin(self, state: RunState) -> None:
+        directory = (Path(self.directory) if self.directory is not None
+                     else _directory(state, None, "TensorBoardWriter") / "train")
+        self._summaries = SummaryManager(str(directory), lambda: state.global_step)
+
+    def on_loop_end(self, state: RunState, logs: dict[str, Any]) -> None:
+        if self._summaries is None:
+            self.on_train_begin(state)
+        assert self._summaries is not None
+        self._summaries.write_summaries(_snapshot(state, logs), step=state.global_step)
+        self._summaries.flush()
+
+    def on_train_end(self, state: RunState) -> None:
+        if self._summaries is not None:
+            self._summaries.close()
+            self._summaries = None
+
+
+class ScalarPrinter(Callback):
+    """Logs the scalars of each loop as one line."""
+
+    def on_loop_end(self, state: RunState, logs: dict[str, Any]) -> None:
+        logger.info("epoch %d | step %d | %s", state.epoch, state.global_step,
+                    format_logs(_snapshot(state, logs)))

@@ -1,0 +1,61 @@
+"""`Profiler`: a ``torch.profiler`` trace of a range of steps."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cadence.core.callbacks import Callback, RunState
+
+logger = logging.getLogger("cadence")
+
+
+class Profiler(Callback):
+    """Profiles the steps ``start_step < global_step <= end_step`` (CPU, and CUDA when present)
+    and writes a Chrome trace (open it in Perfetto or ``chrome://tracing``) to
+    ``<directory>/trace-<start>-<end>.json``. Name scopes of `cadence.Module` appear as ranges.
+
+    Args:
+        start_step: the trace starts after this global step.
+        end_step: and ends after this one.
+        directory: where; default ``<logdir>/profile``.
+    """
+
+    def __init__(self, start_step: int, end_step: int, directory: str | Path | None = None) -> None:
+        if not 0 <= start_step < end_step:
+            raise ValueError(f"Need 0 <= start_step < end_step (got {start_step}, {end_step}).")
+        self.start_step = start_step
+        self.end_step = end_step
+        self.directory = directory
+        self.trace_path: Path | None = None
+        self._profile: Any = None
+
+    def on_step_begin(self, state: RunState) -> None:
+        if state.global_step == self.start_step and self._profile is None:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self._profile = torch.profiler.profile(activities=activities, record_shapes=True)
+            self._profile.__enter__()
+
+    def on_step_end(self, state: RunState) -> None:
+        if self._profile is not None and state.global_step >= self.end_step:
+            self._finish(state)
+
+    def on_train_end(self, state: RunState) -> None:
+        if self._profile is not None:
+            self._finish(state)
+
+    def _finish(self, state: RunState) -> None:
+        profile, self._profile = self._profile, None
+        profile.__exit__(None, None, None)
+        directory = Path(self.directory) if self.directory is not None else (
+            Path(getattr(state.trainer, "logdir", None) or ".") / "profile")
+        directory.mkdir(parents=True, exist_ok=True)
+        self.trace_path = directory / f"trace-{self.start_step}-{state.global_step}.json"
+        profile.export_chrome_trace(str(self.trace_path))
+        logger.info("Wrote the profile of steps %d-%d to %s.", self.start_step + 1,
+                    state.global_step, self.trace_path)

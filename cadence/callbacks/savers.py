@@ -1,0 +1,125 @@
+"""Checkpoint savers: `ModelSaver` (periodic, keep N) and `MinSaver` / `MaxSaver` (keep the best).
+
+`ModelSaver` writes full checkpoints of the trainer -- model, optimizer, schedules, counters,
+data position, random state, and every callback's state -- through the engine's atomic
+`CheckpointManager`; ``launch_train_with_config`` resumes from them. `MinSaver` and `MaxSaver`
+export the model's weights whenever a metric reaches a new best (safetensors + JSON, through
+`BestCheckpointExporter`), so the best model is never confused with the resume checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from cadence.checkpoint import CheckpointManager
+from cadence.core.callbacks import Callback, RunState
+from cadence.exporter import BestCheckpointExporter
+
+logger = logging.getLogger("cadence")
+
+
+def _logdir(state: RunState, what: str) -> Path:
+    logdir = getattr(state.trainer, "logdir", None)
+    if logdir is None:
+        raise ValueError(f"{what} needs a directory: pass one, or train with a logdir "
+                         "(TrainConfig(logdir=...)).")
+    return Path(logdir)
+
+
+class ModelSaver(Callback):
+    """Saves a checkpoint of the trainer at each trigger (by default, every epoch's end).
+
+    Args:
+        max_to_keep: checkpoints to keep.
+        checkpoint_dir: where; default ``<logdir>/checkpoints``.
+    """
+
+    def __init__(self, max_to_keep: int = 5, checkpoint_dir: str | Path | None = None) -> None:
+        self.max_to_keep = max_to_keep
+        self.checkpoint_dir = checkpoint_dir
+        self.manager: CheckpointManager | None = None
+
+    def on_train_begin(self, state: RunState) -> None:
+        directory = (Path(self.checkpoint_dir) if self.checkpoint_dir is not None
+                     else _logdir(state, "ModelSaver") / "checkpoints")
+        self.manager = checkpoint_manager_for(state, directory, self.max_to_keep)
+
+    def trigger(self, state: RunState) -> None:
+        if self.manager is None:
+            self.on_train_begin(state)
+        assert self.manager is not None
+        path = self.manager.save(state.global_step)
+        logger.info("Saved checkpoint %s.", path)
+        callbacks = getattr(state.trainer, "callbacks", None)
+        if callbacks is not None:
+            callbacks.fire("on_checkpoint_saved", state, path)
+
+    def on_epoch_end(self, state: RunState) -> None:
+        self.trigger(state)
+
+
+def checkpoint_manager_for(state: RunState, directory: str | Path,
+                           max_to_keep: int | None = 5) -> CheckpointManager:
+    """The manager that saves (and resumes) the trainer of `state` with its callbacks."""
+    manager = CheckpointManager(state.trainer, directory, max_to_keep=max_to_keep)
+    callbacks = getattr(state.trainer, "callbacks", None)
+    if callbacks is not None:
+        manager.track("callbacks", callbacks)
+    return manager
+
+
+class _BestSaver(Callback):
+    comp = "higher"
+
+    def __init__(self, monitor_stat: str, export_dir: str | Path | None = None,
+                 max_to_keep: int = 1) -> None:
+        self.monitor_stat = monitor_stat
+        self.requires = (monitor_stat,)
+        self.export_dir = export_dir
+        self.max_to_keep = max_to_keep
+        self.exporter: BestCheckpointExporter | None = None
+
+    def on_train_begin(self, state: RunState) -> None:
+        directory = (Path(self.export_dir) if self.export_dir is not None
+                     else _logdir(state, type(self).__name__)
+                     / f"{type(self).__name__.lower()}-{self.monitor_stat.replace('/', '_')}")
+        self.exporter = BestCheckpointExporter(directory, self.monitor_stat, self.comp,
+                                               self.max_to_keep)
+
+    def trigger(self, state: RunState) -> None:
+        if self.monitor_stat not in state.metrics:
+            logger.warning("%s: no %r yet at step %d; nothing to compare.", type(self).__name__,
+                           self.monitor_stat, state.global_step)
+            return
+        if self.exporter is None:
+            self.on_train_begin(state)
+        assert self.exporter is not None
+        model = getattr(state.trainer, "model", None)
+        if model is None:
+            raise ValueError(f"{type(self).__name__} exports state.trainer.model, which this "
+                             "trainer does not have.")
+        self.exporter.maybe_export_checkpoint(model, state.metrics, state.global_step)
+
+    def on_epoch_end(self, state: RunState) -> None:
+        self.trigger(state)
+
+
+class MinSaver(_BestSaver):
+    """Exports the model's weights whenever `monitor_stat` reaches a new minimum.
+
+    Args:
+        monitor_stat: the metric (in ``state.metrics``) to watch.
+        export_dir: where; default ``<logdir>/minsaver-<stat>``.
+        max_to_keep: keep the best K exports.
+    """
+
+    comp = "lower"
+
+
+class MaxSaver(_BestSaver):
+    """Exports the model's weights whenever `monitor_stat` reaches a new maximum (see
+    `MinSaver`)."""
+
+    comp = "higher"
+

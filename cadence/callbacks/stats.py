@@ -1,0 +1,100 @@
+"""Run statistics: `EstimatedTimeLeft`, `ThroughputTracker`, `PeakMemoryTracker`.
+
+Each measures per epoch (``on_epoch_begin`` / ``on_epoch_end``) and adds nothing per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import sys
+import time
+from collections import deque
+
+import torch
+
+from cadence.core.callbacks import Callback, RunState
+from cadence.train_loop import humanize_duration
+
+logger = logging.getLogger("cadence")
+
+
+class EstimatedTimeLeft(Callback):
+    """Estimates the time left from the median time per step of the last `last_k_epochs`
+    epochs (robust to one slow epoch) times the steps left to ``state.target_step``.
+
+    Records ``eta_seconds`` in ``state.metrics`` and logs it.
+    """
+
+    provides = ("eta_seconds",)
+
+    def __init__(self, last_k_epochs: int = 5) -> None:
+        self._rates: deque[float] = deque(maxlen=last_k_epochs)
+        self._start = (0.0, 0)
+
+    def on_epoch_begin(self, state: RunState) -> None:
+        self._start = (time.perf_counter(), state.global_step)
+
+    def on_epoch_end(self, state: RunState) -> None:
+        started, step = self._start
+        steps = state.global_step - step
+        if steps > 0:
+            self._rates.append((time.perf_counter() - started) / steps)
+        if not self._rates or state.target_step is None:
+            return
+        eta = statistics.median(self._rates) * max(state.target_step - state.global_step, 0)
+        state.metrics["eta_seconds"] = eta
+        logger.info("Estimated time left: %s", humanize_duration(eta))
+
+
+class ThroughputTracker(Callback):
+    """Steps and examples per second over each epoch, as ``throughput/steps_per_second`` and
+    ``throughput/samples_per_second``.
+
+    Args:
+        samples_per_step: examples per step; default the trainer's ``examples_per_step``.
+    """
+
+    provides = ("throughput/steps_per_second", "throughput/samples_per_second")
+
+    def __init__(self, samples_per_step: int | None = None) -> None:
+        self.samples_per_step = samples_per_step
+        self._start = (0.0, 0)
+
+    def on_epoch_begin(self, state: RunState) -> None:
+        self._start = (time.perf_counter(), state.global_step)
+
+    def on_epoch_end(self, state: RunState) -> None:
+        started, step = self._start
+        elapsed = time.perf_counter() - started
+        if elapsed <= 0:
+            return
+        steps_per_second = (state.global_step - step) / elapsed
+        state.metrics["throughput/steps_per_second"] = steps_per_second
+        samples = self.samples_per_step or getattr(state.trainer, "examples_per_step", None)
+        if samples:
+            state.metrics["throughput/samples_per_second"] = steps_per_second * samples
+
+
+class PeakMemoryTracker(Callback):
+    """Peak memory of each epoch, in MiB: every CUDA device's allocator peak (reset each epoch)
+    as ``peak_memory_mb/cuda:<i>``, and the process's peak resident memory as
+    ``peak_memory_mb/host`` (a peak over the whole process lifetime)."""
+
+    def on_epoch_begin(self, state: RunState) -> None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            for device in range(torch.cuda.device_count()):
+                torch.cuda.reset_peak_memory_stats(device)
+
+    def on_epoch_end(self, state: RunState) -> None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            for device in range(torch.cuda.device_count()):
+                peak = torch.cuda.max_memory_allocated(device) / 2**20
+                state.metrics[f"peak_memory_mb/cuda:{device}"] = peak
+        try:
+            import resource
+        except ImportError:  # not on this platform
+            return
+        peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        scale = 1 / 2**20 if sys.platform == "darwin" else 1 / 2**10  # bytes on macOS
+        state.metrics["peak_memory_mb/host"] = peak_kb * scale
