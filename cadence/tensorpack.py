@@ -29,6 +29,7 @@ state and every callback's state.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import time
@@ -41,8 +42,10 @@ import torch
 from torch import nn
 
 from cadence.core.callbacks import Callback, CallbackList, RunState
+from cadence.core.errors import Preempted
 from cadence.core.logs import to_host
 from cadence.core.progress import ProgressBar
+from cadence.core.signals import stop_on_signals
 from cadence.core.summary import process_rank
 from cadence.data import DataIterator
 from cadence.metrics import Mean
@@ -240,15 +243,18 @@ class Trainer(Module):
                    starting_epoch, max_epoch)
 
     def main_loop(self, steps_per_epoch: int, starting_epoch: int = 1,
-                  max_epoch: int = 9999999) -> None:
+                  max_epoch: int = 9999999, handle_signals: bool = True) -> None:
         """Runs the epochs; see the module docstring for the order of callbacks.
 
         A restored position wins over `starting_epoch`: a run resumed from a checkpoint taken
         at an epoch's end starts with the next epoch, one taken mid-epoch continues that epoch.
+        SIGTERM or Ctrl-C stops after the current step; the epoch's end callbacks run, a
+        checkpoint is saved in `checkpoint_dir` (with a `logdir`), and `Preempted` is raised.
 
         Raises:
             ValueError: for negative `steps_per_epoch` or `max_epoch`.
             RuntimeError: if called twice.
+            Preempted: after SIGTERM or SIGINT.
         """
         for name, value in (("steps_per_epoch", steps_per_epoch), ("max_epoch", max_epoch)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -273,6 +279,8 @@ class Trainer(Module):
             logger.info("Start training with global_step=%d.", counters.global_step)
         self.callbacks.fire("on_train_begin", state)
         step_hooks = self.callbacks if self.callbacks.has_step_hooks else None
+        signals = contextlib.ExitStack()
+        received = signals.enter_context(stop_on_signals(state, handle_signals))
         try:
             for epoch in range(first_epoch, max_epoch + 1):
                 if state.stop_requested:
@@ -311,15 +319,25 @@ class Trainer(Module):
                 logger.info("Training was stopped: %s.", state.stop_reason)
             else:
                 logger.info("Training has finished!")
+            saved = None
+            directory = self.checkpoint_dir()
+            if received and directory is not None:
+                from cadence.callbacks.savers import checkpoint_manager_for
+
+                saved = checkpoint_manager_for(state, directory).save(
+                    counters.global_step)  # returns the existing one if a saver just wrote it
         except KeyboardInterrupt:
             logger.info("Detected Ctrl-C: training stops.")
             raise
         finally:
+            signals.close()
             for callback in self.callbacks.hooked("on_train_end"):
                 try:
                     callback.on_train_end(state)
                 except Exception:  # one failing teardown must not skip the others
                     logger.exception("%s.on_train_end failed.", type(callback).__name__)
+        if received:
+            raise Preempted(received[0], saved)
 
 
 class ModelDesc(nn.Module):

@@ -54,7 +54,9 @@ from torch import nn
 
 from cadence.checkpoint import CheckpointManager
 from cadence.core.callbacks import Callback, CallbackList, RunState
+from cadence.core.errors import Preempted
 from cadence.core.events import EventKeys, EventSource
+from cadence.core.signals import stop_on_signals
 from cadence.core.summary import SummaryManager
 from cadence.data import DataIterator
 from cadence.module import Module
@@ -289,6 +291,9 @@ class TrainLoop:
         early_stopping: keep the best parameters and restore them on exit.
         callbacks: `cadence.Callback` objects (see the module docstring).
         clock: the time source, in seconds (tests pass a fake one).
+        handle_signals: inside the ``with`` block, SIGTERM and Ctrl-C end the loops after the
+            current step (the epoch then ends as usual); on leaving the block a checkpoint is
+            saved (with a `checkpoint_dir`) and `cadence.Preempted` is raised.
 
     Raises:
         ValueError: for a bad `checkpoint_epoch_freq`, or checkpoint options without a
@@ -320,6 +325,7 @@ class TrainLoop:
         early_stopping: bool = False,
         callbacks: Iterable[Callback] = (),
         clock: Callable[[], float] = time.perf_counter,
+        handle_signals: bool = True,
     ) -> None:
         freq = checkpoint_epoch_freq
         if freq is not None and (isinstance(freq, bool) or not isinstance(freq, int) or freq < 1):
@@ -386,6 +392,9 @@ class TrainLoop:
         self._pending_data_state: dict[str, Any] | None = None
         self._manager: CheckpointManager | None = None
         self._state = RunState(trainer=self)
+        self._handle_signals = handle_signals
+        self._signals = contextlib.ExitStack()
+        self._received: list[int] = []
 
     # ------------------------------------------------------------------ properties
 
@@ -485,15 +494,21 @@ class TrainLoop:
             self._eta_start = (progress, self._clock())
         self._state.global_step = self._step
         self._state.epoch = self._epoch
+        self._received = self._signals.enter_context(
+            stop_on_signals(self._state, self._handle_signals))
         self._events.fire(EventKeys.ENTER_LOOP, self)
         self._callbacks.fire("on_train_begin", self._state)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        saved = None
         try:
             self._events.reverse_fire(EventKeys.EXIT_LOOP, self)
             self._callbacks.fire("on_train_end", self._state)
+            if self._received and exc_type is None and self._manager is not None:
+                saved = self.make_checkpoint()
         finally:
+            self._signals.close()
             self._exited = True
             self._within_epoch = self._within_step = False
             if self._early_stopping:
@@ -503,6 +518,8 @@ class TrainLoop:
                     self._summary_writer.close()
                 else:
                     self._summary_writer.flush()
+        if self._received and exc_type is None:
+            raise Preempted(self._received[0], saved)
 
     def _require_entered(self) -> None:
         if not self._entered or self._exited:

@@ -235,3 +235,24 @@ def test_the_gan_example_counts_logical_steps_and_learns_the_target(tmp_path):
     assert (tmp_path / "checkpoints" / "ckpt-900").is_dir()
     again = example.main(["--logdir", str(tmp_path), "--epochs", "7"])  # resumes, one more
     assert again["global_step"] == 7 * 150
+
+
+def test_sigterm_stops_after_the_step_saves_and_raises_preempted(tmp_path):
+    import os
+    import signal
+
+    class Terminate(cadence.Callback):
+        def on_step_end(self, state):
+            if state.global_step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    trainer = SimpleTrainer()
+    config = regression_config(tmp_path, callbacks=[Terminate()])
+    with pytest.raises(cadence.Preempted) as stopped:
+        launch_train_with_config(config, trainer)
+    assert stopped.value.code == 143
+    assert stopped.value.checkpoint == str(tmp_path / "checkpoints" / "ckpt-3")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is put back
+    resumed = SimpleTrainer()
+    launch_train_with_config(regression_config(tmp_path), resumed)
+    assert resumed.global_step == 21

@@ -321,3 +321,22 @@ def test_early_stopping_state_survives_resume(tmp_path):
     _, _, second = train(tmp_path, max_epoch=3)  # continues from the end of epoch 2
     assert second.best_valid_metric <= first.best_valid_metric
     assert second.step == 21
+
+
+def test_sigterm_ends_the_loops_saves_and_raises_preempted(tmp_path):
+    import os
+    import signal
+
+    model = nn.Linear(1, 1)
+    with pytest.raises(cadence.Preempted) as stopped, TrainLoop(
+            model, max_epoch=3, checkpoint_dir=tmp_path, print_func=lambda line: None) as loop:
+        for _ in loop.iter_epochs():
+            for step, _ in loop.iter_steps([1, 2, 3]):
+                if step == 2:
+                    os.kill(os.getpid(), signal.SIGTERM)
+    assert stopped.value.code == 143
+    assert (loop.epoch, loop.step) == (1, 2)
+    assert stopped.value.checkpoint == str(tmp_path / "ckpt-2")
+    with TrainLoop(model, max_epoch=3, checkpoint_dir=tmp_path,
+                   print_func=lambda line: None) as loop:
+        assert loop.step == 2

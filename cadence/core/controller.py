@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -32,6 +30,7 @@ from cadence.core.errors import CheckpointError, Preempted
 from cadence.core.intervals import Interval, check_interval, steps_until_boundary
 from cadence.core.logs import format_logs, to_host
 from cadence.core.protocols import CheckpointManagerLike, Evaluable, Trainable
+from cadence.core.signals import stop_on_signals
 from cadence.core.summary import SummaryManager
 
 logger = logging.getLogger("cadence")
@@ -154,7 +153,7 @@ class Controller:
         self._summary_interval = Interval(self.summary_interval, last=step)
         self._last_eval_step = -1
         self._weights_checkpoint: str | None = None
-        self._signal_received: int | None = None
+        self._signals: list[int] = []
         self._restores = 0  # counts restores, so that a rewind during a loop is recognized
         if checkpoint_manager is not None:
             checkpoint_manager.track("controller", self)
@@ -324,7 +323,7 @@ class Controller:
     def _training(self) -> Iterator[None]:
         self.state.stop_requested = False
         self.state.stop_reason = None
-        self._signal_received = None
+        self._signals = []
         self.state.global_step = self._global_step()
         self.callbacks.fire("on_train_begin", self.state)
         try:
@@ -537,24 +536,13 @@ class Controller:
 
     @contextlib.contextmanager
     def _signal_guard(self) -> Iterator[None]:
-        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+        with stop_on_signals(self.state, self.handle_signals) as received:
+            self._signals = received
             yield
-            return
 
-        def handler(signum: int, frame: Any) -> None:
-            if self._signal_received is not None and signum == signal.SIGINT:
-                raise KeyboardInterrupt  # a second Ctrl-C: stop now, without saving
-            self._signal_received = signum
-            name = signal.Signals(signum).name
-            logger.warning("Received %s: stopping after this step and saving a checkpoint.", name)
-            self.state.request_stop(name)
-
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            yield
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
+    @property
+    def _signal_received(self) -> int | None:
+        return self._signals[0] if self._signals else None
 
     def close(self) -> None:
         """Flushes and closes the summary writers."""
