@@ -52,9 +52,11 @@ class DataFlow:
         replaced by what `mapper` returns."""
         return MapFlow(self, mapper, array_indices)
 
-    def threaded(self, prefetch: int = 2) -> DataFlow:
-        """A flow that prepares up to `prefetch` batches ahead in a background thread."""
-        return ThreadingFlow(self, prefetch)
+    def threaded(self, prefetch: int = 2,
+                 device: torch.device | str | None = None) -> DataFlow:
+        """A flow that prepares up to `prefetch` batches ahead in a background thread and, with
+        a `device`, also moves them there (on CUDA: from pinned memory, on a side stream)."""
+        return ThreadingFlow(self, prefetch, device)
 
     @staticmethod
     def arrays(arrays: Sequence[Any], batch_size: int, shuffle: bool = False,
@@ -194,15 +196,23 @@ class ThreadingFlow(DataFlow):
     """Prepares the next batches of `source` in a background thread, so that loading overlaps
     the training step. An error in the thread is raised in the consumer, with its traceback.
 
+    With a `device`, arrays become tensors on that device. On CUDA the thread copies each batch
+    from pinned memory on its own stream, and the consumer's stream waits for that copy only
+    when the batch is used: host-to-device copies overlap compute (tensorpack's
+    ``StagingInput``).
+
     Its position is that of the last batch *consumed*: batches prepared ahead but not used are
     prepared again after a resume.
     """
 
-    def __init__(self, source: DataFlow, prefetch: int = 2) -> None:
+    def __init__(self, source: DataFlow, prefetch: int = 2,
+                 device: torch.device | str | None = None) -> None:
         if prefetch < 1:
             raise ValueError(f"`prefetch` (got {prefetch}) must be at least 1.")
         self.source = source
         self.prefetch = prefetch
+        self.device = torch.device(device) if device is not None else None
+        self._stream: Any = None
         self._consumed_state: dict[str, Any] | None = None
         self._stop: threading.Event | None = None
 
@@ -221,7 +231,8 @@ class ThreadingFlow(DataFlow):
 
         try:
             for batch in self.source:
-                if not put((batch, self.source.state_dict())):
+                batch, ready = self._to_device(batch)
+                if not put((batch, ready, self.source.state_dict())):
                     return
         except BaseException as error:  # handed to the consumer, raised there
             put(error)
@@ -244,11 +255,30 @@ class ThreadingFlow(DataFlow):
                     return
                 if isinstance(item, BaseException):
                     raise item
-                batch, state = item
+                batch, ready, state = item
+                if ready is not None:  # CUDA: wait for the side-stream copy, then own it
+                    current = torch.cuda.current_stream(self.device)
+                    current.wait_event(ready)
+                    for tensor in batch:
+                        tensor.record_stream(current)
                 self._consumed_state = state
                 yield batch
         finally:
             stop.set()
+
+    def _to_device(self, batch: Batch) -> tuple[Batch, Any]:
+        if self.device is None:
+            return batch, None
+        tensors = [torch.as_tensor(a) for a in batch]
+        if self.device.type != "cuda":
+            return tuple(t.to(self.device) for t in tensors), None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self._stream):
+            moved = tuple(t.pin_memory().to(self.device, non_blocking=True) for t in tensors)
+            ready = torch.cuda.Event()
+            ready.record(self._stream)
+        return moved, ready
 
     def close(self) -> None:
         """Stops the background thread of an unfinished pass."""

@@ -91,3 +91,19 @@ def test_a_position_saved_right_after_the_last_batch_starts_a_new_pass():
     resumed = DataFlow.arrays([np.arange(4)], 2, shuffle=True, random_state=0)
     resumed.load_state_dict(state)
     assert values(resumed) == expected
+
+
+def test_a_threaded_flow_with_a_device_yields_tensors_there():
+    flow = DataFlow.arrays([np.arange(6, dtype=np.float32)], 4).threaded(2, device="cpu")
+    batches = list(flow)
+    assert [b[0].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5]]
+    assert all(isinstance(b[0], torch.Tensor) for b in batches)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_threaded_flow_copies_to_cuda_on_a_side_stream():
+    x = np.random.RandomState(0).randn(64, 8).astype(np.float32)
+    flow = DataFlow.arrays([x], 16).threaded(2, device="cuda")
+    out = torch.cat([b[0] for b in flow]).cpu().numpy()
+    assert out.tobytes() == x.tobytes()
