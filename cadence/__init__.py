@@ -13,6 +13,12 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "launch_train_with_config": "cadence.tensorpack",
+    "TrainConfig": "cadence.tensorpack",
+    "StopTraining": "cadence.tensorpack",
+    "SingleCostTrainer": "cadence.tensorpack",
+    "SimpleTrainer": "cadence.tensorpack",
+    "ModelDesc": "cadence.tensorpack",
     "AbstractEvaluator": "cadence.runner",
     "AbstractTrainer": "cadence.runner",
     "Accuracy": "cadence.metrics",
@@ -66,7 +72,8 @@ _EXPORTS = {
     "run_experiment": "cadence.train_lib",
     "save_config": "cadence.config",
 }
-_SUBMODULES = {"summary": "cadence.core.summary", "core": "cadence.core"}
+_SUBMODULES = {"summary": "cadence.core.summary", "core": "cadence.core",
+               "callbacks": "cadence.callbacks", "tensorpack": "cadence.tensorpack"}
 
 __all__ = [
     "AbstractEvaluator",
@@ -94,6 +101,7 @@ __all__ = [
     "LossGuard",
     "Mean",
     "Metric",
+    "ModelDesc",
     "Module",
     "OptimizationConfig",
     "OptimizerConfig",
@@ -102,21 +110,27 @@ __all__ = [
     "ProgressBar",
     "RunState",
     "RuntimeConfig",
+    "SimpleTrainer",
+    "SingleCostTrainer",
     "StandardEvaluator",
     "StandardEvaluatorOptions",
     "StandardTrainer",
     "StandardTrainerOptions",
+    "StopTraining",
     "Sum",
     "SummaryManager",
     "Task",
     "TaskConfig",
     "TorchSaveIO",
+    "TrainConfig",
     "TrainLoop",
     "Trainer",
     "TrainerConfig",
     "__version__",
     "build_dataloader",
+    "callbacks",
     "core",
+    "launch_train_with_config",
     "load_config",
     "load_weights",
     "register_experiment",
@@ -124,10 +138,13 @@ __all__ = [
     "run_experiment",
     "save_config",
     "summary",
+    "tensorpack",
 ]
 
 if TYPE_CHECKING:
+    from cadence import callbacks as callbacks
     from cadence import core as core
+    from cadence import tensorpack as tensorpack
     from cadence.checkpoint import CheckpointIO, CheckpointManager, TorchSaveIO
     from cadence.config import (
         DataConfig,
@@ -164,6 +181,14 @@ if TYPE_CHECKING:
         StandardTrainerOptions,
     )
     from cadence.task import InputContext, Task, build_dataloader
+    from cadence.tensorpack import (
+        ModelDesc,
+        SimpleTrainer,
+        SingleCostTrainer,
+        StopTraining,
+        TrainConfig,
+        launch_train_with_config,
+    )
     from cadence.train_lib import run_experiment
     from cadence.train_loop import TrainLoop
     from cadence.trainer import Trainer

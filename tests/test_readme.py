@@ -36,6 +36,20 @@ def test_the_orbit_example_trains_and_resumes(tmp_path, monkeypatch):
     assert (tmp_path / "runs/demo/train/metrics.jsonl").read_text().count("\n") == 8
 
 
+def test_the_train_loop_and_tensorpack_examples_train_and_resume(tmp_path, monkeypatch, capsys):
+    loop_code = next(b for b in python_blocks() if "cadence.TrainLoop" in b)
+    tensorpack_code = next(b for b in python_blocks() if "cadence.ModelDesc" in b)
+    namespace = run(loop_code, tmp_path, monkeypatch)
+    assert namespace["loop"].epoch == 5 and namespace["loop"].best_valid_metric is not None
+    assert "[Epoch 5/5, Step 40" in capsys.readouterr().out
+    exec(compile(tensorpack_code, "README.md", "exec"), namespace)
+    assert (tmp_path / "runs/regression/checkpoints/ckpt-80").is_dir()
+    assert (tmp_path / "runs/regression/minsaver-validation_loss/info.json").is_file()
+    exec(compile(tensorpack_code, "README.md", "exec"), namespace)  # resumes: nothing left
+    stats = (tmp_path / "runs/regression/stats.jsonl").read_text().splitlines()
+    assert len(stats) == 5
+
+
 def test_ci_runs_the_readme_test_command():
     commands = re.findall(r"^    (python3 -m venv .*)$", README.read_text(), re.M)
     test_command = next(c for c in commands if "pytest" in c)
