@@ -439,6 +439,17 @@ class SingleCostTrainer(Trainer):
         return logs
 
 
+def cost_from_model(model: nn.Module,
+                    loss_fn: Callable[[Any, Any], torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """A cost function for `SingleCostTrainer.setup_graph` from a model and a loss:
+    ``(inputs, labels) -> loss_fn(model(inputs), labels)``."""
+
+    def cost(inputs: Any, labels: Any) -> torch.Tensor:
+        return loss_fn(model(inputs), labels)
+
+    return cost
+
+
 class SimpleTrainer(SingleCostTrainer):
     """The single-process `SingleCostTrainer` (tensorpack's ``SimpleTrainer``)."""
 

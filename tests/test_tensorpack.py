@@ -256,3 +256,24 @@ def test_sigterm_stops_after_the_step_saves_and_raises_preempted(tmp_path):
     resumed = SimpleTrainer()
     launch_train_with_config(regression_config(tmp_path), resumed)
     assert resumed.global_step == 21
+
+
+def test_a_model_and_a_loss_make_the_cost_and_steps_make_no_host_syncs(monkeypatch):
+    from fakes import count_host_syncs, make_classification
+
+    from cadence.tensorpack import cost_from_model
+
+    x, y = make_classification(32)
+    model = nn.Linear(4, 3)
+    trainer = SimpleTrainer()
+    trainer.setup_graph([(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)],
+                        cost_from_model(model, nn.functional.cross_entropy),
+                        lambda params: torch.optim.SGD(params, lr=0.5), model=model)
+    trainer.callbacks.append(cadence.Callback())  # hooks nothing: costs nothing per step
+    trainer.run_step()  # warm-up: the cost accumulator is created on the first step
+    calls = count_host_syncs(monkeypatch)
+    for _ in range(10):  # crosses passes over the data
+        trainer.run_step()
+    assert calls == []
+    monkeypatch.undo()
+    assert float(trainer.epoch_logs()["cost"]) > 0
