@@ -13,9 +13,11 @@ can replace the default one without changing callers.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import pickle
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -74,6 +76,36 @@ class TorchSaveIO:
         return payload
 
 
+class HostSnapshot:
+    """Copies the tensors of a (nested) state into host buffers that are reused from one
+    snapshot to the next when shapes and dtypes match: the copy is the whole stall of an
+    asynchronous save. On CUDA the buffers are pinned, so the copy runs at full bandwidth."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def take(self, value: Any, path: str = "") -> Any:
+        """A copy of `value` whose tensors live in this snapshot's buffers."""
+        if isinstance(value, torch.Tensor):
+            source = value.detach()
+            buffer = self._buffers.get(path)
+            if (buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype
+                    or buffer.layout != source.layout):
+                buffer = torch.empty(source.shape, dtype=source.dtype, device="cpu",
+                                     pin_memory=source.is_cuda)
+                self._buffers[path] = buffer
+            buffer.copy_(source, non_blocking=source.is_cuda)
+            if source.is_cuda:
+                torch.cuda.current_stream(source.device).synchronize()
+            return buffer
+        if isinstance(value, dict):
+            return {k: self.take(v, f"{path}/{k}") for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            items = [self.take(v, f"{path}/{i}") for i, v in enumerate(value)]
+            return items if isinstance(value, list) else tuple(items)
+        return copy.deepcopy(value)
+
+
 class _DictState:
     """A dict of stateful objects, saved and loaded as one."""
 
@@ -118,6 +150,12 @@ class CheckpointManager:
             restores only the model from a training checkpoint); missing ones are still errors.
         read_only: only read checkpoints: `save` raises, and leftovers of interrupted writes are
             not cleaned up (they may be a training job's write in progress).
+        async_save: `save` returns once the state is copied into host buffers (reused from one
+            save to the next); the files are written and committed in a background thread. A
+            second save, a restore, or `wait` first waits for the pending write and raises its
+            error. The commit stays atomic: a crash during the write leaves the previous
+            checkpoint as the newest. Single-process jobs only (a distributed job saves
+            synchronously).
 
     Raises:
         TypeError: if `state` is neither a Module nor a dict of stateful objects, or `init_fn`
@@ -136,6 +174,7 @@ class CheckpointManager:
         io: CheckpointIO | None = None,
         strict: bool = True,
         read_only: bool = False,
+        async_save: bool = False,
     ) -> None:
         if isinstance(state, Module):
             self._state: Stateful = state
@@ -155,6 +194,10 @@ class CheckpointManager:
         self._tracked: dict[str, Stateful] = {}
         self.strict = strict
         self.read_only = read_only
+        self.async_save = async_save
+        self._snapshot = HostSnapshot()
+        self._pending: threading.Thread | None = None
+        self._pending_error: BaseException | None = None
         if _distributed()[0] == 0 and not read_only:
             self._directory.remove_stale()
 
@@ -201,6 +244,7 @@ class CheckpointManager:
                 f"This CheckpointManager of {str(self.directory)!r} is read-only (an evaluation "
                 "job): it does not save."
             )
+        self.wait()
         final = self._directory.path_for(step)
         rank, world = _distributed()
         if final.is_dir():
@@ -215,6 +259,13 @@ class CheckpointManager:
             "tracked": {name: obj.state_dict() for name, obj in self._tracked.items()},
         }
         rng = capture_rng_state()
+        if world == 1 and self.async_save:
+            payload = self._snapshot.take(payload)  # the only part the training loop waits for
+            self._pending = threading.Thread(target=self._write_in_background,
+                                             args=(payload, rng, step),
+                                             name=f"cadence-checkpoint-{step}")
+            self._pending.start()
+            return str(final)
         if world == 1:
             with self._directory.staging(step) as staging:
                 self.io.save(payload, staging)
@@ -237,6 +288,34 @@ class CheckpointManager:
                             self.max_to_keep)
         return str(final)
 
+    def _write_in_background(self, payload: dict[str, Any], rng: dict[str, Any],
+                             step: int) -> None:
+        try:
+            with self._directory.staging(step) as staging:
+                self.io.save(payload, staging)
+                torch.save(rng, staging / "rng-0.pt")
+            for deleted in self._directory.prune():
+                logger.info("Deleted old checkpoint %s (max_to_keep=%s).", deleted,
+                            self.max_to_keep)
+        except BaseException as error:  # handed to the training thread by wait()
+            self._pending_error = error
+
+    def wait(self) -> None:
+        """Waits for a background write to be committed.
+
+        Raises:
+            CheckpointError: if the background write failed (the previous checkpoint is still
+                the newest complete one).
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.join()
+        error, self._pending_error = self._pending_error, None
+        if error is not None:
+            raise CheckpointError(
+                f"Writing a checkpoint in the background failed: {error}. The previous "
+                "checkpoint is still the newest complete one.") from error
+
     def restore(self, path: str | os.PathLike[str]) -> int:
         """Restores the checkpoint at `path`; returns its step.
 
@@ -246,6 +325,7 @@ class CheckpointManager:
             CheckpointMismatchError: if the checkpoint does not fit the tracked objects; the
                 message lists every difference. Nothing is loaded in that case.
         """
+        self.wait()
         path = Path(path)
         manifest = read_manifest(path)
         payload = self.io.load(path)
@@ -280,6 +360,7 @@ class CheckpointManager:
         Returns:
             The restored path, or None when `init_fn` ran (or there was nothing to do).
         """
+        self.wait()
         latest = self._directory.latest()
         if latest is None:
             if self.init_fn is not None:

@@ -178,6 +178,8 @@ class TrainerConfig:
             so the offending batches are skipped), up to k times in a row.
         ema: moving average of the weights.
         compile_step: ``torch.compile`` the train and eval steps.
+        async_checkpoints: write checkpoints in a background thread; training waits only for
+            the copy of the state into host memory.
         optimizer_config: the optimizer and learning-rate schedule.
     """
 
@@ -199,6 +201,7 @@ class TrainerConfig:
     recovery_max_trials: int = 0
     ema: EMAConfig = field(default_factory=EMAConfig)
     compile_step: bool = False
+    async_checkpoints: bool = True
     optimizer_config: OptimizationConfig = field(default_factory=OptimizationConfig)
 
 

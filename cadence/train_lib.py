@@ -201,7 +201,9 @@ def run_experiment(
         state, model_dir / "checkpoints", max_to_keep=trainer_config.max_to_keep,
         checkpoint_interval=trainer_config.checkpoint_interval, init_fn=trainer.initialize,
         strict=trains, read_only=not trains,
+        async_save=trainer_config.async_checkpoints and trains,
     )
+    trainer.coordinator_for_async().add_waitable(manager)
     builtin: list[Callback] = [ProgressBar(enabled=progress_bar)] if trains else []
     if trains:
         builtin.append(LossGuard("training_loss", trainer_config.loss_upper_bound,

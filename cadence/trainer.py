@@ -16,10 +16,10 @@ task's ``reduce_aggregated_logs``, and the best-checkpoint export.
 
 Asynchronous work (seed 002's ``coordinator_for_async``, ``init_async``, ``join``): TF Model
 Garden schedules steps on parameter-server workers. cadence's asynchronous work is host-side I/O
-that must not stall the loop: best-export writes (and, later, background checkpoint writes and
-input prefetch) go to the Trainer's `AsyncCoordinator`, a background worker; `join()` waits for
-all of it, and runs at the end of every loop and evaluation and before the Trainer's results
-are read.
+that must not stall the loop: best-export writes go to the Trainer's `AsyncCoordinator`, a
+background worker, and checkpoint writes run in the background when
+``trainer.async_checkpoints`` is on (`run_experiment` registers the manager with the
+coordinator); `join()` waits for all of it and re-raises its errors.
 """
 
 from __future__ import annotations
@@ -86,6 +86,12 @@ class AsyncCoordinator:
     def __init__(self) -> None:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[concurrent.futures.Future[Any]] = []
+        self._waitables: list[Any] = []
+
+    def add_waitable(self, obj: Any) -> None:
+        """Makes `join` also call ``obj.wait()`` (e.g. a `CheckpointManager` writing in the
+        background)."""
+        self._waitables.append(obj)
 
     def schedule(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         """Runs ``fn(*args)`` in the background."""
@@ -101,6 +107,8 @@ class AsyncCoordinator:
         pending, self._pending = self._pending, []
         for future in pending:
             future.result()
+        for obj in self._waitables:
+            obj.wait()
 
 
 class Trainer(StandardTrainer, StandardEvaluator):
@@ -258,16 +266,19 @@ class Trainer(StandardTrainer, StandardEvaluator):
         return dataset_or_fn(*args, **kwargs)
 
     def init_async(self) -> None:
-        """Prepares asynchronous work: waits for anything pending, then starts afresh."""
+        """Prepares asynchronous work: waits for anything pending, then starts afresh (keeping
+        what `join` waits for)."""
         self._coordinator.join()
+        waitables = self._coordinator._waitables
         self._coordinator = AsyncCoordinator()
+        self._coordinator._waitables = waitables
 
     def coordinator_for_async(self) -> AsyncCoordinator:
         """The `AsyncCoordinator` that runs this Trainer's background work."""
         return self._coordinator
 
     def join(self) -> None:
-        """Waits for all background work (export writes) to finish."""
+        """Waits for all background work (export writes, checkpoint writes) to finish."""
         self._coordinator.join()
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:

@@ -199,3 +199,67 @@ def test_a_read_only_manager_restores_but_neither_saves_nor_cleans_up(tmp_path):
         reader.save(2)
     cadence.CheckpointManager(Holder(), tmp_path)  # a writer cleans leftovers up
     assert not in_progress.exists()
+
+
+class SlowIO(cadence.TorchSaveIO):
+    """Writes like the default, after a delay; fails when told to."""
+
+    def __init__(self, delay=0.0, fail=False):
+        self.delay, self.fail = delay, fail
+
+    def save(self, payload, directory):
+        import time
+
+        time.sleep(self.delay)
+        if self.fail:
+            raise OSError("disk full")
+        super().save(payload, directory)
+
+
+class Net(cadence.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = torch.nn.Linear(3, 2)
+        self.optimizer = torch.optim.Adam(self.model.parameters())
+
+
+def test_an_async_save_returns_before_the_write_and_commits_the_state_of_the_call(tmp_path):
+    import time
+
+    net = Net()
+    manager = cadence.CheckpointManager(net, tmp_path, io=SlowIO(delay=0.5), async_save=True)
+    expected = net.model.weight.detach().clone()
+    start = time.perf_counter()
+    path = manager.save(1)
+    assert time.perf_counter() - start < 0.4  # only the snapshot
+    with torch.no_grad():
+        net.model.weight.add_(1.0)  # training goes on: the checkpoint keeps the saved values
+    assert manager.checkpoints == []  # not committed yet
+    manager.wait()
+    assert [c.step for c in manager.checkpoints] == [1] and path == str(tmp_path / "ckpt-1")
+    fresh = Net()
+    cadence.CheckpointManager(fresh, tmp_path).restore(path)
+    assert torch.equal(fresh.model.weight, expected)
+
+
+def test_async_saves_reuse_host_buffers_and_wait_for_each_other(tmp_path):
+    net = Net()
+    manager = cadence.CheckpointManager(net, tmp_path, io=SlowIO(delay=0.2), async_save=True)
+    first = manager._snapshot.take(net.state_dict())
+    second = manager._snapshot.take(net.state_dict())
+    assert first["model"]["weight"] is second["model"]["weight"]  # the same buffer
+    manager.save(1)
+    manager.save(2)  # waits for the first write before reusing the buffers
+    manager.wait()
+    assert [c.step for c in manager.checkpoints] == [1, 2]
+
+
+def test_a_failed_background_write_is_raised_and_leaves_the_previous_checkpoint(tmp_path):
+    net = Net()
+    cadence.CheckpointManager(net, tmp_path).save(1)
+    manager = cadence.CheckpointManager(net, tmp_path, io=SlowIO(fail=True), async_save=True)
+    manager.save(2)
+    with pytest.raises(cadence.CheckpointError, match="background failed: disk full"):
+        manager.wait()
+    assert [c.step for c in manager.checkpoints] == [1]
+    assert not any(p.name.startswith(".tmp") for p in tmp_path.iterdir())
