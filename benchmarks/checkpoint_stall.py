@@ -1,0 +1,71 @@
+"""Checkpoint stall: how long training waits to save ~N MB of state (model + Adam state).
+
+usage: python benchmarks/checkpoint_stall.py KIND --mb 1200 --out FILE.json --workdir DIR
+
+KIND: ``sync`` (cadence's synchronous save: torch.save + fsync + atomic commit), ``async``
+(cadence's asynchronous save: the stall is the copy into host buffers; completion measured
+too), ``torch_save`` (a bare torch.save, no fsync), ``floor`` (copy_ into preallocated host
+buffers: the least any non-blocking save can stall).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=("sync", "async", "torch_save", "floor"))
+    parser.add_argument("--mb", type=float, default=1200)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--workdir", required=True)
+    args = parser.parse_args()
+
+    import torch
+    from torch import nn
+
+    import cadence
+
+    # Adam keeps two moments per parameter: state = 3 x parameters.
+    width = 2048
+    layers = max(1, round(args.mb * 2**20 / 3 / 4 / (width * width)))
+    model = nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(layers)))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(1, width)).sum().backward()
+    optimizer.step()
+
+    class State(cadence.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model, self.optimizer = model, optimizer
+
+    state = State()
+    size_mb = sum(t.numel() * t.element_size() for t in state.variables) / 2**20
+    record: dict[str, float | str] = {"kind": args.kind, "state_mb": size_mb}
+    workdir = Path(args.workdir)
+    if args.kind == "floor":
+        tensors = state.variables
+        buffers = [torch.empty_like(t) for t in tensors]
+        t0 = time.perf_counter()
+        for buffer, tensor in zip(buffers, tensors):
+            buffer.copy_(tensor)
+        record["stall_s"] = time.perf_counter() - t0
+    elif args.kind == "torch_save":
+        t0 = time.perf_counter()
+        torch.save(state.state_dict(), workdir / "state.pt")
+        record["stall_s"] = time.perf_counter() - t0
+    else:
+        manager = cadence.CheckpointManager(state, workdir, async_save=args.kind == "async")
+        t0 = time.perf_counter()
+        manager.save(1)
+        record["stall_s"] = time.perf_counter() - t0
+        manager.wait()
+        record["complete_s"] = time.perf_counter() - t0
+    Path(args.out).write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""Task front-end: Trainer(config, task, model, optimizer) driven by a Controller."""
+
+DESCRIPTION = ("cadence Task Trainer: training loss + accuracy metrics, summaries every 100 "
+               "steps, async checkpoints every 1,000, progress bar")
+
+
+def build(x, y, workdir):
+    import torch.nn.functional as F
+    from workload import TOTAL_STEPS, full_loss, make_loader, make_model, make_sgd
+
+    import cadence
+
+    class Task(cadence.Task):
+        def build_inputs(self, params, input_context=None):
+            return make_loader(x, y)
+
+        def build_losses(self, labels, model_outputs, aux_losses=None):
+            return F.cross_entropy(model_outputs, labels)
+
+        def build_metrics(self, training=True):
+            return {"accuracy": cadence.Accuracy()}
+
+    config = cadence.load_config(cadence.ExperimentConfig(), overrides=[
+        f"trainer.train_steps={TOTAL_STEPS}", "trainer.steps_per_loop=100",
+        "trainer.summary_interval=100", "trainer.checkpoint_interval=1000"])
+    task = Task(config.task)
+    model = make_model()
+    trainer = cadence.Trainer(config, task, model, make_sgd(model), evaluate=False)
+    manager = cadence.CheckpointManager(trainer, f"{workdir}/ckpt", checkpoint_interval=1000,
+                                        async_save=True)
+    controller = cadence.Controller(trainer=trainer, steps_per_loop=100,
+                                    summary_dir=f"{workdir}/train", summary_interval=100,
+                                    checkpoint_manager=manager,
+                                    callbacks=[cadence.ProgressBar()])
+
+    def train():
+        controller.train(TOTAL_STEPS)
+        manager.wait()
+
+    return train, lambda: full_loss(model, x, y)

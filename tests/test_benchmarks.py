@@ -1,0 +1,24 @@
+"""The benchmark suite keeps working (a smoke run: tiny sizes, one round; figures meaningless)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.mark.slow
+def test_the_benchmark_suite_runs_every_variant_and_writes_its_report(tmp_path):
+    out = tmp_path / "benchmarks.md"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke",
+                             "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    text = out.read_text()
+    for variant in ("raw_loop", "cadence_controller", "cadence_trainer", "cadence_train_loop",
+                    "cadence_tensorpack"):
+        assert f"| {variant} |" in text and f"| {variant} | failed" not in text
+    for kind in ("cadence async save", "cadence sync save", "(floor)"):
+        assert kind in text
+    assert "| `cadence --help` |" in text
