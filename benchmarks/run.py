@@ -266,11 +266,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in (None, "startup"):
         print("5. start-up", flush=True)
         startup = bench_startup(args)
+    saved = ROOT / "benchmarks" / "results" / "latest.json"
+    if args.only and not args.smoke and saved.exists():  # the other parts: from the last run
+        previous = json.loads(saved.read_text())
+        overhead = overhead if args.only == "overhead" else previous["overhead"]
+        checkpoints = checkpoints if args.only == "checkpoint" else previous["checkpoints"]
+        startup = startup if args.only == "startup" else previous["startup"]
     text = report(environment(args), overhead, checkpoints, startup, args.smoke)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
-    (tmp / "results.json").write_text(json.dumps(
-        {"overhead": overhead, "checkpoints": checkpoints, "startup": startup}, indent=1))
+    results = json.dumps({"overhead": overhead, "checkpoints": checkpoints, "startup": startup},
+                         indent=1)
+    (tmp / "results.json").write_text(results)
+    if not args.smoke:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(results)
     print(text)
     failed = [n for n, r in overhead["results"].items() if not r]
     return 1 if failed else 0

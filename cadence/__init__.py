@@ -73,7 +73,8 @@ _EXPORTS = {
     "save_config": "cadence.config",
 }
 _SUBMODULES = {"summary": "cadence.core.summary", "core": "cadence.core",
-               "callbacks": "cadence.callbacks", "tensorpack": "cadence.tensorpack"}
+               "callbacks": "cadence.callbacks", "tensorpack": "cadence.tensorpack",
+               "debug": "cadence.debug"}
 
 __all__ = [
     "AbstractEvaluator",
@@ -130,6 +131,7 @@ __all__ = [
     "build_dataloader",
     "callbacks",
     "core",
+    "debug",
     "launch_train_with_config",
     "load_config",
     "load_weights",
@@ -144,6 +146,7 @@ __all__ = [
 if TYPE_CHECKING:
     from cadence import callbacks as callbacks
     from cadence import core as core
+    from cadence import debug as debug
     from cadence import tensorpack as tensorpack
     from cadence.checkpoint import CheckpointIO, CheckpointManager, TorchSaveIO
     from cadence.config import (

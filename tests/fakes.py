@@ -147,17 +147,3 @@ def make_loader(n: int = 64, batch_size: int = 8, shuffle: bool = True,
     return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=shuffle,
                       generator=generator, **kwargs)
 
-
-SYNC_METHODS = ("item", "tolist", "__float__", "__int__", "__bool__", "numpy")
-
-
-def count_host_syncs(monkeypatch: Any) -> list[str]:
-    """Patches the tensor methods that read a value on the host; returns the list that records
-    each call by name (on a GPU each would be a device synchronization)."""
-    calls: list[str] = []
-    for name in SYNC_METHODS:
-        original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name,
-                            lambda self, *a, _o=original, _n=name, **k: (calls.append(_n),
-                                                                         _o(self, *a, **k))[1])
-    return calls

@@ -3,7 +3,7 @@ from typing import Any
 
 import pytest
 import torch
-from fakes import TinyClassifier, count_host_syncs, make_loader
+from fakes import TinyClassifier, make_loader
 
 import cadence
 
@@ -188,8 +188,7 @@ def test_the_training_loop_adds_no_host_syncs_between_log_points(monkeypatch):
     x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
     trainer = Sgd([(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)])
     cadence.Controller(trainer=trainer, steps_per_loop=5, callbacks=[Count()])
-    calls = count_host_syncs(monkeypatch)
-    logs = trainer.train(10)  # crosses two epoch boundaries
-    assert calls == []
-    monkeypatch.undo()
+    with cadence.debug.count_host_syncs() as syncs:
+        logs = trainer.train(10)  # crosses two epoch boundaries
+    assert syncs.count == 0, syncs.calls
     assert float(logs["loss"]) > 0

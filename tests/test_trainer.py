@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 import torch
-from fakes import count_host_syncs, make_classification
+from fakes import make_classification
 from torch import nn
 
 import cadence
@@ -87,9 +87,9 @@ def test_the_training_loop_makes_no_host_syncs(monkeypatch):
                            "trainer.ema.enabled=true",
                            "trainer.optimizer_config.learning_rate.schedule=cosine")
     trainer.train(1)  # warm-up: lazily created accumulators
-    calls = count_host_syncs(monkeypatch)
-    trainer.train(9)  # crosses epoch boundaries
-    assert calls == []
+    with cadence.debug.count_host_syncs() as syncs:
+        trainer.train(9)  # crosses epoch boundaries
+    assert syncs.count == 0, syncs.calls
 
 
 def test_evaluate_runs_steps_or_until_the_data_is_exhausted():

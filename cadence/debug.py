@@ -1,0 +1,89 @@
+"""`count_host_syncs`: a debug switch that counts host-device synchronizations.
+
+cadence's hot loops are meant to read no tensor value on the host between log points. Wrap a
+stretch of training to check it::
+
+    with cadence.debug.count_host_syncs() as syncs:
+        trainer.train(100)
+    assert syncs.count == 0, syncs.calls
+
+On CPU it counts the tensor methods that read a value on the host (``item``, ``tolist``,
+``__float__``, ``__int__``, ``__bool__``, ``numpy``) -- each of them would wait for the device
+on a GPU. With CUDA initialized it also turns on ``torch.cuda.set_sync_debug_mode("warn")`` and
+counts the synchronizations CUDA itself reports (copies to the host, ``nonzero``, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+SYNC_METHODS = ("item", "tolist", "__float__", "__int__", "__bool__", "numpy")
+
+
+@dataclass
+class SyncCounter:
+    """What `count_host_syncs` saw.
+
+    Attributes:
+        calls: one entry per synchronization: the method (or ``"cuda"``) and where it was called.
+    """
+
+    calls: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        """How many synchronizations there were."""
+        return len(self.calls)
+
+    @property
+    def by_name(self) -> Counter[str]:
+        """Counts per method."""
+        return Counter(name for name, _ in self.calls)
+
+
+@contextlib.contextmanager
+def count_host_syncs(with_stack: bool = True) -> Iterator[SyncCounter]:
+    """Counts host reads of tensor values (and CUDA's own synchronizations) inside the block.
+
+    Args:
+        with_stack: record where each read happened (the caller's file and line).
+    """
+    counter = SyncCounter()
+    originals = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
+
+    def wrap(name: str, original: Any) -> Any:
+        def counted(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            where = ""
+            if with_stack:
+                frame = traceback.extract_stack(limit=2)[0]  # the caller of the read
+                where = f"{frame.filename}:{frame.lineno}"
+            counter.calls.append((name, where))
+            return original(self, *args, **kwargs)
+
+        return counted
+
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    previous_mode = torch.cuda.get_sync_debug_mode() if cuda else 0
+    try:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, wrap(name, original))
+        with warnings.catch_warnings(record=True) as caught:
+            if cuda:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+            yield counter
+        counter.calls += [("cuda", str(w.message)) for w in caught
+                          if "synchroniz" in str(w.message).lower()]
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+        if cuda:
+            torch.cuda.set_sync_debug_mode(previous_mode)
