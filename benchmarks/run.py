@@ -9,6 +9,9 @@ round, one untimed warm-up round):
 1. Overhead-bound MLP (the peers' workload): the raw loop, each cadence front-end with its
    defaults on, and -- when the peers' harness and its virtual environment are present
    (``../shared/bench/peers``, ``$HOME/.cache/cadence-bench/venv``) -- each peer.
+2. Compute-bound: the char transformer on CPU, a raw loop vs the Task `Trainer`.
+3. Input-bound: loading a batch takes as long as computing on it; no prefetch, cadence's
+   threaded `DataFlow`, and the same inside a `TrainLoop`.
 4. Checkpoint stall for ~1.2 GB of state: cadence synchronous and asynchronous saves, a bare
    ``torch.save``, and the host-copy floor.
 5. Start-up: ``import cadence`` and the Trainer stack on top of ``import torch``, and
@@ -93,6 +96,22 @@ def bench_overhead(args: argparse.Namespace, tmp: Path, log: Path) -> dict:
     return {"peers": use_peers, "results": results}
 
 
+def bench_script(script: str, kinds: list[str], extra: list[str], args: argparse.Namespace,
+                 tmp: Path, log: Path, workdir: bool = False) -> dict:
+    results: dict[str, list[dict]] = {kind: [] for kind in kinds}
+    reps = 1 if args.smoke else max(1, args.reps - 2)
+    for r, kind in rounds(kinds, reps, 0):
+        out = tmp / f"{script}-{kind}.json"
+        command = [sys.executable, str(HERE / script), kind, *extra, "--out", str(out)]
+        if workdir:
+            command += ["--workdir", tempfile.mkdtemp(dir=tmp)]
+        record = run_json(command, out, child_env(), log)
+        if record is not None:
+            results[kind].append(record)
+            print(f"  round {r} {script} {kind}: {record}", flush=True)
+    return results
+
+
 def bench_checkpoints(args: argparse.Namespace, tmp: Path, log: Path) -> dict:
     mb = 8 if args.smoke else args.ckpt_mb
     results: dict[str, list[dict]] = {kind: [] for kind in CHECKPOINT_KINDS}
@@ -168,7 +187,8 @@ def environment(args: argparse.Namespace) -> dict:
     return info
 
 
-def report(env: dict, overhead: dict, checkpoints: dict, startup: dict, smoke: bool) -> str:
+def report(env: dict, overhead: dict, compute: dict, inputs: dict, checkpoints: dict,
+           startup: dict, smoke: bool) -> str:
     lines = ["# Benchmarks", "",
              "Written by `python benchmarks/run.py` (the one command; `--smoke` for a quick "
              "check). Every figure is from one run of the suite: fresh processes, variants "
@@ -206,6 +226,33 @@ def report(env: dict, overhead: dict, checkpoints: dict, startup: dict, smoke: b
     if not overhead["peers"]:
         lines += ["", "Peers not measured in this run (their harness or virtual environment "
                   "was not found, or `--smoke`)."]
+    if compute.get("raw") and compute.get("trainer"):
+        raw = [r["ms_per_step"] for r in compute["raw"]]
+        ours = [r["ms_per_step"] for r in compute["trainer"]]
+        lines += ["", "## 2. Compute-bound: char transformer on CPU", "",
+                  "d_model 128, 2 layers, sequence 128, batch 32, AdamW, gradient clipping, "
+                  "one thread, 40 steps per run. The Trainer adds its defaults: loss and "
+                  "accuracy metrics, summaries per loop of 10, an async checkpoint every 20.",
+                  "", "| variant | ms/step median [min-max] | ratio to raw |", "|---|---|---|",
+                  f"| raw loop | {spread(raw, '{:.1f}')} | 1.00x |",
+                  f"| Task Trainer + Controller | {spread(ours, '{:.1f}')} | "
+                  f"{statistics.median(raw) / statistics.median(ours):.2f}x |"]
+    if any(inputs.values()):
+        lines += ["", "## 3. Input-bound", "",
+                  "Loading a batch (a sleep standing for decoding or a read) takes as long as "
+                  "computing on it. `ratio` = epoch time / (batches x max(load, compute)): 2.0 "
+                  "is a serial pipeline, 1.0 perfect overlap.", "",
+                  "| pipeline | load ms | compute ms | epoch s median [min-max] | ratio |",
+                  "|---|---|---|---|---|"]
+        names = {"serial": "no prefetch", "prefetch": "DataFlow.threaded(4)",
+                 "train_loop": "DataFlow.threaded(4) in a TrainLoop"}
+        for kind, records in inputs.items():
+            if records:
+                lines.append(
+                    f"| {names[kind]} | {records[0]['load_ms']:.1f} | "
+                    f"{records[0]['compute_ms']:.1f} | "
+                    f"{spread([r['epoch_s'] for r in records], '{:.3f}')} | "
+                    f"{statistics.median(r['ratio'] for r in records):.2f} |")
     lines += ["", "## 4. Checkpoint stall", "",
               "Time the training loop waits to checkpoint model + Adam state (`state MB`); "
               "`complete s` is when the checkpoint is committed.", "",
@@ -235,8 +282,9 @@ def report(env: dict, overhead: dict, checkpoints: dict, startup: dict, smoke: b
                  if name.startswith("import torch") and name != "import torch" else "")
         lines.append(f"| `{name}` | {spread(values, '{:.3f}')} | {extra} |")
     lines += ["", "## Not measured here", "",
-              "2 (compute-bound char transformer), 3 (input-bound) and 6 (GPU) are not yet in "
-              "the suite; see the issue notes."]
+              "6 (GPU): this run had no GPU. The suite runs the same workloads on one; CUDA "
+              "paths (pinned side-stream prefetch, CUDA sync debug mode) are tested only where "
+              "a GPU is found."]
     return "\n".join(lines) + "\n"
 
 
@@ -249,17 +297,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers-python", default=os.environ.get(
         "BENCH_PYTHON", str(Path.home() / ".cache/cadence-bench/venv/bin/python")))
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
-    parser.add_argument("--only", choices=("overhead", "checkpoint", "startup"))
+    parser.add_argument("--only", choices=("overhead", "compute", "input", "checkpoint",
+                                           "startup"))
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="cadence-bench-"))
     log = tmp / "children.log"
     print(f"Benchmark scratch directory and child logs: {tmp}", flush=True)
     overhead: dict = {"peers": False, "results": {}}
+    compute: dict = {"raw": [], "trainer": []}
+    inputs: dict = {"serial": [], "prefetch": [], "train_loop": []}
     checkpoints: dict = {kind: [] for kind in CHECKPOINT_KINDS}
     startup: dict = {"import torch": [float("nan")]}
     if args.only in (None, "overhead"):
         print("1. overhead-bound MLP", flush=True)
         overhead = bench_overhead(args, tmp, log)
+    if args.only in (None, "compute"):
+        print("2. compute-bound char transformer", flush=True)
+        compute = bench_script("compute_bound.py", list(compute), ["--steps",
+                               "4" if args.smoke else "40"], args, tmp, log, workdir=True)
+    if args.only in (None, "input"):
+        print("3. input-bound", flush=True)
+        inputs = bench_script("input_bound.py", list(inputs), ["--batches",
+                              "8" if args.smoke else "60"], args, tmp, log)
     if args.only in (None, "checkpoint"):
         print("4. checkpoint stall", flush=True)
         checkpoints = bench_checkpoints(args, tmp, log)
@@ -270,13 +329,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.only and not args.smoke and saved.exists():  # the other parts: from the last run
         previous = json.loads(saved.read_text())
         overhead = overhead if args.only == "overhead" else previous["overhead"]
+        compute = compute if args.only == "compute" else previous.get("compute", compute)
+        inputs = inputs if args.only == "input" else previous.get("inputs", inputs)
         checkpoints = checkpoints if args.only == "checkpoint" else previous["checkpoints"]
         startup = startup if args.only == "startup" else previous["startup"]
-    text = report(environment(args), overhead, checkpoints, startup, args.smoke)
+    text = report(environment(args), overhead, compute, inputs, checkpoints, startup,
+                  args.smoke)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
-    results = json.dumps({"overhead": overhead, "checkpoints": checkpoints, "startup": startup},
-                         indent=1)
+    results = json.dumps({"overhead": overhead, "compute": compute, "inputs": inputs,
+                          "checkpoints": checkpoints, "startup": startup}, indent=1)
     (tmp / "results.json").write_text(results)
     if not args.smoke:
         saved.parent.mkdir(parents=True, exist_ok=True)

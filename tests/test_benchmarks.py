@@ -22,3 +22,4 @@ def test_the_benchmark_suite_runs_every_variant_and_writes_its_report(tmp_path):
     for kind in ("cadence async save", "cadence sync save", "(floor)"):
         assert kind in text
     assert "| `cadence --help` |" in text
+    assert "| Task Trainer + Controller |" in text and "| DataFlow.threaded(4) |" in text
