@@ -4,7 +4,7 @@ DESCRIPTION = ("cadence Controller + StandardTrainer: loss metric, summaries eve
                "async checkpoints every 1,000, progress bar")
 
 
-def build(x, y, workdir):
+def build(x, y, workdir, extra_callbacks=()):
     import torch.nn.functional as F
     from workload import TOTAL_STEPS, full_loss, make_loader, make_model, make_sgd
 
@@ -37,7 +37,7 @@ def build(x, y, workdir):
     controller = cadence.Controller(trainer=trainer, steps_per_loop=100,
                                     summary_dir=f"{workdir}/train", summary_interval=100,
                                     checkpoint_manager=manager,
-                                    callbacks=[cadence.ProgressBar()])
+                                    callbacks=[cadence.ProgressBar(), *extra_callbacks])
 
     def train():
         controller.train(TOTAL_STEPS)
