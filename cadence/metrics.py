@@ -28,6 +28,18 @@ class Metric:
     def __init__(self, device: torch.device | str | None = None) -> None:
         self._device = torch.device(device) if device is not None else None
         self._state: dict[str, torch.Tensor] = {}
+        self._host_count = 0
+        """Elements counted on the host, added to the ``count`` accumulator when it is read:
+        one kernel per update instead of two."""
+
+    def _count(self) -> torch.Tensor:
+        """``count`` plus what was counted on the host (a new tensor)."""
+        return self._state["count"] + self._host_count
+
+    def _fold_host_count(self) -> None:
+        if self._host_count and "count" in self._state:
+            self._state["count"].add_(self._host_count)
+            self._host_count = 0
 
     def _tensor(self, value: Any) -> torch.Tensor:
         if isinstance(value, torch.Tensor):
@@ -54,11 +66,13 @@ class Metric:
         """Zeroes the accumulators in place (no new allocation, no sync)."""
         for acc in self._state.values():
             acc.zero_()
+        self._host_count = 0
 
     def all_reduce(self) -> None:
         """Sums the accumulators over the processes of a distributed job, so that `result` is
         the metric of all their data; a no-op in a single process. Every process must call it.
         """
+        self._fold_host_count()
         if not self._SUMMED or not dist.is_available() or not dist.is_initialized():
             return
         if dist.get_world_size() == 1:
@@ -69,10 +83,12 @@ class Metric:
             dist.all_reduce(self._state[name])
 
     def state_dict(self) -> dict[str, Any]:
+        self._fold_host_count()
         return {name: acc.clone() for name, acc in self._state.items()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._state = {name: value.clone() for name, value in state_dict.items()}
+        self._host_count = 0
 
 
 class Mean(Metric):
@@ -80,11 +96,6 @@ class Mean(Metric):
     of its elements."""
 
     _SUMMED = ("total", "count")
-
-    def __init__(self, device: torch.device | str | None = None) -> None:
-        super().__init__(device)
-        self._host_count = 0
-        """Elements of unweighted updates, counted on the host: one kernel per update, not two."""
 
     def update(self, value: Any, weight: Any = 1.0) -> None:
         if isinstance(weight, (int, float)) and weight == 1.0:
@@ -107,34 +118,11 @@ class Mean(Metric):
         total.add_((value * weight).sum())
         count.add_(weight.expand_as(value).sum() if weight.dim() else weight * value.numel())
 
-    def _fold_host_count(self) -> None:
-        if self._host_count:
-            self._state["count"].add_(self._host_count)
-            self._host_count = 0
-
     def result(self) -> torch.Tensor:
         """The mean as a 0-d tensor (NaN before any update)."""
         if not self._state:
             return torch.tensor(float("nan"))
-        return self._state["total"] / (self._state["count"] + self._host_count)
-
-    def reset(self) -> None:
-        super().reset()
-        self._host_count = 0
-
-    def all_reduce(self) -> None:
-        if self._state:
-            self._fold_host_count()
-        super().all_reduce()
-
-    def state_dict(self) -> dict[str, Any]:
-        if self._state:
-            self._fold_host_count()
-        return super().state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
-        self._host_count = 0
+        return self._state["total"] / self._count()
 
 
 class Sum(Metric):
@@ -191,8 +179,12 @@ class Accuracy(Metric):
     def update_state(self, labels: torch.Tensor, outputs: torch.Tensor) -> None:
         labels = self._tensor(labels)
         correct = (outputs.detach().argmax(dim=-1) == labels).sum()
-        self._accumulator("correct", correct).add_(correct)
-        self._accumulator("count", correct).add_(labels.numel())
+        total = self._state.get("correct")
+        if total is None:
+            total = self._accumulator("correct", correct)
+            self._accumulator("count", correct)
+        total.add_(correct)
+        self._host_count += labels.numel()
 
     def update(self, value: Any, weight: Any = 1.0) -> None:
         """`update_state` with (labels, outputs)."""
@@ -202,4 +194,4 @@ class Accuracy(Metric):
         """The accuracy as a 0-d tensor (NaN before any update)."""
         if not self._state:
             return torch.tensor(float("nan"))
-        return self._state["correct"] / self._state["count"]
+        return self._state["correct"] / self._count()

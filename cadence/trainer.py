@@ -301,8 +301,10 @@ class Trainer(StandardTrainer, StandardEvaluator):
 
     def train_step(self, iterator: Iterator[Any]) -> None:
         """One step: ``gradient_accumulation_steps`` micro-batches, then one update."""
-        batches = [to_device(self.next_train_inputs(iterator), self._device)
-                   for _ in range(self._accumulation)]  # all fetched first: no half steps
+        # All micro-batches are fetched first: a pass that ends mid-step leaves no half step.
+        batches = [self.next_train_inputs(iterator) for _ in range(self._accumulation)]
+        if self._device.type != "cpu":  # on CPU inputs are used as they come: no tree walk
+            batches = [to_device(inputs, self._device) for inputs in batches]
         updated = False
         ddp = self._train_model
         for index, inputs in enumerate(batches):
