@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 from cadence.module import Module
@@ -75,6 +75,21 @@ class InputContext:
         return global_batch_size // self.num_replicas_in_sync
 
 
+class ShardSampler(Sampler[int]):
+    """Every `num_replicas`-th example from `rank` on, in order, without padding: the shards of
+    all processes together hold each example exactly once (``DistributedSampler`` pads shards
+    to equal length by repeating examples, which would count some twice in an evaluation)."""
+
+    def __init__(self, length: int, num_replicas: int, rank: int) -> None:
+        self.length, self.num_replicas, self.rank = length, num_replicas, rank
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.length, self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.length, self.num_replicas))
+
+
 def build_dataloader(dataset: Dataset[Any], params: Any,
                      input_context: InputContext | None = None,
                      seed: int = 0) -> DataLoader[Any]:
@@ -82,16 +97,22 @@ def build_dataloader(dataset: Dataset[Any], params: Any,
 
     Training data (``params.is_training``) is shuffled unless ``params.shuffle`` says otherwise,
     with its own generator seeded by ``params.seed`` (else `seed`), so its order is part of the
-    checkpoint. With several processes each reads its shard through a ``DistributedSampler``.
+    checkpoint. With several processes each reads its shard: training data through a
+    ``DistributedSampler``, evaluation data through a `ShardSampler`, so that an evaluation over
+    all processes sees every example exactly once (shards may differ by one batch; metrics are
+    summed across processes at the end).
     """
     context = input_context or InputContext()
     training = bool(params.is_training)
     shuffle = training if params.shuffle is None else bool(params.shuffle)
     seed = params.seed if params.seed is not None else seed
-    sampler: DistributedSampler[Any] | None = None
-    if context.num_input_pipelines > 1:
+    sampler: Sampler[int] | None = None
+    if context.num_input_pipelines > 1 and training:
         sampler = DistributedSampler(dataset, context.num_input_pipelines,
                                      context.input_pipeline_id, shuffle=shuffle, seed=seed)
+    elif context.num_input_pipelines > 1:
+        sampler = ShardSampler(len(dataset),  # type: ignore[arg-type]
+                               context.num_input_pipelines, context.input_pipeline_id)
     return DataLoader(
         dataset,
         batch_size=context.get_per_replica_batch_size(params.global_batch_size),

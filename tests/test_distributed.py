@@ -56,6 +56,8 @@ def test_run_experiment_trains_data_parallel_across_two_ranks(tmp_path):
     assert not any(key.startswith("module.") for key in zero)  # the plain model is saved
     logs = [json.loads((tmp_path / f"logs-{rank}.json").read_text()) for rank in (0, 1)]
     assert logs[0]["accuracy"] == logs[1]["accuracy"]  # metrics cover both shards
+    # ...each example exactly once (no padding duplicates): the full-set accuracy
+    assert abs(logs[0]["accuracy"] - logs[0]["single_process_accuracy"]) < 1e-6
     run = tmp_path / "run"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["ckpt-20", "ckpt-40"]
     assert {p.name for p in (run / "checkpoints" / "ckpt-40").iterdir()} >= {"rng-0.pt", "rng-1.pt"}

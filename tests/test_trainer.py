@@ -342,3 +342,24 @@ def test_compiled_steps_train_like_eager_ones():
         trainer.train(4)
         trainer.evaluate(2)
     torch.testing.assert_close(compiled.model.weight, eager.model.weight)
+
+
+def test_evaluation_shards_hold_each_example_once_and_training_shards_are_shuffled():
+    from torch.utils.data import TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    from cadence.config import DataConfig
+    from cadence.task import ShardSampler, build_dataloader
+
+    dataset = TensorDataset(torch.arange(7))
+    seen = []
+    for rank in (0, 1):
+        loader = build_dataloader(dataset, DataConfig(global_batch_size=4, is_training=False,
+                                                      drop_remainder=False),
+                                  cadence.InputContext(2, rank, 2))
+        assert isinstance(loader.sampler, ShardSampler)
+        seen += [int(v) for (batch,) in loader for v in batch]
+    assert sorted(seen) == list(range(7))  # uneven shards (4 and 3), nothing repeated
+    train = build_dataloader(dataset, DataConfig(global_batch_size=4, is_training=True),
+                             cadence.InputContext(2, 0, 2))
+    assert isinstance(train.sampler, DistributedSampler)
