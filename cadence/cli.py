@@ -213,6 +213,9 @@ def _eval(args: argparse.Namespace) -> int:
             raise ConfigError(f"No run of {args.experiment or DEFAULT_EXPERIMENT!r} under "
                               f"{RUNS_DIR}/: pass --model-dir.")
         model_dir = runs[-1]
+    if not model_dir.is_dir():
+        raise ConfigError(f"{str(model_dir)!r} does not exist: pass the directory of a run, "
+                          f"e.g. {RUNS_DIR}/<experiment>-<time>.")
     config = _load(args, model_dir)
     with _logging(False):
         _, logs = run_experiment(config, args.mode, model_dir, progress_bar=False)

@@ -94,3 +94,9 @@ def test_ctrl_c_saves_a_checkpoint_and_the_same_command_resumes(tmp_path):
     assert f"Restored {os.path.join('runs', run.name)}" in again.stderr
     assert (run / "checkpoints" / "ckpt-4000").is_dir()
     assert len(list((tmp_path / "runs").iterdir())) == 1
+
+
+def test_eval_of_a_directory_that_does_not_exist_is_an_error_not_random_weights(capsys,
+                                                                                tmp_path):
+    assert main(["eval", "--model-dir", str(tmp_path / "typo")]) == 2
+    assert "does not exist: pass the directory of a run" in capsys.readouterr().err
