@@ -178,6 +178,8 @@ class TrainerConfig:
             so the offending batches are skipped), up to k times in a row.
         ema: moving average of the weights.
         compile_step: ``torch.compile`` the train and eval steps.
+        compile_mode: the ``torch.compile`` mode (null: torch's default).
+        cuda_graphs: capture the compiled steps in CUDA graphs (needs CUDA).
         async_checkpoints: write checkpoints in a background thread; training waits only for
             the copy of the state into host memory.
         optimizer_config: the optimizer and learning-rate schedule.
@@ -201,6 +203,8 @@ class TrainerConfig:
     recovery_max_trials: int = 0
     ema: EMAConfig = field(default_factory=EMAConfig)
     compile_step: bool = False
+    compile_mode: str | None = None
+    cuda_graphs: bool = False
     async_checkpoints: bool = True
     optimizer_config: OptimizationConfig = field(default_factory=OptimizationConfig)
 
@@ -272,6 +276,9 @@ class ExperimentConfig:
             raise ConfigError("Invalid config:\n  " + "\n  ".join(problems))
 
 
+COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune",
+                 "max-autotune-no-cudagraphs")
+"""The ``torch.compile`` modes a step may be compiled with (None: torch's default)."""
 MODES = ("train", "train_and_eval", "train_and_post_eval", "eval", "continuous_eval")
 """What `cadence.run_experiment` can run (see `cadence.train_lib`)."""
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
@@ -323,6 +330,9 @@ def _problems(config: ExperimentConfig) -> Iterable[str]:
     if opt.gradient_clip_norm is not None and opt.gradient_clip_norm <= 0:
         yield (f"trainer.optimizer_config.gradient_clip_norm: must be positive or null "
                f"(got {opt.gradient_clip_norm}).")
+    if trainer.compile_mode not in COMPILE_MODES:
+        yield (f"trainer.compile_mode: unknown mode {trainer.compile_mode!r}; valid: null, "
+               f"{', '.join(str(m) for m in COMPILE_MODES[1:])}.")
     if config.runtime.mixed_precision not in PRECISIONS:
         yield (f"runtime.mixed_precision: must be null, 'bf16' or 'fp16' "
                f"(got {config.runtime.mixed_precision!r}).")

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from cadence.config import COMPILE_MODES
 from cadence.core.callbacks import CallbackList, RunState
 from cadence.data import DataIterator
 from cadence.module import Module
@@ -40,18 +41,54 @@ from cadence.runner import AbstractEvaluator, AbstractTrainer, Output
 logger = logging.getLogger("cadence")
 
 
+def check_compile_options(compile_mode: str | None, cuda_graphs: bool) -> None:
+    """Validates how a step is compiled.
+
+    Raises:
+        ValueError: for an unknown mode, or CUDA graphs without a CUDA device.
+    """
+    if compile_mode not in COMPILE_MODES:
+        raise ValueError(f"`compile_mode` (got {compile_mode!r}) must be one of "
+                         f"{', '.join(str(m) for m in COMPILE_MODES)}.")
+    if cuda_graphs and not torch.cuda.is_available():
+        raise ValueError("cuda_graphs=True needs a CUDA device: CUDA graphs replay recorded GPU "
+                         "kernels. On a CPU use compile_step=True alone.")
+
+
+def compile_step(fn: Callable[..., Any], compile_mode: str | None = None,
+                 cuda_graphs: bool = False) -> Callable[..., Any]:
+    """``torch.compile(fn)``; with `cuda_graphs`, in the mode that captures the compiled step
+    in CUDA graphs (``reduce-overhead``): one launch per step instead of one per kernel. A
+    step that cannot be captured (host syncs, dynamic shapes, CPU tensors) runs compiled but
+    uncaptured; ``TORCH_LOGS=perf_hints`` says why."""
+    check_compile_options(compile_mode, cuda_graphs)
+    mode = "reduce-overhead" if cuda_graphs else compile_mode
+    return torch.compile(fn, mode=mode)
+
+
 @dataclass(frozen=True)
 class StandardTrainerOptions:
     """How `StandardTrainer` runs its inner loop.
 
     Attributes:
         compile_step: wrap `train_step` in ``torch.compile``.
+        compile_mode: the ``torch.compile`` mode (None: torch's default).
+        cuda_graphs: also capture the compiled step in CUDA graphs (needs CUDA; implies
+            `compile_step`).
         stop_at_end_of_data: end training (cleanly) when the training data is exhausted,
             instead of starting another pass over it.
+
+    Raises:
+        ValueError: for an unknown `compile_mode`, or `cuda_graphs` without CUDA.
     """
 
     compile_step: bool = False
+    compile_mode: str | None = None
+    cuda_graphs: bool = False
     stop_at_end_of_data: bool = False
+
+    def __post_init__(self) -> None:
+        check_compile_options(self.compile_mode, self.cuda_graphs)
 
 
 @dataclass(frozen=True)
@@ -60,14 +97,24 @@ class StandardEvaluatorOptions:
 
     Attributes:
         compile_step: wrap `eval_step` in ``torch.compile``.
+        compile_mode: the ``torch.compile`` mode (None: torch's default).
+        cuda_graphs: also capture the compiled step in CUDA graphs (needs CUDA).
         recreate_iterator_for_each_eval: start every evaluation at the beginning of the data
             (default); False continues the same iterator from one evaluation to the next.
         no_grad: run the evaluation under ``torch.no_grad()``.
+
+    Raises:
+        ValueError: for an unknown `compile_mode`, or `cuda_graphs` without CUDA.
     """
 
     compile_step: bool = False
+    compile_mode: str | None = None
+    cuda_graphs: bool = False
     recreate_iterator_for_each_eval: bool = True
     no_grad: bool = True
+
+    def __post_init__(self) -> None:
+        check_compile_options(self.compile_mode, self.cuda_graphs)
 
 
 def _check_options(options: Any, cls: type) -> Any:
@@ -267,10 +314,12 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         self._callbacks.fire(hook, state)
 
     def _train_step_fn(self) -> Callable[[Iterator[Any]], Any]:
-        if not self._train_options.compile_step:
+        options = self._train_options
+        if not (options.compile_step or options.cuda_graphs):
             return self.train_step
         if self._compiled_train_step is None:
-            self._compiled_train_step = torch.compile(self.train_step)
+            self._compiled_train_step = compile_step(self.train_step, options.compile_mode,
+                                                     options.cuda_graphs)
         return self._compiled_train_step
 
 
@@ -375,8 +424,10 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
         return loop_fn
 
     def _eval_step_fn(self) -> Callable[[Iterator[Any]], Any]:
-        if not self._eval_options.compile_step:
+        options = self._eval_options
+        if not (options.compile_step or options.cuda_graphs):
             return self.eval_step
         if self._compiled_eval_step is None:
-            self._compiled_eval_step = torch.compile(self.eval_step)
+            self._compiled_eval_step = compile_step(self.eval_step, options.compile_mode,
+                                                    options.cuda_graphs)
         return self._compiled_eval_step

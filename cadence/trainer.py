@@ -42,6 +42,7 @@ from cadence.standard_runner import (
     StandardEvaluatorOptions,
     StandardTrainer,
     StandardTrainerOptions,
+    compile_step,
 )
 from cadence.task import InputContext, Task, accepts_argument
 
@@ -210,9 +211,10 @@ class Trainer(StandardTrainer, StandardEvaluator):
         # the compiled graph; the update stays eager (a graph break there gains nothing).
         self._task_train_step: Callable[..., Any] | None = None
         self._task_validation_step: Callable[..., Any] | None = None
-        if trainer_config.compile_step:
-            self._task_train_step = torch.compile(task.train_step)
-            self._task_validation_step = torch.compile(task.validation_step)
+        if trainer_config.compile_step or trainer_config.cuda_graphs:
+            how = (trainer_config.compile_mode, trainer_config.cuda_graphs)
+            self._task_train_step = compile_step(task.train_step, *how)
+            self._task_validation_step = compile_step(task.validation_step, *how)
         StandardTrainer.__init__(self, train_dataset if train else [], StandardTrainerOptions(),
                                  name=task.name)
         StandardEvaluator.__init__(self, validation_dataset, StandardEvaluatorOptions(),

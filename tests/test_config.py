@@ -77,12 +77,13 @@ def test_values_out_of_range_are_all_listed():
     with pytest.raises(ConfigError) as error:
         load_config("digits", overrides=[
             "trainer.steps_per_loop=0", "runtime.mixed_precision=fp8",
-            "trainer.optimizer_config.optimizer.name=adamax",
+            "trainer.optimizer_config.optimizer.name=adamax", "trainer.compile_mode=fastest",
         ])
     message = str(error.value)
     assert "trainer.steps_per_loop: must be a positive integer (got 0)" in message
     assert "runtime.mixed_precision" in message and "'bf16'" in message
     assert "unknown optimizer 'adamax'; valid: sgd, adam, adamw" in message
+    assert "trainer.compile_mode: unknown mode 'fastest'; valid: null, default" in message
 
 
 @pytest.mark.parametrize("text", ["trainer.train_steps", "=5"])

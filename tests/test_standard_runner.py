@@ -192,3 +192,31 @@ def test_the_training_loop_adds_no_host_syncs_between_log_points(monkeypatch):
         logs = trainer.train(10)  # crosses two epoch boundaries
     assert syncs.count == 0, syncs.calls
     assert float(logs["loss"]) > 0
+
+
+def test_compile_options_are_checked_when_the_options_are_made():
+    with pytest.raises(ValueError, match="`compile_mode` .* must be one of None, default"):
+        cadence.StandardTrainerOptions(compile_step=True, compile_mode="fastest")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="cuda_graphs=True needs a CUDA device"):
+            cadence.StandardTrainerOptions(cuda_graphs=True)
+        with pytest.raises(ValueError, match="needs a CUDA device"):
+            cadence.StandardEvaluatorOptions(cuda_graphs=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_step_captured_in_cuda_graphs_trains_like_the_eager_one():
+    def run(options):
+        torch.manual_seed(0)
+        x = torch.randn(64, 4, device="cuda")
+        y = torch.randint(0, 3, (64,), device="cuda")
+        trainer = TinyClassifier([(x[i:i + 8], y[i:i + 8]) for i in range(0, 64, 8)],
+                                 options=options)
+        trainer.model.cuda()
+        trainer.train(16)
+        return trainer.model[0].weight.detach().cpu()
+
+    eager = run(None)
+    graphed = run(cadence.StandardTrainerOptions(cuda_graphs=True))
+    torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-5)

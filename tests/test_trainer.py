@@ -337,7 +337,7 @@ def test_compiled_steps_train_like_eager_ones():
     torch.manual_seed(0)
     eager = make_trainer()
     torch.manual_seed(0)
-    compiled = make_trainer("trainer.compile_step=true")
+    compiled = make_trainer("trainer.compile_step=true", "trainer.compile_mode=default")
     for trainer in (eager, compiled):
         trainer.train(4)
         trainer.evaluate(2)
