@@ -671,9 +671,13 @@ class TrainLoop:
     # ------------------------------------------------------------------ metrics
 
     def _collect(self, name: str, value: Any) -> None:
-        self._epoch_metrics.setdefault(name, StatisticsCollector()).collect(value)
-        if self._within_step:
-            self._step_metrics.setdefault(name, StatisticsCollector()).collect(value)
+        collectors = (self._epoch_metrics, self._step_metrics) if self._within_step else (
+            self._epoch_metrics,)
+        for metrics in collectors:  # per step: no collector is built unless it is new
+            collector = metrics.get(name)
+            if collector is None:
+                collector = metrics[name] = StatisticsCollector()
+            collector.collect(value)
 
     def _collect_time(self, name: str, seconds: float) -> None:
         if self._within_epoch or self._within_step:

@@ -103,14 +103,18 @@ class EventSource:
     def fire(self, key: str, *args: Any, **kwargs: Any) -> None:
         """Calls the handlers of `key` in registration order."""
         self._check(key)
-        for handler in list(self._handlers.get(key, ())):
-            handler(*args, **kwargs)
+        handlers = self._handlers.get(key)
+        if handlers:  # a copy: a handler may register or remove handlers
+            for handler in list(handlers):
+                handler(*args, **kwargs)
 
     def reverse_fire(self, key: str, *args: Any, **kwargs: Any) -> None:
         """Calls the handlers of `key` in reverse registration order."""
         self._check(key)
-        for handler in reversed(list(self._handlers.get(key, ()))):
-            handler(*args, **kwargs)
+        handlers = self._handlers.get(key)
+        if handlers:
+            for handler in reversed(list(handlers)):
+                handler(*args, **kwargs)
 
     def clear_event_handlers(self, key: str | None = None) -> None:
         """Removes the handlers of `key`, or of every key."""
