@@ -365,3 +365,11 @@ def test_built_ins_work_under_the_controller_too(tmp_path):
     controller.train(8)
     assert (tmp_path / "minsaver-loss" / "info.json").is_file()
     assert len((tmp_path / "stats.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("callback", [JSONWriter(), ModelSaver(), MinSaver("x")])
+def test_a_callback_without_a_directory_or_a_logdir_says_what_to_pass(callback):
+    trainer, _ = make_trainer()  # no logdir
+    with pytest.raises(ValueError, match=f"{type(callback).__name__} needs a directory: pass "
+                                         r"one, or train with a logdir"):
+        trainer.train(callbacks=[callback], steps_per_epoch=1, max_epoch=1)

@@ -12,20 +12,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from cadence.callbacks.logdir import resolve_directory
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.logs import format_logs
 from cadence.core.summary import SummaryManager, process_rank
 
 logger = logging.getLogger("cadence")
-
-
-def _directory(state: RunState, given: str | Path | None, what: str) -> Path:
-    if given is not None:
-        return Path(given)
-    logdir = getattr(state.trainer, "logdir", None)
-    if logdir is None:
-        raise ValueError(f"{what} needs a directory: pass one, or train with a logdir.")
-    return Path(logdir)
 
 
 def _snapshot(state: RunState, logs: dict[str, Any]) -> dict[str, Any]:
@@ -47,7 +39,7 @@ class JSONWriter(Callback):
     def on_loop_end(self, state: RunState, logs: dict[str, Any]) -> None:
         if process_rank() != 0:
             return
-        path = _directory(state, self.directory, "JSONWriter") / "stats.jsonl"
+        path = resolve_directory(state, self.directory, "JSONWriter") / "stats.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {"epoch": state.epoch, "global_step": state.global_step,
                   **_snapshot(state, logs)}
@@ -69,8 +61,7 @@ class TensorBoardWriter(Callback):
         self._summaries: SummaryManager | None = None
 
     def on_train_begin(self, state: RunState) -> None:
-        directory = (Path(self.directory) if self.directory is not None
-                     else _directory(state, None, "TensorBoardWriter") / "train")
+        directory = resolve_directory(state, self.directory, "TensorBoardWriter", "train")
         self._summaries = SummaryManager(str(directory), lambda: state.global_step)
 
     def on_loop_end(self, state: RunState, logs: dict[str, Any]) -> None:

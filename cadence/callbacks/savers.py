@@ -12,19 +12,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from cadence.callbacks.logdir import resolve_directory
 from cadence.checkpoint import CheckpointManager
 from cadence.core.callbacks import Callback, RunState
 from cadence.exporter import BestCheckpointExporter
 
 logger = logging.getLogger("cadence")
-
-
-def _logdir(state: RunState, what: str) -> Path:
-    logdir = getattr(state.trainer, "logdir", None)
-    if logdir is None:
-        raise ValueError(f"{what} needs a directory: pass one, or train with a logdir "
-                         "(TrainConfig(logdir=...)).")
-    return Path(logdir)
 
 
 class ModelSaver(Callback):
@@ -41,8 +34,7 @@ class ModelSaver(Callback):
         self.manager: CheckpointManager | None = None
 
     def on_train_begin(self, state: RunState) -> None:
-        directory = (Path(self.checkpoint_dir) if self.checkpoint_dir is not None
-                     else _logdir(state, "ModelSaver") / "checkpoints")
+        directory = resolve_directory(state, self.checkpoint_dir, "ModelSaver", "checkpoints")
         self.manager = checkpoint_manager_for(state, directory, self.max_to_keep)
 
     def trigger(self, state: RunState) -> None:
@@ -81,9 +73,10 @@ class _BestSaver(Callback):
         self.exporter: BestCheckpointExporter | None = None
 
     def on_train_begin(self, state: RunState) -> None:
-        directory = (Path(self.export_dir) if self.export_dir is not None
-                     else _logdir(state, type(self).__name__)
-                     / f"{type(self).__name__.lower()}-{self.monitor_stat.replace('/', '_')}")
+        name = type(self).__name__
+        directory = resolve_directory(
+            state, self.export_dir, name,
+            f"{name.lower()}-{self.monitor_stat.replace('/', '_')}")
         self.exporter = BestCheckpointExporter(directory, self.monitor_stat, self.comp,
                                                self.max_to_keep)
 
