@@ -125,6 +125,24 @@ class DataIterator:
         self.batches += 1
         return batch
 
+    def next_in_pass(self) -> Any:
+        """The next batch of the current pass. When the pass runs out, counts it as done (the
+        next call starts a new one) and raises ``StopIteration``.
+
+        Raises:
+            ValueError: if a pass yields no batch at all (a generator iterated a second time).
+        """
+        try:
+            return next(self)
+        except StopIteration:
+            if self.at_pass_start:
+                raise ValueError(
+                    f"The data ({type(self.source).__name__}) yields no batches. A generator can "
+                    "be iterated only once: pass a DataFlow, a DataLoader or a list."
+                ) from None
+            self.end_pass()
+            raise
+
     def end_pass(self) -> None:
         """Counts the pass as done; the next `next()` starts a new one."""
         self.epoch += 1

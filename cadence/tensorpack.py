@@ -407,19 +407,18 @@ class SingleCostTrainer(Trainer):
         self._data = DataIterator(inputs)
 
     def next_inputs(self) -> tuple[Any, ...]:
-        """The next batch, as a tuple; a new pass starts when the input runs out."""
-        for _ in range(2):
-            try:
-                batch = next(self._data)
-            except StopIteration:
-                if self._data.at_pass_start:
-                    raise ValueError("The input yields no batches.") from None
-                self._data.end_pass()
-                continue
-            if self._data.batches == self._data.pass_length:
-                self._data.end_pass()
-            return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
-        raise ValueError("The input yields no batches.")
+        """The next batch, as a tuple; a new pass starts when the input runs out.
+
+        Raises:
+            ValueError: if a pass of the input yields no batch.
+        """
+        try:
+            batch = self._data.next_in_pass()
+        except StopIteration:  # the input repeats
+            batch = self._data.next_in_pass()
+        if self._data.batches == self._data.pass_length:  # a sized input: end the pass now
+            self._data.end_pass()
+        return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
 
     def run_step(self) -> None:
         if self._cost_fn is None:

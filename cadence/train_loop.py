@@ -633,15 +633,8 @@ class TrainLoop:
                 batch = None
                 if data is not None:
                     try:
-                        batch = next(data)
+                        batch = data.next_in_pass()
                     except StopIteration:
-                        if data.at_pass_start:
-                            raise ValueError(
-                                f"The data ({type(data.source).__name__}) yields no batches. A "
-                                "generator can be iterated only once: pass a DataFlow, a "
-                                "DataLoader or a list."
-                            ) from None
-                        data.end_pass()
                         break
                 self._step += 1
                 self._steps_in_epochs += 1

@@ -161,3 +161,13 @@ def test_a_distributed_sampler_gets_the_epoch_so_each_pass_is_shuffled_anew():
     second = next(data)[0].tolist()
     assert sorted(first) == sorted(second) == list(range(16))
     assert first != second
+
+
+def test_next_in_pass_ends_the_pass_at_its_end_and_refuses_an_empty_one():
+    data = DataIterator([1, 2])
+    assert [data.next_in_pass(), data.next_in_pass()] == [1, 2]
+    with pytest.raises(StopIteration):
+        data.next_in_pass()
+    assert data.epoch == 1 and data.next_in_pass() == 1  # the next pass started
+    with pytest.raises(ValueError, match=r"The data \(list\) yields no batches"):
+        DataIterator([]).next_in_pass()

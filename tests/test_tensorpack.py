@@ -276,3 +276,12 @@ def test_a_model_and_a_loss_make_the_cost_and_steps_make_no_host_syncs(monkeypat
             trainer.run_step()
     assert syncs.count == 0, syncs.calls
     assert float(trainer.epoch_logs()["cost"]) > 0
+
+
+def test_an_input_that_yields_nothing_is_a_clear_error():
+    trainer = SimpleTrainer()
+    model = nn.Linear(2, 1)
+    trainer.setup_graph((b for b in [(torch.ones(1, 2),)]), lambda x: model(x).sum(),
+                        lambda params: torch.optim.SGD(params, lr=0.1), model=model)
+    with pytest.raises(ValueError, match="yields no batches"):
+        trainer.train(steps_per_epoch=3, max_epoch=1)  # a generator: the second pass is empty
