@@ -483,12 +483,9 @@ def config_to_yaml(config: ExperimentConfig) -> str:
 
 def save_config(config: ExperimentConfig, path: str | os.PathLike[str]) -> Path:
     """Writes `config` as YAML to `path` atomically (temp file, then rename); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    temp.write_text(config_to_yaml(config))
-    os.replace(temp, path)
-    return path
+    from cadence.core.checkpoint_dir import write_atomically
+
+    return write_atomically(Path(path), config_to_yaml(config))
 
 
 def config_differences(old: ExperimentConfig, new: ExperimentConfig) -> list[str]:

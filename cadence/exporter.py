@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cadence.core.checkpoint_dir import CheckpointDirectory, read_manifest
+from cadence.core.checkpoint_dir import CheckpointDirectory, read_manifest, write_atomically
 from cadence.core.errors import CheckpointError, CheckpointMismatchError
 from cadence.core.logs import flatten, is_scalar
 from cadence.core.summary import process_rank
@@ -38,12 +38,7 @@ LEDGER_FILE = "info.json"
 
 
 def _write_json(path: Path, data: Any) -> None:
-    temp = path.with_name(f".{path.name}.tmp")
-    with open(temp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, path)
+    write_atomically(path, json.dumps(data, indent=2, sort_keys=True))
 
 
 def _lookup(logs: Mapping[str, Any], name: str) -> Any:

@@ -54,6 +54,19 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def write_atomically(path: Path, text: str) -> Path:
+    """Writes `text` to `path` so that readers see the old file or the whole new one: a hidden
+    temporary file in the same directory, flushed to disk, then renamed over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(temp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, path)
+    return path
+
+
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Reads and verifies the manifest of checkpoint directory `path`.
 
