@@ -17,7 +17,7 @@ schedule adds nothing per step.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from cadence.core.callbacks import Callback, RunState, overridden_hooks
@@ -203,17 +203,3 @@ class PeriodicCallback(EnableCallbackIf):
 
         super().__init__(callback, due)
 
-
-def describe(callbacks: Iterable[Callback]) -> list[str]:
-    """One line per callback: its class, and what it reads and writes (for logs and docs)."""
-    lines = []
-    for callback in callbacks:
-        inner = getattr(callback, "callback", None)
-        name = type(callback).__name__ + (f"({type(inner).__name__})" if inner else "")
-        parts = [name]
-        if callback.requires:
-            parts.append(f"reads {', '.join(callback.requires)}")
-        if callback.provides:
-            parts.append(f"writes {', '.join(callback.provides)}")
-        lines.append("; ".join(parts))
-    return lines
