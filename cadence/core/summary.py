@@ -8,6 +8,10 @@ own. Beside them, ``metrics.jsonl`` gets one JSON object per write: ``step`` plu
 
 In a distributed run only rank 0 writes (the rank is read from torchrun's ``RANK`` variable).
 
+Costs are paid where they belong: TensorBoard's writer modules are imported when an active
+manager is built (not on the first write, inside a training loop), and a directory's files stay
+open between writes, flushed by `flush` (once per loop) and closed by `close`.
+
 Summaries can also be written from inside a step with `scalar`; the tag is prefixed by the
 current name scope (`Module.name_scope`). Values are kept as they are -- tensors stay on the
 device -- and reach the host when the manager is flushed, at the end of the loop.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import json
 import os
 import time
@@ -35,43 +40,51 @@ def process_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+@functools.cache
+def _tensorboard_writer() -> tuple[Any, Any, Any]:
+    """TensorBoard's event file writer and protos (importing them takes ~0.1 s, once)."""
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    return EventFileWriter, Event, Summary
+
+
 class _DirectoryWriter:
     """The event file and the JSONL file of one directory, opened on first write."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._events: Any = None
+        self._jsonl: Any = None
 
     def write(self, step: int, values: dict[str, Any], extra: dict[str, Any] | None) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        event_file_writer, event_proto, summary_proto = _tensorboard_writer()
         if self._events is None:
-            from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
-            self._events = EventFileWriter(str(self.directory))
-        from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._events = event_file_writer(str(self.directory))
+            self._jsonl = open(self.directory / JSONL_NAME, "a", encoding="utf-8")  # noqa: SIM115
         summary_values = []
         for tag, value in values.items():
             if is_scalar(value):
-                summary_values.append(Summary.Value(tag=tag, simple_value=float(value)))
+                summary_values.append(summary_proto.Value(tag=tag, simple_value=float(value)))
         if summary_values:
-            event = Event(wall_time=time.time(), step=int(step))
+            event = event_proto(wall_time=time.time(), step=int(step))
             event.summary.value.extend(summary_values)
             self._events.add_event(event)
         record = {"step": int(step), **(extra or {}), **values}
-        # Opened per write (once per loop): nothing stays open if the program never closes us.
-        with open(self.directory / JSONL_NAME, "a", encoding="utf-8") as jsonl:
-            jsonl.write(json.dumps(record, default=str) + "\n")
+        self._jsonl.write(json.dumps(record, default=str) + "\n")
 
     def flush(self) -> None:
         if self._events is not None:
             self._events.flush()
+            self._jsonl.flush()
 
     def close(self) -> None:
         if self._events is not None:
             self._events.close()
-            self._events = None
+            self._jsonl.close()
+            self._events = self._jsonl = None
 
 
 class SummaryManager:
@@ -95,6 +108,8 @@ class SummaryManager:
         self.enabled = (process_rank() == 0) if enabled is None else enabled
         self._writers: dict[tuple[str, ...], _DirectoryWriter] = {}
         self._pending: list[tuple[str, Any, int]] = []
+        if self.active:
+            _tensorboard_writer()
 
     @property
     def active(self) -> bool:
