@@ -18,6 +18,7 @@ The per-batch cost is one Python call and one integer increment.
 
 from __future__ import annotations
 
+import array
 import itertools
 import warnings
 from collections.abc import Iterator, Sequence
@@ -36,6 +37,7 @@ class _RecordingSampler(Sampler[int]):
     def __init__(self, inner: Sampler[int]) -> None:
         self.inner = inner
         self.order: list[int] | None = None
+        self._order_tensor: tuple[list[int], torch.Tensor] | None = None
         self.resume: tuple[list[int] | None, int] | None = None
 
     def __len__(self) -> int:
@@ -54,6 +56,19 @@ class _RecordingSampler(Sampler[int]):
             return iter(self.inner)
         self.order = list(self.inner)  # draws from the sampler's generator exactly as usual
         return iter(self.order)
+
+    def order_tensor(self) -> torch.Tensor | None:
+        """The current pass's order as an int64 tensor, converted once per pass (through an
+        ``array``: ~4x faster than ``torch.tensor`` on a list, which matters inside a save)."""
+        order = self.order
+        if order is None:
+            return None
+        cached = self._order_tensor
+        if cached is None or cached[0] is not order:
+            tensor = (torch.frombuffer(array.array("q", order), dtype=torch.int64) if order
+                      else torch.empty(0, dtype=torch.int64))
+            cached = self._order_tensor = (order, tensor)
+        return cached[1]
 
 
 def _generator_of(obj: Any) -> torch.Generator | None:
@@ -178,8 +193,7 @@ class DataIterator:
         state: dict[str, Any] = {"kind": self.kind, "epoch": self.epoch, "batches": self.batches}
         if self.kind == "loader":
             assert self._recorder is not None
-            order = self._recorder.order if self.batches else None
-            state["order"] = torch.tensor(order, dtype=torch.int64) if order is not None else None
+            state["order"] = self._recorder.order_tensor() if self.batches else None
             state["generators"] = {
                 name: gen.get_state()
                 for name, gen in (
