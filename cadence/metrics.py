@@ -43,10 +43,11 @@ class Metric:
 
     def _tensor(self, value: Any) -> torch.Tensor:
         if isinstance(value, torch.Tensor):
-            value = value.detach()
             if self._device is None:
                 self._device = value.device
-            return value.to(self._device, non_blocking=True)
+            elif value.device == self._device and not value.requires_grad:
+                return value  # the hot path: nothing to detach or move
+            return value.detach().to(self._device, non_blocking=True)
         return torch.as_tensor(value, dtype=torch.float32, device=self._device or "cpu")
 
     def _accumulator(self, name: str, like: torch.Tensor) -> torch.Tensor:

@@ -131,6 +131,22 @@ def split_inputs(inputs: Any) -> tuple[Any, Any]:
     return inputs, inputs
 
 
+def aux_losses_of(model: Any) -> Any:
+    """``model.aux_losses`` when the model has them (e.g. set in ``forward``), else None.
+
+    Same answer as ``getattr(model, "aux_losses", None)``, without its cost on an ``nn.Module``
+    that has none: there a missing attribute raises (and formats) an ``AttributeError`` inside
+    ``__getattr__``, about a microsecond in every step.
+    """
+    if isinstance(model, nn.Module):
+        if "aux_losses" in vars(model):
+            return vars(model)["aux_losses"]
+        if not (hasattr(type(model), "aux_losses") or "aux_losses" in model._parameters
+                or "aux_losses" in model._buffers or "aux_losses" in model._modules):
+            return None
+    return getattr(model, "aux_losses", None)
+
+
 def accepts_argument(fn: Callable[..., Any], name: str) -> bool:
     """Whether `fn` can be called with the keyword argument `name`."""
     try:
@@ -244,7 +260,7 @@ class Task(Module):
         """
         features, labels = split_inputs(inputs)
         outputs = model(features)
-        loss = self.build_losses(labels, outputs, aux_losses=getattr(model, "aux_losses", None))
+        loss = self.build_losses(labels, outputs, aux_losses=aux_losses_of(model))
         self.process_metrics(metrics, labels, outputs)
         return {self.loss: loss}
 
@@ -254,7 +270,7 @@ class Task(Module):
         `aggregate_logs`."""
         features, labels = split_inputs(inputs)
         outputs = self.inference_step(features, model)
-        loss = self.build_losses(labels, outputs, aux_losses=getattr(model, "aux_losses", None))
+        loss = self.build_losses(labels, outputs, aux_losses=aux_losses_of(model))
         self.process_metrics(metrics, labels, outputs)
         return {self.loss: loss}
 

@@ -202,6 +202,9 @@ class Trainer(StandardTrainer, StandardEvaluator):
         optimization = trainer_config.optimizer_config
         self._accumulation = optimization.gradient_accumulation_steps
         self._clip_norm = optimization.gradient_clip_norm
+        self._plain_forward = self._autocast_dtype is None and (
+            self._train_model is self.model or self._accumulation == 1)
+        """Whether a micro-batch runs without autocast or DDP's no_sync: no context to enter."""
         if train and train_dataset is None:
             train_dataset = self.distribute_dataset(task.build_inputs, config.task.train_data)
         if evaluate and validation_dataset is None:
@@ -304,21 +307,24 @@ class Trainer(StandardTrainer, StandardEvaluator):
     def train_step(self, iterator: Iterator[Any]) -> None:
         """One step: ``gradient_accumulation_steps`` micro-batches, then one update."""
         # All micro-batches are fetched first: a pass that ends mid-step leaves no half step.
-        batches = [self.next_train_inputs(iterator) for _ in range(self._accumulation)]
+        accumulation = self._accumulation
+        batches = ([self.next_train_inputs(iterator)] if accumulation == 1 else
+                   [self.next_train_inputs(iterator) for _ in range(accumulation)])
         if self._device.type != "cpu":  # on CPU inputs are used as they come: no tree walk
             batches = [to_device(inputs, self._device) for inputs in batches]
+        task_step = self._task_train_step or self.task.train_step
+        model, optimizer, metrics = self._train_model, self.optimizer, self.train_metrics
         updated = False
-        ddp = self._train_model
         for index, inputs in enumerate(batches):
-            # Between micro-batches DDP need not average gradients: only the last one does.
-            accumulating = index < len(batches) - 1
-            with (ddp.no_sync() if isinstance(ddp, nn.parallel.DistributedDataParallel)
-                  and accumulating else contextlib.nullcontext()), self._autocast():
-                logs = (self._task_train_step or self.task.train_step)(
-                    inputs, self._train_model, self.optimizer, self.train_metrics)
+            if self._plain_forward:  # no autocast, no DDP: nothing to enter (the common case)
+                logs = task_step(inputs, model, optimizer, metrics)
+            else:
+                with self._micro_batch_context(last=index == accumulation - 1):
+                    logs = task_step(inputs, model, optimizer, metrics)
             loss = self._loss_of(logs)
-            self.training_loss.update(loss.detach())
-            self._record_extra(logs)
+            self.training_loss.update(loss)
+            if len(logs) > 1:
+                self._record_extra(logs)
             if loss.requires_grad:
                 self._backward(loss)
                 updated = True
@@ -334,8 +340,18 @@ class Trainer(StandardTrainer, StandardEvaluator):
         if self.ema is not None:
             self.ema.update(self.global_step + 1)
 
+    def _micro_batch_context(self, last: bool) -> contextlib.ExitStack:
+        """Autocast, and -- between micro-batches -- DDP's ``no_sync``: only the last
+        micro-batch of a step needs its gradients averaged across processes."""
+        stack = contextlib.ExitStack()
+        model = self._train_model
+        if not last and isinstance(model, nn.parallel.DistributedDataParallel):
+            stack.enter_context(model.no_sync())
+        stack.enter_context(self._autocast())
+        return stack
+
     def _loss_of(self, logs: Any) -> torch.Tensor:
-        if not isinstance(logs, Mapping) or self.task.loss not in logs:
+        if not (type(logs) is dict or isinstance(logs, Mapping)) or self.task.loss not in logs:
             raise TypeError(
                 f"{type(self.task).__name__}.train_step() must return a dict with the loss under "
                 f"{self.task.loss!r} (Task.loss); got {type(logs).__name__}"

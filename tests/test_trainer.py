@@ -363,3 +363,38 @@ def test_evaluation_shards_hold_each_example_once_and_training_shards_are_shuffl
     train = build_dataloader(dataset, DataConfig(global_batch_size=4, is_training=True),
                              cadence.InputContext(2, 0, 2))
     assert isinstance(train.sampler, DistributedSampler)
+
+
+class _WithAuxLosses(nn.Linear):
+    """Sets `aux_losses` in forward, as a model with a regularizer would."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.aux_losses = [self.weight.square().sum(), torch.tensor(1.0)]
+        return super().forward(x)
+
+
+class _AuxAsProperty(nn.Linear):
+    @property
+    def aux_losses(self) -> torch.Tensor:
+        return torch.tensor(2.0)
+
+
+@pytest.mark.parametrize("model, expected", [
+    (nn.Linear(2, 2), None),                       # none: the fast path
+    (_AuxAsProperty(2, 2), 2.0),                   # a property of the class
+])
+def test_aux_losses_are_read_like_getattr(model: nn.Module, expected: Any) -> None:
+    from cadence.task import aux_losses_of
+
+    found = aux_losses_of(model)
+    assert (found is None) if expected is None else float(found) == expected
+    buffer_model = nn.Linear(2, 2)
+    buffer_model.register_buffer("aux_losses", torch.tensor(3.0))  # registered: still found
+    assert float(aux_losses_of(buffer_model)) == 3.0
+
+
+def test_the_default_loss_sums_the_aux_losses_a_model_sets_in_forward() -> None:
+    model = _WithAuxLosses(2, 1)
+    logs = cadence.Task(ToyConfig()).train_step((torch.ones(3, 2), None), model, None)
+    expected = float(model.weight.detach().square().sum()) + 1.0
+    assert float(logs["loss"].detach()) == pytest.approx(expected)
