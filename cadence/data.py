@@ -14,6 +14,12 @@ The position is part of every checkpoint, so a resumed run continues with the ne
   first checkpoint warns that a resumed run starts that source from its beginning.
 
 The per-batch cost is one Python call and one integer increment.
+
+With ``prefetch_to=device`` each batch is moved to the device one batch ahead: while a step
+computes on batch *i*, the copy of batch *i + 1* is already under way (on CUDA, from pinned
+memory on a side stream; the step's stream waits for that copy only when the batch is used).
+The position stays that of the batches *delivered*: a batch fetched ahead is fetched again
+after a resume.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import array
 import itertools
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -71,6 +77,35 @@ class _RecordingSampler(Sampler[int]):
         return cached[1]
 
 
+_EXHAUSTED = object()
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    """`value` (a batch: tensors in tuples, lists, mappings) with its tensors moved to `device`
+    without waiting for the copy (pinned memory -- ``DataLoader(pin_memory=True)`` -- makes a
+    copy from the host truly asynchronous)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, Mapping):
+        return {key: to_device(item, device) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        moved = [to_device(item, device) for item in value]
+        return type(value)(*moved) if hasattr(value, "_fields") else type(value)(moved)
+    return value
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in a batch."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
 def _generator_of(obj: Any) -> torch.Generator | None:
     generator = getattr(obj, "generator", None)
     return generator if isinstance(generator, torch.Generator) else None
@@ -84,9 +119,15 @@ class DataIterator:
 
     Args:
         source: a DataLoader, a list of batches, a stateful loader, or any iterable.
+        prefetch_to: move every batch's tensors to this device, one batch ahead (see the
+            module docstring). Not for a stateful loader, whose own state would then be one
+            batch ahead of the training.
+
+    Raises:
+        ValueError: for `prefetch_to` with a stateful loader.
     """
 
-    def __init__(self, source: Any) -> None:
+    def __init__(self, source: Any, prefetch_to: torch.device | str | None = None) -> None:
         self.source = source
         self.epoch = 0
         """Completed passes over `source`."""
@@ -117,6 +158,16 @@ class DataIterator:
             else "sequence" if isinstance(source, Sequence)
             else "plain"
         )
+        self.prefetch_to = torch.device(prefetch_to) if prefetch_to is not None else None
+        if self.prefetch_to is not None and self.kind == "stateful":
+            raise ValueError(
+                f"prefetch_to={prefetch_to!r} cannot be used with a loader that keeps its own "
+                f"state ({type(source).__name__}): its state would be one batch ahead of "
+                "training. Move batches in the step instead, or use a map-style DataLoader."
+            )
+        self._ahead: Any = None
+        """With `prefetch_to`: the next batch (already moving), _EXHAUSTED at the pass end."""
+        self._copy_stream: Any = None
 
     @property
     def batch_size(self) -> int | None:
@@ -136,9 +187,46 @@ class DataIterator:
         iterator = self._iterator
         if iterator is None:
             iterator = self._iterator = self._start()
+        if self.prefetch_to is not None:
+            return self._next_prefetched(iterator)
         batch = next(iterator)
         self.batches += 1
         return batch
+
+    def _next_prefetched(self, iterator: Iterator[Any]) -> Any:
+        ahead = self._ahead
+        if ahead is None:  # the first batch of a pass: nothing is in flight yet
+            ahead = self._fetch(iterator)
+        elif ahead is _EXHAUSTED:
+            raise StopIteration
+        try:
+            self._ahead = self._fetch(iterator)  # its copy overlaps the step on `ahead`
+        except StopIteration:
+            self._ahead = _EXHAUSTED
+        batch, ready = ahead
+        if ready is not None:  # CUDA: wait for the side-stream copy, then own its memory
+            stream = torch.cuda.current_stream(self.prefetch_to)
+            stream.wait_event(ready)
+            for tensor in _tensors(batch):
+                tensor.record_stream(stream)
+        self.batches += 1
+        return batch
+
+    def _fetch(self, iterator: Iterator[Any]) -> tuple[Any, Any]:
+        """The next batch of `iterator` with its copy to the device started, and the CUDA event
+        that marks the copy's end (None off CUDA)."""
+        batch = next(iterator)
+        device = self.prefetch_to
+        assert device is not None
+        if device.type != "cuda":
+            return to_device(batch, device), None
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(self._copy_stream):
+            moved = to_device(batch, device)
+            ready = torch.cuda.Event()
+            ready.record(self._copy_stream)
+        return moved, ready
 
     def next_in_pass(self) -> Any:
         """The next batch of the current pass. When the pass runs out, counts it as done (the
@@ -163,6 +251,7 @@ class DataIterator:
         self.epoch += 1
         self.batches = 0
         self._iterator = None
+        self._ahead = None
 
     def _start(self) -> Iterator[Any]:
         sampler = (self._recorder.inner if self._recorder is not None
@@ -232,6 +321,7 @@ class DataIterator:
         self.epoch = int(state["epoch"])
         self.batches = int(state["batches"])
         self._iterator = None
+        self._ahead = None
         self._resuming = self.batches > 0 or self.kind == "stateful"
         self._skip = self.batches
         if self.kind == "loader":

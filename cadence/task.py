@@ -100,7 +100,8 @@ def build_dataloader(dataset: Dataset[Any], params: Any,
     checkpoint. With several processes each reads its shard: training data through a
     ``DistributedSampler``, evaluation data through a `ShardSampler`, so that an evaluation over
     all processes sees every example exactly once (shards may differ by one batch; metrics are
-    summed across processes at the end).
+    summed across processes at the end). Where CUDA is available, batches come in pinned memory,
+    so that copying them to the GPU does not block the host.
     """
     context = input_context or InputContext()
     training = bool(params.is_training)
@@ -120,6 +121,7 @@ def build_dataloader(dataset: Dataset[Any], params: Any,
         sampler=sampler,
         drop_last=params.drop_remainder,
         num_workers=params.num_workers,
+        pin_memory=torch.cuda.is_available(),
         generator=torch.Generator().manual_seed(seed) if sampler is None else None,
     )
 

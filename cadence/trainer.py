@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cadence.data import to_device
 from cadence.metrics import Mean
 from cadence.optimization import ExponentialMovingAverage, create_lr_schedule
 from cadence.runner import Output
@@ -64,18 +65,6 @@ def resolve_device(name: str) -> torch.device:
         raise ValueError(f"runtime.device is {name!r} but CUDA is not available here: set "
                          "runtime.device=auto (or cpu).")
     return device
-
-
-def to_device(value: Any, device: torch.device) -> Any:
-    """Moves the tensors in a (nested) batch to `device` without waiting for the copy."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
-    if isinstance(value, Mapping):
-        return {k: to_device(v, device) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        moved = [to_device(v, device) for v in value]
-        return type(value)(moved) if not hasattr(value, "_fields") else type(value)(*moved)
-    return value
 
 
 class AsyncCoordinator:
@@ -218,7 +207,10 @@ class Trainer(StandardTrainer, StandardEvaluator):
             how = (trainer_config.compile_mode, trainer_config.cuda_graphs)
             self._task_train_step = compile_step(task.train_step, *how)
             self._task_validation_step = compile_step(task.validation_step, *how)
-        StandardTrainer.__init__(self, train_dataset if train else [], StandardTrainerOptions(),
+        # On CUDA the next batch is copied while the step computes (side stream, pinned memory).
+        prefetch = self._device if self._device.type == "cuda" else None
+        StandardTrainer.__init__(self, train_dataset if train else [],
+                                 StandardTrainerOptions(prefetch_to_device=prefetch),
                                  name=task.name)
         StandardEvaluator.__init__(self, validation_dataset, StandardEvaluatorOptions(),
                                    name=task.name)
@@ -310,7 +302,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
         accumulation = self._accumulation
         batches = ([self.next_train_inputs(iterator)] if accumulation == 1 else
                    [self.next_train_inputs(iterator) for _ in range(accumulation)])
-        if self._device.type != "cpu":  # on CPU inputs are used as they come: no tree walk
+        if self._train_data.prefetch_to is None and self._device.type != "cpu":
             batches = [to_device(inputs, self._device) for inputs in batches]
         task_step = self._task_train_step or self.task.train_step
         model, optimizer, metrics = self._train_model, self.optimizer, self.train_metrics

@@ -16,8 +16,8 @@ def test_the_benchmark_suite_runs_every_variant_and_writes_its_report(tmp_path):
                              "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     text = out.read_text()
-    for variant in ("raw_loop", "cadence_controller", "cadence_trainer", "cadence_train_loop",
-                    "cadence_tensorpack"):
+    for variant in ("raw_loop", "cadence_controller", "cadence_trainer", "cadence_trainer_accuracy",
+                    "cadence_train_loop", "cadence_tensorpack"):
         assert f"| {variant} |" in text and f"| {variant} | failed" not in text
     for kind in ("cadence async save", "cadence sync save", "(floor)"):
         assert kind in text

@@ -171,3 +171,56 @@ def test_next_in_pass_ends_the_pass_at_its_end_and_refuses_an_empty_one():
     assert data.epoch == 1 and data.next_in_pass() == 1  # the next pass started
     with pytest.raises(ValueError, match=r"The data \(list\) yields no batches"):
         DataIterator([]).next_in_pass()
+
+
+def test_prefetch_moves_each_batch_one_ahead_and_delivers_them_in_order():
+    pulled = []
+
+    class Recording:
+        def __iter__(self):
+            for i in range(3):
+                pulled.append(i)
+                yield {"x": torch.tensor([i]), "meta": "kept"}
+
+    data = DataIterator(Recording(), prefetch_to="cpu")
+    first = next(data)
+    assert pulled == [0, 1]  # batch 1 is already on its way while the step uses batch 0
+    assert first["x"].tolist() == [0] and first["meta"] == "kept"
+    assert [next(data)["x"].item(), next(data)["x"].item()] == [1, 2]
+    with pytest.raises(StopIteration):
+        next(data)
+    data.end_pass()
+    assert next(data)["x"].item() == 0 and data.epoch == 1 and data.batches == 1
+
+
+@pytest.mark.parametrize("kind", ["shuffled_with_generator", "drop_last", "workers"])
+def test_a_prefetching_iterator_saves_the_position_of_the_batches_it_delivered(kind):
+    def make():
+        return DataIterator(LOADERS[kind](Counting(), torch.Generator().manual_seed(1)),
+                            prefetch_to="cpu")
+
+    torch.manual_seed(0)
+    uninterrupted = take(make(), 12)
+    torch.manual_seed(0)
+    first = make()
+    before = take(first, 5)  # the sixth batch was fetched ahead: it must not count
+    saved, rng = first.state_dict(), torch.get_rng_state()
+    second = make()
+    torch.set_rng_state(rng)
+    second.load_state_dict(saved)
+    assert before + take(second, 7) == uninterrupted
+
+
+def test_prefetch_is_refused_for_a_loader_that_keeps_its_own_state():
+    with pytest.raises(ValueError, match="one batch ahead of training"):
+        DataIterator(Stateful(), prefetch_to="cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_prefetch_to_cuda_copies_on_a_side_stream_from_pinned_memory():
+    loader = DataLoader(TensorDataset(torch.arange(64.0)), batch_size=8, pin_memory=True)
+    data = DataIterator(loader, prefetch_to="cuda")
+    batches = [next(data)[0] for _ in range(8)]
+    assert all(batch.is_cuda for batch in batches)
+    assert torch.cat(batches).cpu().tolist() == list(range(64))
+    assert data._copy_stream is not None

@@ -398,3 +398,11 @@ def test_the_default_loss_sums_the_aux_losses_a_model_sets_in_forward() -> None:
     logs = cadence.Task(ToyConfig()).train_step((torch.ones(3, 2), None), model, None)
     expected = float(model.weight.detach().square().sum()) + 1.0
     assert float(logs["loss"].detach()) == pytest.approx(expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_next_batch_is_copied_while_the_step_computes() -> None:
+    trainer = make_trainer("runtime.device=cuda")
+    assert trainer._train_data.prefetch_to == torch.device("cuda")
+    logs = trainer.train(6)
+    assert logs is not None and torch.isfinite(torch.as_tensor(logs["training_loss"]))
