@@ -37,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OURS = ["raw_loop", "cadence_controller", "cadence_controller_50_callbacks", "cadence_trainer",
-        "cadence_train_loop", "cadence_tensorpack"]
+        "cadence_trainer_accuracy", "cadence_train_loop", "cadence_tensorpack"]
 PEERS = ["raw_dl", "lightning_lean", "lightning_defaults", "fabric", "ignite",
          "accelerate_loop", "tnt_autounit", "tnt_trainunit", "keras_dl"]
 CHECKPOINT_KINDS = ["floor", "async", "torch_save", "sync"]

@@ -1,10 +1,10 @@
 """Task front-end: Trainer(config, task, model, optimizer) driven by a Controller."""
 
-DESCRIPTION = ("cadence Task Trainer: training loss + accuracy metrics, summaries every 100 "
+DESCRIPTION = ("cadence Task Trainer with its defaults: training-loss metric, summaries every 100 "
                "steps, async checkpoints every 1,000, progress bar")
 
 
-def build(x, y, workdir):
+def build(x, y, workdir, metrics=None):
     import torch.nn.functional as F
     from workload import TOTAL_STEPS, full_loss, make_loader, make_model, make_sgd
 
@@ -18,7 +18,7 @@ def build(x, y, workdir):
             return F.cross_entropy(model_outputs, labels)
 
         def build_metrics(self, training=True):
-            return {"accuracy": cadence.Accuracy()}
+            return {name: make() for name, make in (metrics or {}).items()}
 
     config = cadence.load_config(cadence.ExperimentConfig(), overrides=[
         f"trainer.train_steps={TOTAL_STEPS}", "trainer.steps_per_loop=100",
