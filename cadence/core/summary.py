@@ -3,8 +3,9 @@
 `SummaryManager` is Orbit's summary manager: one per directory, writers created lazily per
 sub-directory, and nested logs written one nesting level per sub-directory, so that TensorBoard
 shows ``{"train": {...}, "eval": {...}}`` as two runs on shared axes. Event files are written
-with TensorBoard's own writer (``tensorboard.summary.writer``), so TensorBoard reads them as its
-own. Beside them, ``metrics.jsonl`` gets one JSON object per write: ``step`` plus the scalars.
+with TensorBoard's own record writer and protos (``tensorboard.summary.writer``), in the calling
+thread, so TensorBoard reads them as its own. Beside them, ``metrics.jsonl`` gets one JSON
+object per write: ``step`` plus the scalars.
 
 In a distributed run only rank 0 writes (the rank is read from torchrun's ``RANK`` variable).
 
@@ -22,8 +23,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import itertools
 import json
 import os
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,13 +44,39 @@ def process_rank() -> int:
 
 
 @functools.cache
-def _tensorboard_writer() -> tuple[Any, Any, Any]:
-    """TensorBoard's event file writer and protos (importing them takes ~0.1 s, once)."""
+def _tensorboard() -> tuple[Any, Any, Any]:
+    """TensorBoard's record writer and protos (importing them takes ~0.1 s, once)."""
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    from tensorboard.summary.writer.record_writer import RecordWriter
 
-    return EventFileWriter, Event, Summary
+    return RecordWriter, Event, Summary
+
+
+_FILE_NUMBER = itertools.count()
+
+
+class _EventFile:
+    """One TensorBoard event file, written in the caller's thread with TensorBoard's own
+    ``RecordWriter`` and protos -- the format TensorBoard's ``EventFileWriter`` writes, without
+    its background thread: at one event per loop, a thread only adds hand-offs of the GIL that
+    the training thread waits for."""
+
+    def __init__(self, directory: Path) -> None:
+        record_writer, event_proto, _ = _tensorboard()
+        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
+                f"{os.getpid()}.{next(_FILE_NUMBER)}")
+        self._records = record_writer(open(directory / name, "wb"))  # noqa: SIM115
+        self.add_event(event_proto(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def add_event(self, event: Any) -> None:
+        self._records.write(event.SerializeToString())
+
+    def flush(self) -> None:
+        self._records.flush()
+
+    def close(self) -> None:
+        self._records.close()
 
 
 class _DirectoryWriter:
@@ -59,10 +88,10 @@ class _DirectoryWriter:
         self._jsonl: Any = None
 
     def write(self, step: int, values: dict[str, Any], extra: dict[str, Any] | None) -> None:
-        event_file_writer, event_proto, summary_proto = _tensorboard_writer()
+        _, event_proto, summary_proto = _tensorboard()
         if self._events is None:
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._events = event_file_writer(str(self.directory))
+            self._events = _EventFile(self.directory)
             self._jsonl = open(self.directory / JSONL_NAME, "a", encoding="utf-8")  # noqa: SIM115
         summary_values = []
         for tag, value in values.items():
@@ -109,7 +138,7 @@ class SummaryManager:
         self._writers: dict[tuple[str, ...], _DirectoryWriter] = {}
         self._pending: list[tuple[str, Any, int]] = []
         if self.active:
-            _tensorboard_writer()
+            _tensorboard()
 
     @property
     def active(self) -> bool:
