@@ -265,9 +265,11 @@ def report(env: dict, overhead: dict, compute: dict, inputs: dict, checkpoints: 
                     f"{statistics.median(r['ratio'] for r in records):.2f} |")
     lines += ["", "## 4. Checkpoint stall", "",
               "Time the training loop waits to checkpoint model + Adam state (`state MB`); "
-              "`complete s` is when the checkpoint is committed.", "",
-              "| kind | state MB | stall s median [min-max] | complete s | stall vs floor | "
-              "stall vs torch.save |", "|---|---|---|---|---|---|"]
+              "`complete s` is when the checkpoint is committed. `lost s`: the stall plus what "
+              "training steps run during the background write lost to it (its Python work "
+              "holds the GIL); a synchronous save loses its stall.", "",
+              "| kind | state MB | stall s median [min-max] | complete s | lost s | "
+              "stall vs floor | stall vs torch.save |", "|---|---|---|---|---|---|---|"]
     floor = statistics.median(r["stall_s"] for r in checkpoints["floor"]) \
         if checkpoints["floor"] else float("nan")
     torch_save = statistics.median(r["stall_s"] for r in checkpoints["torch_save"]) \
@@ -280,9 +282,12 @@ def report(env: dict, overhead: dict, compute: dict, inputs: dict, checkpoints: 
             continue
         stall = [r["stall_s"] for r in records]
         complete = [r["complete_s"] for r in records if "complete_s" in r]
+        lost = [r.get("lost_s", r["stall_s"]) for r in records] if kind in ("async", "sync") \
+            else []
         median = statistics.median(stall)
         lines.append(f"| {names[kind]} | {records[0]['state_mb']:.0f} | "
                      f"{spread(stall, '{:.3f}')} | {spread(complete, '{:.3f}')} | "
+                     f"{spread(lost, '{:.3f}')} | "
                      f"{median / floor:.2f}x | {median / torch_save:.0%} |")
     lines += ["", "## 5. Start-up", "", "| command | wall s median [min-max] | on top of "
               "`import torch` |", "|---|---|---|"]

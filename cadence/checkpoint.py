@@ -300,6 +300,11 @@ class CheckpointManager:
         except BaseException as error:  # handed to the training thread by wait()
             self._pending_error = error
 
+    @property
+    def writing(self) -> bool:
+        """Whether a background write (``async_save``) is still running."""
+        return self._pending is not None and self._pending.is_alive()
+
     def wait(self) -> None:
         """Waits for a background write to be committed.
 

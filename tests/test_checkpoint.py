@@ -234,8 +234,9 @@ def test_an_async_save_returns_before_the_write_and_commits_the_state_of_the_cal
     assert time.perf_counter() - start < 0.4  # only the snapshot
     with torch.no_grad():
         net.model.weight.add_(1.0)  # training goes on: the checkpoint keeps the saved values
-    assert manager.checkpoints == []  # not committed yet
+    assert manager.checkpoints == [] and manager.writing  # not committed yet
     manager.wait()
+    assert not manager.writing
     assert [c.step for c in manager.checkpoints] == [1] and path == str(tmp_path / "ckpt-1")
     fresh = Net()
     cadence.CheckpointManager(fresh, tmp_path).restore(path)
