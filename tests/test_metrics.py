@@ -45,3 +45,20 @@ def test_state_round_trips():
     other = cadence.Mean()
     other.load_state_dict(mean.state_dict())
     assert float(other.result()) == 3.0
+
+
+def test_a_mean_of_many_scalar_tensors_is_exact_and_holds_a_bounded_number_of_them():
+    mean = cadence.Mean()
+    values = torch.arange(3000, dtype=torch.float32)
+    for value in values[:2500]:  # 0-d tensors: remembered, summed when read or every 1,024
+        mean.update(value)
+        assert len(mean._values) < cadence.Mean._FOLD_EVERY
+    saved = mean.state_dict()  # includes what was only remembered
+    resumed = cadence.Mean()
+    resumed.load_state_dict(saved)
+    for value in values[2500:]:
+        resumed.update(value)
+    assert float(resumed.result()) == float(values.double().mean())
+    resumed.reset()
+    resumed.update(torch.tensor(7.0))
+    assert float(resumed.result()) == 7.0
