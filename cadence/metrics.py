@@ -27,10 +27,13 @@ class Metric:
 
     _SUMMED: tuple[str, ...] = ()
     """Accumulators that add up across processes (see `all_reduce`)."""
+    _FOLD_EVERY = 1024
+    """Remembered 0-d values are summed at least this often (bounds the memory they hold)."""
 
     def __init__(self, device: torch.device | str | None = None) -> None:
         self._device = torch.device(device) if device is not None else None
         self._state: dict[str, torch.Tensor] = {}
+        self._remembered: dict[str, list[torch.Tensor]] = {}
         self._host_count = 0
         """Elements counted on the host, added to the ``count`` accumulator when it is read:
         one kernel per update instead of two."""
@@ -39,8 +42,21 @@ class Metric:
         """``count`` plus what was counted on the host (a new tensor)."""
         return self._state["count"] + self._host_count
 
+    def _remember(self, name: str, value: torch.Tensor) -> None:
+        """Adds the 0-d `value` to accumulator `name` later, with the other remembered values in
+        one kernel: the hot path of an update launches nothing."""
+        values = self._remembered.setdefault(name, [])
+        values.append(value)
+        if len(values) >= self._FOLD_EVERY:
+            self._fold()
+
     def _fold(self) -> None:
         """Brings the accumulators up to date (before they are read, reduced or saved)."""
+        for name, values in self._remembered.items():
+            if values:
+                total = self._state[name]
+                total.add_(torch.stack(values).sum(dtype=total.dtype))
+        self._remembered = {}
         self._fold_host_count()
 
     def _fold_host_count(self) -> None:
@@ -74,6 +90,7 @@ class Metric:
         """Zeroes the accumulators in place (no new allocation, no sync)."""
         for acc in self._state.values():
             acc.zero_()
+        self._remembered = {}
         self._host_count = 0
 
     def all_reduce(self) -> None:
@@ -96,6 +113,7 @@ class Metric:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._state = {name: value.clone() for name, value in state_dict.items()}
+        self._remembered = {}
         self._host_count = 0
 
 
@@ -104,20 +122,13 @@ class Mean(Metric):
     of its elements."""
 
     _SUMMED = ("total", "count")
-    _FOLD_EVERY = 1024
-    """Remembered 0-d values are summed at least this often (bounds the memory they hold)."""
-
-    def __init__(self, device: torch.device | str | None = None) -> None:
-        super().__init__(device)
-        self._values: list[torch.Tensor] = []
 
     def update(self, value: Any, weight: Any = 1.0) -> None:
         if isinstance(weight, (int, float)) and weight == 1.0:
             if (isinstance(value, torch.Tensor) and value.dim() == 0 and "total" in self._state
                     and value.device == self._device):  # the hot path: remember it
-                self._values.append(value.detach())
-                if len(self._values) >= self._FOLD_EVERY:
-                    self._fold()
+                self._remember("total", value.detach())
+                self._host_count += 1
                 return
             value = self._tensor(value)
             self._accumulator("total", value).add_(value.sum())
@@ -130,23 +141,6 @@ class Mean(Metric):
         weight = self._tensor(weight)
         total.add_((value * weight).sum())
         count.add_(weight.expand_as(value).sum() if weight.dim() else weight * value.numel())
-
-    def _fold(self) -> None:
-        values = self._values
-        if values:
-            total = self._state["total"]
-            total.add_(torch.stack(values).sum(dtype=total.dtype))
-            self._host_count += len(values)
-            self._values = []
-        super()._fold()
-
-    def reset(self) -> None:
-        self._values = []
-        super().reset()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._values = []
-        super().load_state_dict(state_dict)
 
     def result(self) -> torch.Tensor:
         """The mean as a 0-d tensor (NaN before any update)."""
@@ -210,11 +204,10 @@ class Accuracy(Metric):
     def update_state(self, labels: torch.Tensor, outputs: torch.Tensor) -> None:
         labels = self._tensor(labels)
         correct = (outputs.detach().argmax(dim=-1) == labels).sum()
-        total = self._state.get("correct")
-        if total is None:
-            total = self._accumulator("correct", correct)
+        if "correct" not in self._state:
+            self._accumulator("correct", correct)
             self._accumulator("count", correct)
-        total.add_(correct)
+        self._remember("correct", correct)
         self._host_count += labels.numel()
 
     def update(self, value: Any, weight: Any = 1.0) -> None:
@@ -225,4 +218,5 @@ class Accuracy(Metric):
         """The accuracy as a 0-d tensor (NaN before any update)."""
         if not self._state:
             return torch.tensor(float("nan"))
+        self._fold()
         return self._state["correct"] / self._count()

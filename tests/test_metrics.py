@@ -52,7 +52,7 @@ def test_a_mean_of_many_scalar_tensors_is_exact_and_holds_a_bounded_number_of_th
     values = torch.arange(3000, dtype=torch.float32)
     for value in values[:2500]:  # 0-d tensors: remembered, summed when read or every 1,024
         mean.update(value)
-        assert len(mean._values) < cadence.Mean._FOLD_EVERY
+        assert len(mean._remembered.get("total", [])) < cadence.Mean._FOLD_EVERY
     saved = mean.state_dict()  # includes what was only remembered
     resumed = cadence.Mean()
     resumed.load_state_dict(saved)
@@ -62,3 +62,14 @@ def test_a_mean_of_many_scalar_tensors_is_exact_and_holds_a_bounded_number_of_th
     resumed.reset()
     resumed.update(torch.tensor(7.0))
     assert float(resumed.result()) == 7.0
+
+
+def test_accuracy_counts_across_folds_and_resets():
+    accuracy = cadence.Accuracy()
+    outputs = torch.tensor([[2.0, 1.0], [0.0, 3.0]])
+    for step in range(1500):  # each step: one right, and the second right on even steps
+        accuracy.update_state(torch.tensor([0, step % 2]), outputs)
+    assert float(accuracy.result()) == (1500 + 750) / 3000
+    accuracy.reset()
+    accuracy.update_state(torch.tensor([1, 1]), outputs)
+    assert float(accuracy.result()) == 0.5
