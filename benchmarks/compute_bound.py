@@ -81,7 +81,10 @@ def main() -> None:
     start = time.perf_counter()
     train()
     end = time.perf_counter()
-    steady = (end - stamps[first_counted]) / (args.steps - first_counted)
+    # Steady state: from the forward of step `first_counted` to the forward of the last step,
+    # so that neither one-time start costs nor the end of training (the final checkpoint's
+    # write, which the whole-run figure includes) count.
+    steady = (stamps[-1] - stamps[first_counted]) / (len(stamps) - 1 - first_counted)
     Path(args.out).write_text(json.dumps({"kind": args.kind,
                                           "ms_per_step": (end - start) / args.steps * 1e3,
                                           "steady_ms_per_step": steady * 1e3}))

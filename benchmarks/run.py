@@ -236,8 +236,10 @@ def report(env: dict, overhead: dict, compute: dict, inputs: dict, checkpoints: 
                   "d_model 128, 2 layers, sequence 128, batch 32, AdamW, gradient clipping, "
                   "one thread, 40 steps per run. The Trainer adds its defaults: loss and "
                   "accuracy metrics, summaries per loop of 10, an async checkpoint every 20.",
-                  "`steady` leaves out the first quarter of the steps (one-time costs such as "
-                  "importing TensorBoard's writer on the first summary).",
+                  "`ms/step` is the whole run, including the final checkpoint's write that "
+                  "`controller.train` waits for; `steady` runs from the forward of the step "
+                  "after the first quarter to the forward of the last step: no one-time start "
+                  "costs, no end of training (the checkpoint at step 20 is inside it).",
                   "", "| variant | ms/step median [min-max] | ratio to raw | steady ms/step | "
                   "steady ratio |", "|---|---|---|---|---|",
                   f"| raw loop | {spread(raw, '{:.1f}')} | 1.00x | "
