@@ -106,6 +106,56 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(item)
 
 
+class DeviceCopier:
+    """Starts copies of batches to `device` without waiting for them. On CUDA each copy runs on
+    a side stream of its own and comes with the event that marks its end; `use` makes the
+    current stream wait for that event only when the batch is used. Elsewhere a copy is a plain
+    move and there is no event.
+
+    Args:
+        device: where batches go.
+        pin: copy host tensors into pinned memory first (when the source does not pin them,
+            e.g. in a background thread), so that the copy to the GPU is truly asynchronous.
+    """
+
+    def __init__(self, device: torch.device, pin: bool = False) -> None:
+        self.device = device
+        self.pin = pin
+        self.stream: Any = None
+
+    def start(self, batch: Any) -> tuple[Any, Any]:
+        """``(batch on the device, the CUDA event of the copy or None)``."""
+        if self.device.type != "cuda":
+            return to_device(batch, self.device), None
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self.stream):
+            moved = to_device(_pinned(batch) if self.pin else batch, self.device)
+            ready = torch.cuda.Event()
+            ready.record(self.stream)
+        return moved, ready
+
+    def use(self, batch: Any, ready: Any) -> Any:
+        """`batch`, once the current stream waits for its copy and owns its memory."""
+        if ready is not None:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(ready)
+            for tensor in _tensors(batch):
+                tensor.record_stream(stream)
+        return batch
+
+
+def _pinned(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value if value.is_cuda or value.is_pinned() else value.pin_memory()
+    if isinstance(value, Mapping):
+        return {key: _pinned(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        pinned = [_pinned(item) for item in value]
+        return type(value)(*pinned) if hasattr(value, "_fields") else type(value)(pinned)
+    return value
+
+
 def _generator_of(obj: Any) -> torch.Generator | None:
     generator = getattr(obj, "generator", None)
     return generator if isinstance(generator, torch.Generator) else None
@@ -167,7 +217,7 @@ class DataIterator:
             )
         self._ahead: Any = None
         """With `prefetch_to`: the next batch (already moving), _EXHAUSTED at the pass end."""
-        self._copy_stream: Any = None
+        self._copier = DeviceCopier(self.prefetch_to) if self.prefetch_to is not None else None
 
     @property
     def batch_size(self) -> int | None:
@@ -203,30 +253,15 @@ class DataIterator:
             self._ahead = self._fetch(iterator)  # its copy overlaps the step on `ahead`
         except StopIteration:
             self._ahead = _EXHAUSTED
-        batch, ready = ahead
-        if ready is not None:  # CUDA: wait for the side-stream copy, then own its memory
-            stream = torch.cuda.current_stream(self.prefetch_to)
-            stream.wait_event(ready)
-            for tensor in _tensors(batch):
-                tensor.record_stream(stream)
+        assert self._copier is not None
+        batch = self._copier.use(*ahead)
         self.batches += 1
         return batch
 
     def _fetch(self, iterator: Iterator[Any]) -> tuple[Any, Any]:
-        """The next batch of `iterator` with its copy to the device started, and the CUDA event
-        that marks the copy's end (None off CUDA)."""
-        batch = next(iterator)
-        device = self.prefetch_to
-        assert device is not None
-        if device.type != "cuda":
-            return to_device(batch, device), None
-        if self._copy_stream is None:
-            self._copy_stream = torch.cuda.Stream(device)
-        with torch.cuda.stream(self._copy_stream):
-            moved = to_device(batch, device)
-            ready = torch.cuda.Event()
-            ready.record(self._copy_stream)
-        return moved, ready
+        """The next batch of `iterator`, its copy to the device started."""
+        assert self._copier is not None
+        return self._copier.start(next(iterator))
 
     def next_in_pass(self) -> Any:
         """The next batch of the current pass. When the pass runs out, counts it as done (the

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from cadence.data import DeviceCopier
+
 Batch = tuple[Any, ...]
 
 
@@ -212,7 +214,7 @@ class ThreadingFlow(DataFlow):
         self.source = source
         self.prefetch = prefetch
         self.device = torch.device(device) if device is not None else None
-        self._stream: Any = None
+        self._copier = DeviceCopier(self.device, pin=True) if self.device is not None else None
         self._consumed_state: dict[str, Any] | None = None
         self._stop: threading.Event | None = None
 
@@ -256,29 +258,18 @@ class ThreadingFlow(DataFlow):
                 if isinstance(item, BaseException):
                     raise item
                 batch, ready, state = item
-                if ready is not None:  # CUDA: wait for the side-stream copy, then own it
-                    current = torch.cuda.current_stream(self.device)
-                    current.wait_event(ready)
-                    for tensor in batch:
-                        tensor.record_stream(current)
+                if self._copier is not None:  # CUDA: wait for the side-stream copy
+                    batch = self._copier.use(batch, ready)
                 self._consumed_state = state
                 yield batch
         finally:
             stop.set()
 
     def _to_device(self, batch: Batch) -> tuple[Batch, Any]:
-        if self.device is None:
+        if self._copier is None:
             return batch, None
-        tensors = [torch.as_tensor(a) for a in batch]
-        if self.device.type != "cuda":
-            return tuple(t.to(self.device) for t in tensors), None
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(self.device)
-        with torch.cuda.stream(self._stream):
-            moved = tuple(t.pin_memory().to(self.device, non_blocking=True) for t in tensors)
-            ready = torch.cuda.Event()
-            ready.record(self._stream)
-        return moved, ready
+        moved, ready = self._copier.start(tuple(torch.as_tensor(a) for a in batch))
+        return tuple(moved), ready
 
     def close(self) -> None:
         """Stops the background thread of an unfinished pass."""

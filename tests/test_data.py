@@ -223,4 +223,4 @@ def test_prefetch_to_cuda_copies_on_a_side_stream_from_pinned_memory():
     batches = [next(data)[0] for _ in range(8)]
     assert all(batch.is_cuda for batch in batches)
     assert torch.cat(batches).cpu().tolist() == list(range(64))
-    assert data._copy_stream is not None
+    assert data._copier is not None and data._copier.stream is not None
