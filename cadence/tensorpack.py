@@ -46,7 +46,7 @@ from cadence.core.errors import Preempted
 from cadence.core.logs import to_host
 from cadence.core.progress import ProgressBar
 from cadence.core.signals import stop_on_signals
-from cadence.core.summary import process_rank
+from cadence.core.summary import import_writer, process_rank
 from cadence.data import DataIterator
 from cadence.metrics import Mean
 from cadence.module import Module
@@ -114,6 +114,8 @@ class Trainer(Module):
         self._trained = False
         self.steps_per_epoch = 0
         self.max_epoch = 0
+        if self.logdir is not None and self.is_chief:
+            import_writer()  # the default monitors write summaries there; not in epoch 1
 
     # ------------------------------------------------------------------ counters
 

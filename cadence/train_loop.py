@@ -57,7 +57,7 @@ from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.errors import Preempted
 from cadence.core.events import EventKeys, EventSource
 from cadence.core.signals import stop_on_signals
-from cadence.core.summary import SummaryManager
+from cadence.core.summary import SummaryManager, import_writer, process_rank
 from cadence.data import DataIterator
 from cadence.module import Module
 
@@ -355,6 +355,8 @@ class TrainLoop:
         self._summary_dir = summary_dir
         self._summary_writer = summary_writer
         self._own_writer = summary_writer is None and summary_dir is not None
+        if self._own_writer and process_rank() == 0:
+            import_writer()  # at construction: not inside the first epoch
         self._summary_prefix = summary_metric_prefix
         self._skip = (re.compile(summary_skip_pattern) if isinstance(summary_skip_pattern, str)
                       else summary_skip_pattern)

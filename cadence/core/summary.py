@@ -53,6 +53,13 @@ def _tensorboard() -> tuple[Any, Any, Any]:
     return RecordWriter, Event, Summary
 
 
+def import_writer() -> None:
+    """Imports TensorBoard's writer now (about 0.1 s, once per process), so that the first
+    summary written inside a training loop does not pay for it. Front-ends that will write
+    summaries call it when they are built; an active `SummaryManager` calls it itself."""
+    _tensorboard()
+
+
 _FILE_NUMBER = itertools.count()
 
 
@@ -138,7 +145,7 @@ class SummaryManager:
         self._writers: dict[tuple[str, ...], _DirectoryWriter] = {}
         self._pending: list[tuple[str, Any, int]] = []
         if self.active:
-            _tensorboard()
+            import_writer()
 
     @property
     def active(self) -> bool:
