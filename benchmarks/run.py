@@ -301,7 +301,8 @@ def report(env: dict, overhead: dict, compute: dict, inputs: dict, checkpoints: 
     lines += ["", "## Not measured here", "",
               "6 (GPU): this run had no GPU. The suite runs the same workloads on one; CUDA "
               "paths (pinned side-stream prefetch, CUDA sync debug mode) are tested only where "
-              "a GPU is found."]
+              "a GPU is found.", "",
+              "Where the time goes and what is not yet met: `docs/performance.md`."]
     return "\n".join(lines) + "\n"
 
 
