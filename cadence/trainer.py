@@ -287,7 +287,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
 
     def train_loop_begin(self) -> None:
         """Resets the training metrics (before the iterator exists on the first loop)."""
-        self.model.train()
+        if not all(module.training for module in self.model.modules()):
+            self.model.train()  # after an evaluation; setting it walks and sets every module
         for metric in (self.training_loss, self.gradient_norm, *self.train_metrics.values(),
                        *self._extra_train_logs.values()):
             metric.reset()

@@ -406,3 +406,13 @@ def test_on_cuda_the_next_batch_is_copied_while_the_step_computes() -> None:
     assert trainer._train_data.prefetch_to == torch.device("cuda")
     logs = trainer.train(6)
     assert logs is not None and torch.isfinite(torch.as_tensor(logs["training_loss"]))
+
+
+def test_each_training_loop_starts_with_every_module_in_training_mode() -> None:
+    trainer = make_trainer(evaluate=True, validation_dataset=ToyTask().batches)
+    trainer.train(1)
+    trainer.evaluate(1)
+    assert trainer.model.training  # eval_end restored it
+    trainer.model.eval()  # changed between loops, e.g. by a callback
+    trainer.train(1)
+    assert all(module.training for module in trainer.model.modules())
