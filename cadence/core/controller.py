@@ -407,9 +407,10 @@ class Controller:
         examples = getattr(self.trainer, "examples_per_step", None)
         if examples:
             rates["examples_per_second"] = rates["steps_per_second"] * examples
-        rate_text = " | ".join(f"{k.replace('_per_second', '/sec')}: {v:.1f}"
-                               for k, v in rates.items())
-        loop_logger.info("train | step: %d | %s | %s", after, rate_text, format_logs(logs))
+        if loop_logger.isEnabledFor(logging.INFO):  # formatting is work: only when shown
+            rate_text = " | ".join(f"{k.replace('_per_second', '/sec')}: {v:.1f}"
+                                   for k, v in rates.items())
+            loop_logger.info("train | step: %d | %s | %s", after, rate_text, format_logs(logs))
         logs = {**logs, **rates}
         self.state.put_metrics(logs)
         if self.summary_interval is None or self._summary_interval.crossed(after):
