@@ -27,7 +27,7 @@ from __future__ import annotations
 import array
 import itertools
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -80,18 +80,24 @@ class _RecordingSampler(Sampler[int]):
 _EXHAUSTED = object()
 
 
+def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """`value` (a batch: tensors in tuples, named tuples, lists, mappings) with `fn` applied to
+    each of its tensors; other leaves as they are."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, Mapping):
+        return {key: _map_tensors(item, fn) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        mapped = [_map_tensors(item, fn) for item in value]
+        return type(value)(*mapped) if hasattr(value, "_fields") else type(value)(mapped)
+    return value
+
+
 def to_device(value: Any, device: torch.device) -> Any:
     """`value` (a batch: tensors in tuples, lists, mappings) with its tensors moved to `device`
     without waiting for the copy (pinned memory -- ``DataLoader(pin_memory=True)`` -- makes a
     copy from the host truly asynchronous)."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
-    if isinstance(value, Mapping):
-        return {key: to_device(item, device) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        moved = [to_device(item, device) for item in value]
-        return type(value)(*moved) if hasattr(value, "_fields") else type(value)(moved)
-    return value
+    return _map_tensors(value, lambda tensor: tensor.to(device, non_blocking=True))
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -146,14 +152,9 @@ class DeviceCopier:
 
 
 def _pinned(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value if value.is_cuda or value.is_pinned() else value.pin_memory()
-    if isinstance(value, Mapping):
-        return {key: _pinned(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        pinned = [_pinned(item) for item in value]
-        return type(value)(*pinned) if hasattr(value, "_fields") else type(value)(pinned)
-    return value
+    """`value` with its host tensors in pinned memory."""
+    return _map_tensors(value, lambda tensor: tensor if tensor.is_cuda or tensor.is_pinned()
+                        else tensor.pin_memory())
 
 
 def _generator_of(obj: Any) -> torch.Generator | None:
