@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import sys
 import time
@@ -33,11 +32,7 @@ def main() -> None:
     import workload
 
     start = time.perf_counter()
-    spec = importlib.util.spec_from_file_location(f"variant_{args.variant}",
-                                                  HERE / "variants" / f"{args.variant}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = workload.load_variant(args.variant)
     x, y = workload.make_data()
     train, final_loss = module.build(x, y, args.workdir)
     built = time.perf_counter()

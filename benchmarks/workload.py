@@ -34,6 +34,19 @@ class Stamper:
 STAMPS = Stamper()
 
 
+def load_variant(name: str):
+    """The module of variant `name` (``benchmarks/variants/<name>.py``)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent / "variants" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"variant_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def make_data():
     import torch
 

@@ -4,15 +4,11 @@ DESCRIPTION = "cadence_controller + 50 callbacks that do not hook steps (they mu
 
 
 def build(x, y, workdir):
-    import importlib.util
-    from pathlib import Path
+    from workload import load_variant
 
     import cadence
 
-    spec = importlib.util.spec_from_file_location(
-        "cadence_controller_base", Path(__file__).with_name("cadence_controller.py"))
-    base = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(base)
+    base = load_variant("cadence_controller")
 
     class Bookkeeping(cadence.Callback):
         def on_loop_end(self, state, logs):

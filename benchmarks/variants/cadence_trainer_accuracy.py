@@ -4,13 +4,9 @@ DESCRIPTION = "cadence_trainer + an accuracy metric updated every step (argmax, 
 
 
 def build(x, y, workdir):
-    import importlib.util
-    from pathlib import Path
+    from workload import load_variant
 
     import cadence
 
-    spec = importlib.util.spec_from_file_location(
-        "cadence_trainer_base", Path(__file__).with_name("cadence_trainer.py"))
-    base = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(base)
+    base = load_variant("cadence_trainer")
     return base.build(x, y, workdir, metrics={"accuracy": cadence.Accuracy})
