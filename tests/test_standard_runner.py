@@ -220,3 +220,24 @@ def test_a_step_captured_in_cuda_graphs_trains_like_the_eager_one():
     eager = run(None)
     graphed = run(cadence.StandardTrainerOptions(cuda_graphs=True))
     torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-5)
+
+
+def test_prefetch_to_device_hands_train_step_batches_moved_one_ahead():
+    pulled = []
+
+    def source():
+        for i in range(3):
+            pulled.append(i)
+            yield torch.tensor([i])
+
+    class Batches:
+        def __iter__(self):
+            return source()
+
+    options = cadence.StandardTrainerOptions(prefetch_to_device="cpu")
+    runner = Recorder([torch.tensor([9])], options=options)
+    runner.train_dataset = Batches()  # the setter keeps the option
+    runner.train(1)
+    assert pulled == [0, 1]  # the second batch is fetched while the first is used
+    runner.train(2)
+    assert [t.item() for t in runner.calls if isinstance(t, torch.Tensor)] == [0, 1, 2]

@@ -66,3 +66,27 @@ def test_in_step_scalars_are_prefixed_by_the_name_scope_and_follow_record_if(tmp
 def test_write_without_a_step_names_the_fix(tmp_path):
     with pytest.raises(ValueError, match="global_step"):
         SummaryManager(tmp_path).write_summaries({"loss": 1.0})
+
+
+def test_tensorboard_is_imported_when_a_writing_manager_or_loop_is_built_not_before(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, cadence\n"
+        "from cadence.core.summary import SummaryManager\n"
+        "writer = 'tensorboard.summary.writer.record_writer'\n"
+        "SummaryManager(None)\n"
+        "print(writer in sys.modules)\n"
+        f"SummaryManager({str(tmp_path / 'a')!r})\n"
+        "print(writer in sys.modules)\n"
+    )
+    loop_code = (
+        "import sys, torch, cadence\n"
+        f"cadence.TrainLoop(torch.nn.Linear(1, 1), summary_dir={str(tmp_path / 'b')!r})\n"
+        "print('tensorboard.summary.writer.record_writer' in sys.modules)\n"
+    )
+    outputs = [subprocess.run([sys.executable, "-c", c], capture_output=True, text=True,
+                              timeout=120, check=True).stdout.split() for c in (code, loop_code)]
+    assert outputs == [["False", "True"], ["True"]]
+    assert not (tmp_path / "a").exists()  # built, not written: no files yet
