@@ -267,9 +267,7 @@ class CheckpointManager:
             self._pending.start()
             return str(final)
         if world == 1:
-            with self._directory.staging(step) as staging:
-                self.io.save(payload, staging)
-                torch.save(rng, staging / "rng-0.pt")
+            self._write(payload, rng, step)
         else:
             staging = self._directory.temp_path(step, unique=False)
             if rank == 0:
@@ -282,21 +280,26 @@ class CheckpointManager:
             if rank == 0:
                 self._directory.commit(staging, step)
             dist.barrier()
-        if rank == 0:
-            for deleted in self._directory.prune():
-                logger.info("Deleted old checkpoint %s (max_to_keep=%s).", deleted,
-                            self.max_to_keep)
+            if rank == 0:
+                self._prune()
         return str(final)
+
+    def _write(self, payload: dict[str, Any], rng: dict[str, Any], step: int) -> None:
+        """Writes and commits the checkpoint of a single process, then applies retention."""
+        with self._directory.staging(step) as staging:
+            self.io.save(payload, staging)
+            torch.save(rng, staging / "rng-0.pt")
+        self._prune()
+
+    def _prune(self) -> None:
+        for deleted in self._directory.prune():
+            logger.info("Deleted old checkpoint %s (max_to_keep=%s).", deleted,
+                        self.max_to_keep)
 
     def _write_in_background(self, payload: dict[str, Any], rng: dict[str, Any],
                              step: int) -> None:
         try:
-            with self._directory.staging(step) as staging:
-                self.io.save(payload, staging)
-                torch.save(rng, staging / "rng-0.pt")
-            for deleted in self._directory.prune():
-                logger.info("Deleted old checkpoint %s (max_to_keep=%s).", deleted,
-                            self.max_to_keep)
+            self._write(payload, rng, step)
         except BaseException as error:  # handed to the training thread by wait()
             self._pending_error = error
 
