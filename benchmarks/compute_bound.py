@@ -24,7 +24,7 @@ def main() -> None:
     import torch.nn.functional as F
 
     import cadence
-    from cadence.experiments.char_lm import CharLMModelConfig, CharTransformer
+    from cadence.task.experiments.char_lm import CharLMModelConfig, CharTransformer
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -19,62 +19,62 @@ _EXPORTS = {
     "SingleCostTrainer": "cadence.tensorpack",
     "SimpleTrainer": "cadence.tensorpack",
     "ModelDesc": "cadence.tensorpack",
-    "AbstractEvaluator": "cadence.runner",
-    "AbstractTrainer": "cadence.runner",
-    "Accuracy": "cadence.metrics",
+    "AbstractEvaluator": "cadence.engine.runner",
+    "AbstractTrainer": "cadence.engine.runner",
+    "Accuracy": "cadence.engine.metrics",
     "Action": "cadence.core.controller",
-    "BestCheckpointExporter": "cadence.exporter",
+    "BestCheckpointExporter": "cadence.engine.exporter",
     "Callback": "cadence.core.callbacks",
     "CheckpointError": "cadence.core.errors",
-    "CheckpointIO": "cadence.checkpoint",
-    "CheckpointManager": "cadence.checkpoint",
+    "CheckpointIO": "cadence.engine.checkpoint",
+    "CheckpointManager": "cadence.engine.checkpoint",
     "CheckpointMismatchError": "cadence.core.errors",
     "ConfigError": "cadence.core.errors",
     "Controller": "cadence.core.controller",
-    "DataConfig": "cadence.config",
-    "DataFlow": "cadence.dataflow",
-    "DataIterator": "cadence.data",
-    "EventKeys": "cadence.core.events",
-    "EventSource": "cadence.core.events",
-    "EMAConfig": "cadence.config",
-    "ExperimentConfig": "cadence.config",
-    "InputContext": "cadence.task",
-    "Last": "cadence.metrics",
-    "LearningRateConfig": "cadence.config",
-    "LossGuard": "cadence.recovery",
-    "Mean": "cadence.metrics",
-    "Metric": "cadence.metrics",
-    "Module": "cadence.module",
-    "OptimizationConfig": "cadence.config",
-    "OptimizerConfig": "cadence.config",
-    "Output": "cadence.runner",
+    "DataConfig": "cadence.task.config",
+    "DataFlow": "cadence.data.dataflow",
+    "DataIterator": "cadence.data.iterator",
+    "EventKeys": "cadence.tfsnippet.events",
+    "EventSource": "cadence.tfsnippet.events",
+    "EMAConfig": "cadence.task.config",
+    "ExperimentConfig": "cadence.task.config",
+    "InputContext": "cadence.data.sharding",
+    "Last": "cadence.engine.metrics",
+    "LearningRateConfig": "cadence.task.config",
+    "LossGuard": "cadence.callbacks.loss_guard",
+    "Mean": "cadence.engine.metrics",
+    "Metric": "cadence.engine.metrics",
+    "Module": "cadence.engine.module",
+    "OptimizationConfig": "cadence.task.config",
+    "OptimizerConfig": "cadence.task.config",
+    "Output": "cadence.engine.runner",
     "Preempted": "cadence.core.errors",
-    "ProgressBar": "cadence.core.progress",
+    "ProgressBar": "cadence.callbacks.progress",
     "RunState": "cadence.core.callbacks",
-    "RuntimeConfig": "cadence.config",
-    "StandardEvaluator": "cadence.standard_runner",
-    "StandardEvaluatorOptions": "cadence.standard_runner",
-    "StandardTrainer": "cadence.standard_runner",
-    "StandardTrainerOptions": "cadence.standard_runner",
-    "Sum": "cadence.metrics",
+    "RuntimeConfig": "cadence.task.config",
+    "StandardEvaluator": "cadence.engine.standard_runner",
+    "StandardEvaluatorOptions": "cadence.engine.standard_runner",
+    "StandardTrainer": "cadence.engine.standard_runner",
+    "StandardTrainerOptions": "cadence.engine.standard_runner",
+    "Sum": "cadence.engine.metrics",
     "SummaryManager": "cadence.core.summary",
-    "Task": "cadence.task",
-    "build_dataloader": "cadence.task",
-    "TaskConfig": "cadence.config",
-    "TorchSaveIO": "cadence.checkpoint",
-    "TrainLoop": "cadence.train_loop",
-    "Trainer": "cadence.trainer",
-    "TrainerConfig": "cadence.config",
-    "load_config": "cadence.config",
-    "load_weights": "cadence.exporter",
-    "register_experiment": "cadence.registry",
-    "register_task": "cadence.registry",
-    "run_experiment": "cadence.train_lib",
-    "save_config": "cadence.config",
+    "Task": "cadence.task.task",
+    "build_dataloader": "cadence.data.sharding",
+    "TaskConfig": "cadence.task.config",
+    "TorchSaveIO": "cadence.engine.checkpoint",
+    "TrainLoop": "cadence.tfsnippet.train_loop",
+    "Trainer": "cadence.task.trainer",
+    "TrainerConfig": "cadence.task.config",
+    "load_config": "cadence.task.config_files",
+    "load_weights": "cadence.engine.exporter",
+    "register_experiment": "cadence.task.registry",
+    "register_task": "cadence.task.registry",
+    "run_experiment": "cadence.task.train_lib",
+    "save_config": "cadence.task.config_files",
 }
 _SUBMODULES = {"summary": "cadence.core.summary", "core": "cadence.core",
                "callbacks": "cadence.callbacks", "tensorpack": "cadence.tensorpack",
-               "debug": "cadence.debug"}
+               "debug": "cadence.engine.debug"}
 
 __all__ = [
     "AbstractEvaluator",
@@ -146,10 +146,30 @@ __all__ = [
 if TYPE_CHECKING:
     from cadence import callbacks as callbacks
     from cadence import core as core
-    from cadence import debug as debug
     from cadence import tensorpack as tensorpack
-    from cadence.checkpoint import CheckpointIO, CheckpointManager, TorchSaveIO
-    from cadence.config import (
+    from cadence.callbacks.loss_guard import LossGuard
+    from cadence.callbacks.progress import ProgressBar
+    from cadence.core import summary as summary
+    from cadence.core.callbacks import Callback, RunState
+    from cadence.core.controller import Action, Controller
+    from cadence.core.errors import CheckpointError, CheckpointMismatchError, ConfigError, Preempted
+    from cadence.core.summary import SummaryManager
+    from cadence.data.dataflow import DataFlow
+    from cadence.data.iterator import DataIterator
+    from cadence.data.sharding import InputContext, build_dataloader
+    from cadence.engine import debug as debug
+    from cadence.engine.checkpoint import CheckpointIO, CheckpointManager, TorchSaveIO
+    from cadence.engine.exporter import BestCheckpointExporter, load_weights
+    from cadence.engine.metrics import Accuracy, Last, Mean, Metric, Sum
+    from cadence.engine.module import Module
+    from cadence.engine.runner import AbstractEvaluator, AbstractTrainer, Output
+    from cadence.engine.standard_runner import (
+        StandardEvaluator,
+        StandardEvaluatorOptions,
+        StandardTrainer,
+        StandardTrainerOptions,
+    )
+    from cadence.task.config import (
         DataConfig,
         EMAConfig,
         ExperimentConfig,
@@ -159,31 +179,12 @@ if TYPE_CHECKING:
         RuntimeConfig,
         TaskConfig,
         TrainerConfig,
-        load_config,
-        save_config,
     )
-    from cadence.core import summary as summary
-    from cadence.core.callbacks import Callback, RunState
-    from cadence.core.controller import Action, Controller
-    from cadence.core.errors import CheckpointError, CheckpointMismatchError, ConfigError, Preempted
-    from cadence.core.events import EventKeys, EventSource
-    from cadence.core.progress import ProgressBar
-    from cadence.core.summary import SummaryManager
-    from cadence.data import DataIterator
-    from cadence.dataflow import DataFlow
-    from cadence.exporter import BestCheckpointExporter, load_weights
-    from cadence.metrics import Accuracy, Last, Mean, Metric, Sum
-    from cadence.module import Module
-    from cadence.recovery import LossGuard
-    from cadence.registry import register_experiment, register_task
-    from cadence.runner import AbstractEvaluator, AbstractTrainer, Output
-    from cadence.standard_runner import (
-        StandardEvaluator,
-        StandardEvaluatorOptions,
-        StandardTrainer,
-        StandardTrainerOptions,
-    )
-    from cadence.task import InputContext, Task, build_dataloader
+    from cadence.task.config_files import load_config, save_config
+    from cadence.task.registry import register_experiment, register_task
+    from cadence.task.task import Task
+    from cadence.task.train_lib import run_experiment
+    from cadence.task.trainer import Trainer
     from cadence.tensorpack import (
         ModelDesc,
         SimpleTrainer,
@@ -192,9 +193,8 @@ if TYPE_CHECKING:
         TrainConfig,
         launch_train_with_config,
     )
-    from cadence.train_lib import run_experiment
-    from cadence.train_loop import TrainLoop
-    from cadence.trainer import Trainer
+    from cadence.tfsnippet.events import EventKeys, EventSource
+    from cadence.tfsnippet.train_loop import TrainLoop
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:

@@ -2,6 +2,6 @@
 
 import sys
 
-from cadence.cli import main
+from cadence.task.cli import main
 
 sys.exit(main())

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import cadence
-from cadence.experiments.digits import load_digits_arrays
+from cadence.task.experiments.digits import load_digits_arrays
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -20,7 +20,7 @@ def main() -> None:
     model, logs = cadence.run_experiment(config, "train_and_eval", directory / "run")
     rank = dist.get_rank()
     if rank == 0:  # the same weights evaluated on the whole validation set in one process
-        from cadence.experiments.digits import DigitsTask
+        from cadence.task.experiments.digits import DigitsTask
 
         images, labels = DigitsTask(config.task)._split("validation").tensors
         model.eval()

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
+from cadence.core.best import infer_smaller_is_better
 from cadence.core.callbacks import Callback, RunState
-from cadence.train_loop import infer_smaller_is_better
 
 logger = logging.getLogger("cadence")
 
@@ -29,7 +29,7 @@ class EarlyStopping(Callback):
         patience: triggers without improvement before stopping.
         min_delta: the smallest change that counts as an improvement.
         mode: ``"min"`` or ``"max"``; None infers it from the name (see
-            `cadence.train_loop.LARGER_IS_BETTER`).
+            `cadence.core.best.LARGER_IS_BETTER`).
         restore_best: restore the best weights at the end.
     """
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from cadence.core.callbacks import Callback, RunState
-from cadence.metrics import Mean
+from cadence.engine.metrics import Mean
 
 
 def batch_size_of(batch: Any) -> int:

@@ -13,9 +13,9 @@ import logging
 from pathlib import Path
 
 from cadence.callbacks.logdir import resolve_directory
-from cadence.checkpoint import CheckpointManager
 from cadence.core.callbacks import Callback, RunState
-from cadence.exporter import BestCheckpointExporter
+from cadence.engine.checkpoint import CheckpointManager
+from cadence.engine.exporter import BestCheckpointExporter
 
 logger = logging.getLogger("cadence")
 

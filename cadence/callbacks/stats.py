@@ -14,7 +14,7 @@ from collections import deque
 import torch
 
 from cadence.core.callbacks import Callback, RunState
-from cadence.train_loop import humanize_duration
+from cadence.core.logs import humanize_duration
 
 logger = logging.getLogger("cadence")
 

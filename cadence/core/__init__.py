@@ -9,7 +9,6 @@ from cadence.core.checkpoint_dir import CheckpointDirectory, CheckpointInfo, rea
 from cadence.core.controller import Action, Controller
 from cadence.core.errors import CheckpointError, CheckpointMismatchError, Preempted
 from cadence.core.intervals import Interval
-from cadence.core.progress import ProgressBar
 from cadence.core.protocols import CheckpointManagerLike, Evaluable, Stateful, Trainable
 from cadence.core.summary import SummaryManager, scalar
 
@@ -26,7 +25,6 @@ __all__ = [
     "Evaluable",
     "Interval",
     "Preempted",
-    "ProgressBar",
     "RunState",
     "Stateful",
     "SummaryManager",

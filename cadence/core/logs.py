@@ -77,3 +77,24 @@ def format_value(value: Any) -> str:
 def format_logs(logs: Logs) -> str:
     """Formats host logs as ``name=value`` pairs (nested names joined by ``/``)."""
     return ", ".join(f"{k}={format_value(v)}" for k, v in flatten(logs).items())
+
+
+def humanize_duration(seconds: float) -> str:
+    """A duration in days, hours, minutes and seconds (4 significant digits).
+
+    >>> humanize_duration(65.3), humanize_duration(0.0123), humanize_duration(7203)
+    ('1m 5.3s', '0.0123s', '2h 3s')
+    >>> humanize_duration(0), humanize_duration(-90)
+    ('0s', '1m 30s ago')
+    """
+    if seconds < 0:
+        return humanize_duration(-seconds) + " ago"
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            count = int(seconds // size)
+            parts.append(f"{count}{unit}")
+            seconds -= count * size
+    if seconds > 1e-9 or not parts:
+        parts.append(f"{seconds:.4g}s")
+    return " ".join(parts)

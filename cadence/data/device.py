@@ -1,0 +1,87 @@
+"""Moving batches to a device: `to_device`, and `DeviceCopier`, which starts a copy of the next
+batch while the current one is used (on CUDA: from pinned memory, on a side stream, with an event
+that the consuming stream waits for only when the batch is used)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+
+def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """`value` (a batch: tensors in tuples, named tuples, lists, mappings) with `fn` applied to
+    each of its tensors; other leaves as they are."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, Mapping):
+        return {key: _map_tensors(item, fn) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        mapped = [_map_tensors(item, fn) for item in value]
+        return type(value)(*mapped) if hasattr(value, "_fields") else type(value)(mapped)
+    return value
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    """`value` (a batch: tensors in tuples, lists, mappings) with its tensors moved to `device`
+    without waiting for the copy (pinned memory -- ``DataLoader(pin_memory=True)`` -- makes a
+    copy from the host truly asynchronous)."""
+    return _map_tensors(value, lambda tensor: tensor.to(device, non_blocking=True))
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in a batch."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+class DeviceCopier:
+    """Starts copies of batches to `device` without waiting for them. On CUDA each copy runs on
+    a side stream of its own and comes with the event that marks its end; `use` makes the
+    current stream wait for that event only when the batch is used. Elsewhere a copy is a plain
+    move and there is no event.
+
+    Args:
+        device: where batches go.
+        pin: copy host tensors into pinned memory first (when the source does not pin them,
+            e.g. in a background thread), so that the copy to the GPU is truly asynchronous.
+    """
+
+    def __init__(self, device: torch.device, pin: bool = False) -> None:
+        self.device = device
+        self.pin = pin
+        self.stream: Any = None
+
+    def start(self, batch: Any) -> tuple[Any, Any]:
+        """``(batch on the device, the CUDA event of the copy or None)``."""
+        if self.device.type != "cuda":
+            return to_device(batch, self.device), None
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self.stream):
+            moved = to_device(_pinned(batch) if self.pin else batch, self.device)
+            ready = torch.cuda.Event()
+            ready.record(self.stream)
+        return moved, ready
+
+    def use(self, batch: Any, ready: Any) -> Any:
+        """`batch`, once the current stream waits for its copy and owns its memory."""
+        if ready is not None:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(ready)
+            for tensor in _tensors(batch):
+                tensor.record_stream(stream)
+        return batch
+
+
+def _pinned(value: Any) -> Any:
+    """`value` with its host tensors in pinned memory."""
+    return _map_tensors(value, lambda tensor: tensor if tensor.is_cuda or tensor.is_pinned()
+                        else tensor.pin_memory())

@@ -1,0 +1,92 @@
+"""Sharding the input across processes (seed 002's ``InputContext``) and `build_dataloader`, the
+DataLoader of one process's share of a dataset as a `DataConfig` describes it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data.distributed import DistributedSampler
+
+
+@dataclass(frozen=True)
+class InputContext:
+    """Which share of the input this process reads (``tf.distribute.InputContext``).
+
+    Attributes:
+        num_input_pipelines: how many processes read input (the world size).
+        input_pipeline_id: this process's index among them (its rank).
+        num_replicas_in_sync: how many model replicas train together (the world size).
+    """
+
+    num_input_pipelines: int = 1
+    input_pipeline_id: int = 0
+    num_replicas_in_sync: int = 1
+
+    def get_per_replica_batch_size(self, global_batch_size: int) -> int:
+        """The batch size of one replica.
+
+        Raises:
+            ValueError: if `global_batch_size` is not divisible by the number of replicas.
+        """
+        if global_batch_size % self.num_replicas_in_sync:
+            raise ValueError(
+                f"The global batch size {global_batch_size} is not divisible by the "
+                f"{self.num_replicas_in_sync} replicas; set global_batch_size to a multiple of "
+                f"{self.num_replicas_in_sync}."
+            )
+        return global_batch_size // self.num_replicas_in_sync
+
+
+class ShardSampler(Sampler[int]):
+    """Every `num_replicas`-th example from `rank` on, in order, without padding: the shards of
+    all processes together hold each example exactly once (``DistributedSampler`` pads shards
+    to equal length by repeating examples, which would count some twice in an evaluation)."""
+
+    def __init__(self, length: int, num_replicas: int, rank: int) -> None:
+        self.length, self.num_replicas, self.rank = length, num_replicas, rank
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.length, self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.length, self.num_replicas))
+
+
+def build_dataloader(dataset: Dataset[Any], params: Any,
+                     input_context: InputContext | None = None,
+                     seed: int = 0) -> DataLoader[Any]:
+    """A DataLoader over this process's share of `dataset`, as a `DataConfig` describes it.
+
+    Training data (``params.is_training``) is shuffled unless ``params.shuffle`` says otherwise,
+    with its own generator seeded by ``params.seed`` (else `seed`), so its order is part of the
+    checkpoint. With several processes each reads its shard: training data through a
+    ``DistributedSampler``, evaluation data through a `ShardSampler`, so that an evaluation over
+    all processes sees every example exactly once (shards may differ by one batch; metrics are
+    summed across processes at the end). Where CUDA is available, batches come in pinned memory,
+    so that copying them to the GPU does not block the host.
+    """
+    context = input_context or InputContext()
+    training = bool(params.is_training)
+    shuffle = training if params.shuffle is None else bool(params.shuffle)
+    seed = params.seed if params.seed is not None else seed
+    sampler: Sampler[int] | None = None
+    if context.num_input_pipelines > 1 and training:
+        sampler = DistributedSampler(dataset, context.num_input_pipelines,
+                                     context.input_pipeline_id, shuffle=shuffle, seed=seed)
+    elif context.num_input_pipelines > 1:
+        sampler = ShardSampler(len(dataset),  # type: ignore[arg-type]
+                               context.num_input_pipelines, context.input_pipeline_id)
+    return DataLoader(
+        dataset,
+        batch_size=context.get_per_replica_batch_size(params.global_batch_size),
+        shuffle=shuffle if sampler is None else None,
+        sampler=sampler,
+        drop_last=params.drop_remainder,
+        num_workers=params.num_workers,
+        pin_memory=torch.cuda.is_available(),
+        generator=torch.Generator().manual_seed(seed) if sampler is None else None,
+    )

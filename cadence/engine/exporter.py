@@ -1,0 +1,283 @@
+"""`BestCheckpointExporter`: keeps the best weights by an evaluation metric, as safetensors.
+
+Each export is a directory ``best-<step>/`` holding ``model.safetensors`` (the evaluated
+weights: the EMA average when enabled) and ``metrics.json`` (the step and every scalar of the
+evaluation). ``info.json`` is the ledger of the kept exports, best first; it is rewritten
+atomically after the files it names exist, and read back on construction, so the best survives
+restarts. Unlike TF Model Garden's exporter (one export, numbered by save count), it keeps the
+top K, named by step, and nested metric names work everywhere.
+
+Exports are plain tensors: `load_weights` reads them (and cadence checkpoints) without
+executing anything from the file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from cadence.core.checkpoint_dir import CheckpointDirectory, read_manifest, write_atomically
+from cadence.core.errors import CheckpointError, CheckpointMismatchError
+from cadence.core.logs import flatten, is_scalar
+from cadence.core.summary import process_rank
+
+logger = logging.getLogger("cadence")
+
+WEIGHTS_FILE = "model.safetensors"
+METRICS_FILE = "metrics.json"
+LEDGER_FILE = "info.json"
+
+
+def _write_json(path: Path, data: Any) -> None:
+    write_atomically(path, json.dumps(data, indent=2, sort_keys=True))
+
+
+def _lookup(logs: Mapping[str, Any], name: str) -> Any:
+    """The value of `name` in (nested) `logs`; "a/b" and "a|b" address ``logs["a"]["b"]``."""
+    flat = flatten(logs)
+    key = name.replace("|", "/")
+    if key in flat:
+        return flat[key]
+    raise KeyError(
+        f"The evaluation logs have no metric {name!r}; they have: {', '.join(sorted(flat))}. "
+        "Set trainer.best_checkpoint_eval_metric to one of them."
+    )
+
+
+class BestCheckpointExporter:
+    """Exports the model's weights whenever an evaluation is among the best `max_to_keep`.
+
+    Args:
+        export_dir: where the exports and the ledger live.
+        metric_name: the evaluation metric; "a/b" or "a|b" for nested logs.
+        metric_comp: ``"higher"`` or ``"lower"`` is better.
+        max_to_keep: how many of the best to keep.
+
+    Raises:
+        ValueError: for a bad `metric_comp`, `metric_name` or `max_to_keep`.
+        CheckpointError: if the ledger in `export_dir` is unreadable or tracks another metric.
+    """
+
+    def __init__(self, export_dir: str | os.PathLike[str], metric_name: str,
+                 metric_comp: str = "higher", max_to_keep: int = 1) -> None:
+        if metric_comp not in ("higher", "lower"):
+            raise ValueError(f"`metric_comp` (got {metric_comp!r}) must be 'higher' or 'lower'.")
+        if not metric_name:
+            raise ValueError("`metric_name` must name an evaluation metric, e.g. 'accuracy'.")
+        if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
+            raise ValueError(f"`max_to_keep` (got {max_to_keep!r}) must be a positive int.")
+        self.export_dir = Path(export_dir)
+        self.metric_name = metric_name
+        self.metric_key = metric_name.replace("|", "/")
+        self.metric_comp = metric_comp
+        self.max_to_keep = max_to_keep
+        self._entries: list[dict[str, Any]] = self._read_ledger()
+
+    # ------------------------------------------------------------------ the ledger
+
+    @property
+    def best_ckpt_logs_path(self) -> Path:
+        """The ledger file."""
+        return self.export_dir / LEDGER_FILE
+
+    def _read_ledger(self) -> list[dict[str, Any]]:
+        path = self.best_ckpt_logs_path
+        if not path.is_file():
+            return []
+        try:
+            ledger = json.loads(path.read_text())
+            entries = list(ledger["exports"])
+        except (ValueError, KeyError, TypeError) as error:
+            raise CheckpointError(f"{str(path)!r} is not a cadence export ledger ({error}); "
+                                  "move it away or pick another export directory.") from None
+        if ledger.get("metric") != self.metric_key:
+            raise CheckpointError(
+                f"{str(path)!r} ranks exports by {ledger.get('metric')!r}, not "
+                f"{self.metric_key!r}: use another export directory for another metric."
+            )
+        kept = [e for e in entries if (self.export_dir / e["path"] / WEIGHTS_FILE).is_file()]
+        if len(kept) != len(entries):
+            logger.warning("%d export(s) listed in %s are missing; they are forgotten.",
+                           len(entries) - len(kept), path)
+        return kept
+
+    @property
+    def best_exports(self) -> list[dict[str, Any]]:
+        """The kept exports, best first: ``{"step", "value", "path", "logs"}`` each."""
+        return [dict(e) for e in self._entries]
+
+    @property
+    def best_ckpt_logs(self) -> dict[str, Any] | None:
+        """The evaluation logs of the best export (with ``best_ckpt_global_step``)."""
+        if not self._entries:
+            return None
+        return {**self._entries[0]["logs"], "best_ckpt_global_step": self._entries[0]["step"]}
+
+    @property
+    def best_value(self) -> float | None:
+        """The best metric value so far."""
+        return self._entries[0]["value"] if self._entries else None
+
+    @property
+    def best_ckpt_path(self) -> Path | None:
+        """The weights file of the best export."""
+        if not self._entries:
+            return None
+        return self.export_dir / self._entries[0]["path"] / WEIGHTS_FILE
+
+    def _better(self, a: float, b: float) -> bool:
+        return a > b if self.metric_comp == "higher" else a < b
+
+    # ------------------------------------------------------------------ exporting
+
+    def maybe_export_checkpoint(self, model: nn.Module | Mapping[str, torch.Tensor],
+                                eval_logs: Mapping[str, Any], global_step: int,
+                                coordinator: Any = None) -> bool:
+        """Exports `model`'s weights if these logs are among the best; returns whether it did.
+
+        The weights are copied to host memory now; with a `coordinator` (the Trainer's) the
+        files are written in the background. Only rank 0 exports.
+
+        Raises:
+            KeyError: if the metric is not in `eval_logs` (the message lists those that are).
+        """
+        value = _lookup(eval_logs, self.metric_name)
+        if not is_scalar(value):
+            raise ValueError(f"The metric {self.metric_name!r} is not a scalar: {value!r}.")
+        value = float(value)
+        if process_rank() != 0 or math.isnan(value):
+            return False
+        if any(e["step"] == global_step for e in self._entries):
+            return False  # this step is exported already (a restarted run evaluating again)
+        full = len(self._entries) >= self.max_to_keep
+        if full and not self._better(value, self._entries[-1]["value"]):
+            return False
+        state = model.state_dict() if isinstance(model, nn.Module) else model
+        weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+        logs = {k: float(v) for k, v in flatten(eval_logs).items() if is_scalar(v)}
+        entry = {"step": int(global_step), "value": value, "path": f"best-{global_step}",
+                 "logs": logs}
+        entries = sorted([*self._entries, entry], key=lambda e: e["value"],
+                         reverse=self.metric_comp == "higher")
+        kept, dropped = entries[: self.max_to_keep], entries[self.max_to_keep:]
+        self._entries = kept  # decided now; the files follow (in the background if asked)
+        if coordinator is not None:
+            coordinator.schedule(self._write, entry, weights, kept, dropped)
+        else:
+            self._write(entry, weights, kept, dropped)
+        return True
+
+    def _write(self, entry: dict[str, Any], weights: dict[str, torch.Tensor],
+               kept: list[dict[str, Any]], dropped: list[dict[str, Any]]) -> None:
+        from safetensors.torch import save_file
+
+        self.export_dir.mkdir(parents=True, exist_ok=True)
+        final = self.export_dir / entry["path"]
+        temp = self.export_dir / f".tmp-{entry['path']}"
+        shutil.rmtree(temp, ignore_errors=True)
+        temp.mkdir()
+        save_file(weights, str(temp / WEIGHTS_FILE),
+                  metadata={"step": str(entry["step"]), "metric": self.metric_key,
+                            "value": repr(entry["value"])})
+        _write_json(temp / METRICS_FILE, {"step": entry["step"], "metric": self.metric_key,
+                                          "value": entry["value"], "logs": entry["logs"]})
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(temp, final)
+        _write_json(self.best_ckpt_logs_path, {"metric": self.metric_key,
+                                               "comp": self.metric_comp, "exports": kept})
+        for old in dropped:
+            if old is not entry:
+                shutil.rmtree(self.export_dir / old["path"], ignore_errors=True)
+        logger.info("Exported the weights of step %d (%s = %.6g) to %s.", entry["step"],
+                    self.metric_key, entry["value"], final)
+
+
+# ---------------------------------------------------------------------------- loading weights
+
+
+def _resolve_weights(path: Path) -> tuple[str, Path]:
+    """("safetensors" | "checkpoint", file or directory) for a weights path."""
+    if path.is_file():
+        if path.suffix == ".safetensors":
+            return "safetensors", path
+        raise CheckpointError(f"{str(path)!r} is not a .safetensors file or a checkpoint "
+                              "directory.")
+    if not path.is_dir():
+        raise CheckpointError(f"{str(path)!r} does not exist.")
+    if (path / WEIGHTS_FILE).is_file():
+        return "safetensors", path / WEIGHTS_FILE
+    if (path / LEDGER_FILE).is_file():
+        exports = json.loads((path / LEDGER_FILE).read_text()).get("exports") or []
+        if exports:
+            return "safetensors", path / exports[0]["path"] / WEIGHTS_FILE
+    if (path / "manifest.json").is_file():
+        return "checkpoint", path
+    latest = CheckpointDirectory(path, None).latest()
+    if latest is not None:
+        return "checkpoint", latest.path
+    raise CheckpointError(
+        f"{str(path)!r} holds no weights: expected a .safetensors file, a best-export directory, "
+        "a cadence checkpoint (ckpt-<step>) or a directory of checkpoints."
+    )
+
+
+def read_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """The model weights stored at `path` (see `load_weights` for what it may be)."""
+    kind, location = _resolve_weights(Path(path))
+    if kind == "safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(location))
+        except Exception as error:  # safetensors raises its own error types
+            raise CheckpointError(f"Cannot read {str(location)!r}: {error}") from error
+    read_manifest(location)
+    from cadence.engine.checkpoint import TorchSaveIO
+
+    state = TorchSaveIO().load(location).get("state", {})
+    model = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(model, dict):
+        raise CheckpointError(
+            f"Checkpoint {str(location)!r} has no 'model' entry (it has "
+            f"{sorted(state) if isinstance(state, dict) else 'none'}): it was not written by a "
+            "cadence Trainer; load it with CheckpointManager.restore instead."
+        )
+    return model
+
+
+def load_weights(model: nn.Module, path: str | os.PathLike[str], strict: bool = True) -> None:
+    """Loads weights into `model` from a ``.safetensors`` file, a best-export directory (its
+    best export), a cadence checkpoint directory, or a directory of checkpoints (the newest).
+
+    Raises:
+        CheckpointError: if nothing at `path` holds weights, or a file is unreadable.
+        CheckpointMismatchError: if the weights do not fit `model` (every difference listed).
+    """
+    weights = read_weights(path)
+    expected = model.state_dict()
+    problems = []
+    if strict:
+        problems += [f"missing parameter {k!r}" for k in expected if k not in weights]
+        problems += [f"unexpected parameter {k!r}" for k in weights if k not in expected]
+    problems += [
+        f"{k!r} has shape {tuple(weights[k].shape)} in {str(path)!r}, {tuple(v.shape)} in the model"
+        for k, v in expected.items() if k in weights and weights[k].shape != v.shape
+    ]
+    if problems:
+        raise CheckpointMismatchError(
+            f"The weights in {str(path)!r} do not fit {type(model).__name__}:\n  - "
+            + "\n  - ".join(problems)
+            + "\nUse weights from the same model definition, or pass strict=False to load the "
+            "matching part."
+        )
+    model.load_state_dict(weights, strict=strict)

@@ -1,0 +1,263 @@
+"""The ``cadence`` command (also ``python -m cadence``).
+
+::
+
+    cadence train                          train the default experiment (digits) in a new run
+                                           directory under runs/, evaluating and exporting the
+                                           best weights; run it again to resume an unfinished run
+    cadence train --experiment char_lm --set trainer.train_steps=500
+    cadence train --model-dir runs/mine --config-file my.yaml --mode train
+    cadence eval  --model-dir runs/mine    evaluate the newest checkpoint of a run
+    cadence experiments                    list the registered experiments
+    cadence config --experiment char_lm    print the final config as YAML
+
+On a terminal a progress bar shows the step, ETA, steps/sec and the latest metrics; otherwise
+(CI, a log file) one plain line per loop. Ctrl-C (or SIGTERM) saves a checkpoint and exits with
+130 (143); the same command then resumes.
+
+Only the standard library and `cadence.core` are imported until a command runs, so ``--help``
+answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from cadence.core.checkpoint_dir import CheckpointDirectory
+from cadence.core.errors import CheckpointError, ConfigError, Preempted
+
+logger = logging.getLogger("cadence")
+
+RUNS_DIR = Path("runs")
+
+
+def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--experiment", "-e", help="a registered experiment (default: digits, "
+                        "or the one recorded in the run directory)")
+    parser.add_argument("--config-file", "-c", action="append", default=[], metavar="FILE",
+                        help="YAML merged over the experiment's defaults (repeatable, in order)")
+    parser.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE",
+                        dest="overrides",
+                        help="override one value, e.g. --set trainer.train_steps=500 "
+                        "(repeatable; applied last, in order)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``cadence`` command."""
+    parser = argparse.ArgumentParser(
+        prog="cadence", description="Train and evaluate registered cadence experiments.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Run `cadence train` to train the default experiment.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from cadence.task.config import MODES
+
+    train = commands.add_parser("train", help="train an experiment (resumes unfinished runs)")
+    _add_config_arguments(train)
+    train.add_argument("--model-dir", "-m", type=Path,
+                       help="the run directory (default: the newest unfinished run of the "
+                       "experiment with the same config, else a new one under runs/)")
+    train.add_argument("--mode", choices=MODES, default="train_and_eval",
+                       help="what to run (default: train_and_eval)")
+    train.add_argument("--allow-config-change", action="store_true",
+                       help="continue a run whose saved config differs from this one")
+    _add_progress_arguments(train)
+
+    evaluate = commands.add_parser("eval", help="evaluate the newest checkpoint of a run")
+    _add_config_arguments(evaluate)
+    evaluate.add_argument("--model-dir", "-m", type=Path,
+                          help="the run directory (default: the newest run of the experiment)")
+    evaluate.add_argument("--mode", choices=("eval", "continuous_eval"), default="eval",
+                          help="eval once (default), or every new checkpoint")
+
+    commands.add_parser("experiments", help="list the registered experiments")
+
+    config = commands.add_parser("config", help="print the final config as YAML")
+    _add_config_arguments(config)
+    return parser
+
+
+def _add_progress_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--progress", dest="progress", action="store_true", default=None,
+                       help="always show the progress bar")
+    group.add_argument("--no-progress", dest="progress", action="store_false",
+                       help="never show the progress bar (plain log lines instead)")
+
+
+# ---------------------------------------------------------------------------- run directories
+
+
+def _latest_step(model_dir: Path) -> int | None:
+    latest = CheckpointDirectory(model_dir / "checkpoints", None).latest()
+    return latest.step if latest is not None else None
+
+
+def _runs_of(experiment: str) -> list[Path]:
+    if not RUNS_DIR.is_dir():
+        return []
+    return sorted((p for p in RUNS_DIR.glob(f"{experiment}-*")
+                   if (p / "params.yaml").is_file()), key=lambda p: p.name)
+
+
+def _train_dir(config: Any) -> Path:
+    """The newest unfinished run of this experiment with the same config, else a new one."""
+    from cadence.task.config_files import config_differences, load_config
+
+    runs = _runs_of(config.experiment)
+    if runs:
+        newest = runs[-1]
+        try:
+            saved = load_config(config_files=[newest / "params.yaml"])
+        except ConfigError:
+            saved = None
+        step = _latest_step(newest)
+        if (saved is not None and not config_differences(saved, config)
+                and (step or 0) < config.trainer.train_steps):
+            print(f"Resuming {newest} (step {step or 0} of {config.trainer.train_steps}).",
+                  file=sys.stderr)
+            return newest
+    name = f"{config.experiment or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path = RUNS_DIR / name
+    suffix = 1
+    while path.exists():
+        suffix += 1
+        path = RUNS_DIR / f"{name}-{suffix}"
+    return path
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+@contextlib.contextmanager
+def _logging(progress: bool) -> Iterator[None]:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s  %(message)s", datefmt="%H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    loop_logger = logging.getLogger("cadence.loop")
+    if progress:  # the bar shows what the per-loop lines would say
+        loop_logger.setLevel(logging.WARNING)
+    try:
+        if progress:
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            with logging_redirect_tqdm(loggers=[logger]):
+                yield
+        else:
+            yield
+    finally:
+        logger.removeHandler(handler)
+        loop_logger.setLevel(logging.NOTSET)
+
+
+def _load(args: argparse.Namespace, model_dir: Path | None) -> Any:
+    from cadence.task.config_files import load_config
+
+    files: list[Path | str] = list(args.config_file)
+    saved = model_dir / "params.yaml" if model_dir is not None else None
+    if args.command == "eval" and saved is not None and saved.is_file():
+        files.insert(0, saved)  # evaluate a run with the config it was trained with
+    return load_config(args.experiment, files, args.overrides)
+
+
+def _summary(model_dir: Path, logs: dict[str, Any]) -> None:
+    from cadence.core.logs import format_logs
+
+    if logs:
+        print(f"Evaluation: {format_logs(logs)}")
+    ledger_path = model_dir / "best" / "info.json"
+    if ledger_path.is_file():
+        import json
+
+        ledger = json.loads(ledger_path.read_text())
+        if ledger.get("exports"):
+            top = ledger["exports"][0]
+            weights = ledger_path.parent / top["path"] / "model.safetensors"
+            print(f"Best export: step {top['step']}, {ledger['metric']} = {top['value']:.6g}: "
+                  f"{weights}")
+    print(f"Run directory: {model_dir}  (TensorBoard: tensorboard --logdir {model_dir})")
+
+
+def _train(args: argparse.Namespace) -> int:
+    from cadence.task.train_lib import run_experiment
+
+    config = _load(args, args.model_dir)
+    model_dir = args.model_dir or _train_dir(config)
+    progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    print(f"Experiment {config.experiment or '(custom)'}, mode {args.mode}, "
+          f"run directory {model_dir}", file=sys.stderr)
+    with _logging(progress):
+        _, logs = run_experiment(config, args.mode, model_dir, progress_bar=progress,
+                                 allow_config_change=args.allow_config_change)
+    _summary(model_dir, logs)
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from cadence.task.train_lib import run_experiment
+
+    model_dir = args.model_dir
+    if model_dir is None:
+        from cadence.task.registry import DEFAULT_EXPERIMENT
+
+        runs = _runs_of(args.experiment or DEFAULT_EXPERIMENT)
+        if not runs:
+            raise ConfigError(f"No run of {args.experiment or DEFAULT_EXPERIMENT!r} under "
+                              f"{RUNS_DIR}/: pass --model-dir.")
+        model_dir = runs[-1]
+    if not model_dir.is_dir():
+        raise ConfigError(f"{str(model_dir)!r} does not exist: pass the directory of a run, "
+                          f"e.g. {RUNS_DIR}/<experiment>-<time>.")
+    config = _load(args, model_dir)
+    with _logging(False):
+        _, logs = run_experiment(config, args.mode, model_dir, progress_bar=False)
+    _summary(model_dir, logs)
+    return 0
+
+
+def _experiments(args: argparse.Namespace) -> int:
+    from cadence.task.registry import DEFAULT_EXPERIMENT, experiments
+
+    for name, description in experiments().items():
+        marker = " (default)" if name == DEFAULT_EXPERIMENT else ""
+        print(f"{name}{marker}\n    {description}")
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    from cadence.task.config_files import config_to_yaml
+
+    print(config_to_yaml(_load(args, None)), end="")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the ``cadence`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    command = {"train": _train, "eval": _eval, "experiments": _experiments,
+               "config": _config}[args.command]
+    try:
+        return command(args)
+    except Preempted as stop:
+        where = f"; checkpoint {stop.checkpoint}" if stop.checkpoint else ""
+        print(f"Stopped by a signal{where}. Run the same command again to resume.",
+              file=sys.stderr)
+        return int(stop.code) if isinstance(stop.code, int) else 1
+    except (ConfigError, CheckpointError) as error:
+        print(f"cadence: error: {error}", file=sys.stderr)
+        return 2
+    except FloatingPointError as error:
+        print(f"cadence: error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""Experiment configuration (seed 002): the typed dataclasses of a run's config.
+
+An `ExperimentConfig` has three parts: `task` (what to train: data, model), `trainer` (how:
+optimizer, schedule, steps, intervals, exports) and `runtime` (where: device, precision, seed).
+Experiments subclass `TaskConfig` for their own fields (a model size, a dataset option).
+`cadence.task.config_files` loads them from experiments, YAML files and overrides, strictly.
+
+>>> config = ExperimentConfig()
+>>> config.trainer.steps_per_loop
+100
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cadence.core.errors import ConfigError
+from cadence.engine.compile import COMPILE_MODES
+
+# ---------------------------------------------------------------------------- the schema
+
+
+@dataclass
+class DataConfig:
+    """One input pipeline (TF Model Garden's ``DataConfig``, for PyTorch data).
+
+    Attributes:
+        global_batch_size: examples per step summed over all processes; each process gets
+            ``global_batch_size // world_size`` (see `InputContext`).
+        is_training: whether this pipeline feeds training (shuffled, repeated by epochs).
+            None: decided by where it is used.
+        shuffle: shuffle the examples each epoch. None: when training.
+        drop_remainder: drop the last incomplete batch.
+        num_workers: DataLoader worker processes (0: load in the main process).
+        seed: seed of the pipeline's own shuffling generator; None derives it from the
+            runtime seed.
+        split: which part of the data (e.g. "train", "validation"); its meaning is the task's.
+    """
+
+    global_batch_size: int = 32
+    is_training: bool | None = None
+    shuffle: bool | None = None
+    drop_remainder: bool = True
+    num_workers: int = 0
+    seed: int | None = None
+    split: str = ""
+
+
+@dataclass
+class OptimizerConfig:
+    """A `torch.optim` optimizer.
+
+    Attributes:
+        name: one of ``sgd``, ``adam``, ``adamw``, ``rmsprop``, ``adagrad``.
+        learning_rate: the peak learning rate (after warmup).
+        weight_decay: L2 penalty (decoupled for ``adamw``).
+        momentum: for ``sgd`` and ``rmsprop``.
+        nesterov: Nesterov momentum for ``sgd``.
+        betas: for ``adam`` and ``adamw``.
+        eps: for ``adam``, ``adamw``, ``rmsprop``, ``adagrad``.
+        kwargs: any other constructor argument of the optimizer class (e.g. ``fused: true``).
+    """
+
+    name: str = "adamw"
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    nesterov: bool = False
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LearningRateConfig:
+    """The learning-rate schedule: a linear warmup, then a decay, as a multiplier of the peak.
+
+    Attributes:
+        schedule: ``constant``, ``cosine``, ``linear``, ``step`` or ``exponential``.
+        warmup_steps: steps of linear warmup from ``warmup_init_factor`` x the peak.
+        warmup_init_factor: where warmup starts, as a fraction of the peak.
+        decay_steps: steps of decay after warmup (cosine, linear); None: until
+            ``trainer.train_steps``.
+        end_factor: the final multiplier of cosine and linear decay.
+        step_size: ``step``: multiply by ``gamma`` every this many steps.
+        gamma: ``step`` and ``exponential`` (per step) decay factor.
+    """
+
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    warmup_init_factor: float = 0.0
+    decay_steps: int | None = None
+    end_factor: float = 0.0
+    step_size: int = 1000
+    gamma: float = 0.1
+
+
+@dataclass
+class OptimizationConfig:
+    """The optimizer, its schedule, and what happens to gradients before the update.
+
+    Attributes:
+        gradient_clip_norm: clip the global gradient norm to this value; None: no clipping.
+        gradient_accumulation_steps: micro-batches whose gradients add up to one update (one
+            step); the loss of each is divided by this number.
+    """
+
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    learning_rate: LearningRateConfig = field(default_factory=LearningRateConfig)
+    gradient_clip_norm: float | None = None
+    gradient_accumulation_steps: int = 1
+
+
+@dataclass
+class EMAConfig:
+    """Exponential moving average of the weights, used for evaluation and exports.
+
+    Attributes:
+        enabled: keep the average.
+        decay: the average's decay per step.
+        dynamic_decay: ramp the decay up as ``min(decay, (1 + t) / (10 + t))`` so that early
+            averages are not dominated by the random initialization.
+        start_step: start averaging at this step (before it, the average copies the weights).
+    """
+
+    enabled: bool = False
+    decay: float = 0.999
+    dynamic_decay: bool = True
+    start_step: int = 0
+
+
+@dataclass
+class TrainerConfig:
+    """How to train: steps, intervals, checkpoints, exports, and recovery from bad losses.
+
+    Attributes:
+        train_steps: the global step to train to (an absolute target).
+        steps_per_loop: steps per inner loop; train metrics are means over one loop.
+        summary_interval: write train summaries every this many steps (None: every loop).
+        checkpoint_interval: save every this many steps (None: only at the end).
+        max_to_keep: checkpoints to keep.
+        validation_steps: steps per evaluation; -1 evaluates the whole validation set.
+        validation_interval: evaluate every this many steps in ``train_and_eval``.
+        continuous_eval_timeout: ``continuous_eval`` gives up after this many seconds without
+            a new checkpoint; None waits until the checkpoint of ``train_steps`` appears.
+        validation_summary_subdir: where evaluation summaries go under the model directory.
+        best_checkpoint_export_subdir: where the best weights are exported; "" disables.
+        best_checkpoint_eval_metric: the evaluation metric that decides "best" ("a/b" or
+            "a|b" for nested logs); "" disables the export.
+        best_checkpoint_metric_comp: ``higher`` or ``lower`` is better.
+        best_checkpoint_max_to_keep: how many of the best to keep (top-K).
+        loss_upper_bound: a loop whose mean training loss is above this (or not finite) is a
+            blow-up.
+        recovery_begin_steps: the upper bound is enforced from this step on (NaN always).
+        recovery_max_trials: what a blow-up does: -1 ignores it; 0 stops training with an
+            error; k > 0 restores the latest checkpoint (weights and optimizer; the data goes on,
+            so the offending batches are skipped), up to k times in a row.
+        ema: moving average of the weights.
+        compile_step: ``torch.compile`` the train and eval steps.
+        compile_mode: the ``torch.compile`` mode (null: torch's default).
+        cuda_graphs: capture the compiled steps in CUDA graphs (needs CUDA).
+        async_checkpoints: write checkpoints in a background thread; training waits only for
+            the copy of the state into host memory.
+        optimizer_config: the optimizer and learning-rate schedule.
+    """
+
+    train_steps: int = 0
+    steps_per_loop: int = 100
+    summary_interval: int | None = None
+    checkpoint_interval: int | None = 500
+    max_to_keep: int = 5
+    validation_steps: int = -1
+    validation_interval: int = 500
+    continuous_eval_timeout: float | None = None
+    validation_summary_subdir: str = "eval"
+    best_checkpoint_export_subdir: str = "best"
+    best_checkpoint_eval_metric: str = ""
+    best_checkpoint_metric_comp: str = "higher"
+    best_checkpoint_max_to_keep: int = 1
+    loss_upper_bound: float = 1e6
+    recovery_begin_steps: int = 0
+    recovery_max_trials: int = 0
+    ema: EMAConfig = field(default_factory=EMAConfig)
+    compile_step: bool = False
+    compile_mode: str | None = None
+    cuda_graphs: bool = False
+    async_checkpoints: bool = True
+    optimizer_config: OptimizationConfig = field(default_factory=OptimizationConfig)
+
+
+@dataclass
+class RuntimeConfig:
+    """Where and how precisely to run.
+
+    Attributes:
+        device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1``, ...
+        mixed_precision: None, ``bf16`` or ``fp16`` (``torch.autocast``; fp16 adds a gradient
+            scaler).
+        seed: seeds Python, NumPy and torch at the start of a fresh run (a resumed run restores
+            its random state from the checkpoint instead); None: unseeded.
+        deterministic: ``torch.use_deterministic_algorithms(True)``.
+        num_threads: ``torch.set_num_threads``; None leaves torch's default.
+    """
+
+    device: str = "auto"
+    mixed_precision: str | None = None
+    seed: int | None = None
+    deterministic: bool = False
+    num_threads: int | None = None
+
+
+@dataclass
+class TaskConfig:
+    """What to train. Experiments subclass it to add their model and data options.
+
+    Attributes:
+        init_checkpoint: weights to start from when the model directory has no checkpoint: a
+            cadence checkpoint directory, a directory of them (the newest is used), or a
+            ``.safetensors`` file (e.g. a best export).
+        train_data: the training input pipeline.
+        validation_data: the evaluation input pipeline.
+        name: the task's name (used as its module name).
+    """
+
+    init_checkpoint: str = ""
+    train_data: DataConfig = field(default_factory=lambda: DataConfig(is_training=True))
+    validation_data: DataConfig = field(
+        default_factory=lambda: DataConfig(is_training=False, drop_remainder=False)
+    )
+    name: str | None = None
+
+
+@dataclass
+class ExperimentConfig:
+    """The whole configuration of a run.
+
+    Attributes:
+        experiment: the registered experiment these defaults came from ("" if built by hand);
+            saved with the config so that a saved file reloads into the right classes.
+    """
+
+    experiment: str = ""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def validate(self) -> None:
+        """Checks values that types alone do not constrain.
+
+        Raises:
+            ConfigError: listing every problem with its key path.
+        """
+        problems = list(_problems(self))
+        if problems:
+            raise ConfigError("Invalid config:\n  " + "\n  ".join(problems))
+
+
+MODES = ("train", "train_and_eval", "train_and_post_eval", "eval", "continuous_eval")
+"""What `cadence.run_experiment` can run (see `cadence.task.train_lib`)."""
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
+SCHEDULES = ("constant", "cosine", "linear", "step", "exponential")
+PRECISIONS = (None, "bf16", "fp16")
+
+
+def _problems(config: ExperimentConfig) -> Iterable[str]:
+    trainer, opt = config.trainer, config.trainer.optimizer_config
+    positive = {
+        "trainer.steps_per_loop": trainer.steps_per_loop,
+        "trainer.summary_interval": trainer.summary_interval,
+        "trainer.checkpoint_interval": trainer.checkpoint_interval,
+        "trainer.max_to_keep": trainer.max_to_keep,
+        "trainer.validation_interval": trainer.validation_interval,
+        "trainer.best_checkpoint_max_to_keep": trainer.best_checkpoint_max_to_keep,
+        "trainer.optimizer_config.gradient_accumulation_steps": opt.gradient_accumulation_steps,
+        "trainer.optimizer_config.learning_rate.step_size": opt.learning_rate.step_size,
+        "runtime.num_threads": config.runtime.num_threads,
+    }
+    for key, value in positive.items():
+        if value is not None and value <= 0:
+            yield f"{key}: must be a positive integer (got {value})."
+    if trainer.train_steps < 0:
+        yield f"trainer.train_steps: must be >= 0 (got {trainer.train_steps})."
+    if trainer.validation_steps == 0 or trainer.validation_steps < -1:
+        yield (f"trainer.validation_steps: must be positive, or -1 for the whole validation set "
+               f"(got {trainer.validation_steps}).")
+    if trainer.best_checkpoint_metric_comp not in ("higher", "lower"):
+        yield (f"trainer.best_checkpoint_metric_comp: must be 'higher' or 'lower' "
+               f"(got {trainer.best_checkpoint_metric_comp!r}).")
+    if trainer.recovery_max_trials < -1:
+        yield (f"trainer.recovery_max_trials: must be -1 (ignore), 0 (fail) or a positive number "
+               f"of restores (got {trainer.recovery_max_trials}).")
+    if not 0.0 <= trainer.ema.decay < 1.0:
+        yield f"trainer.ema.decay: must be in [0, 1) (got {trainer.ema.decay})."
+    if opt.optimizer.name not in OPTIMIZERS:
+        yield (f"trainer.optimizer_config.optimizer.name: unknown optimizer "
+               f"{opt.optimizer.name!r}; valid: {', '.join(OPTIMIZERS)}.")
+    if opt.optimizer.learning_rate <= 0:
+        yield (f"trainer.optimizer_config.optimizer.learning_rate: must be positive "
+               f"(got {opt.optimizer.learning_rate}).")
+    if opt.learning_rate.schedule not in SCHEDULES:
+        yield (f"trainer.optimizer_config.learning_rate.schedule: unknown schedule "
+               f"{opt.learning_rate.schedule!r}; valid: {', '.join(SCHEDULES)}.")
+    if opt.learning_rate.warmup_steps < 0:
+        yield (f"trainer.optimizer_config.learning_rate.warmup_steps: must be >= 0 "
+               f"(got {opt.learning_rate.warmup_steps}).")
+    if opt.gradient_clip_norm is not None and opt.gradient_clip_norm <= 0:
+        yield (f"trainer.optimizer_config.gradient_clip_norm: must be positive or null "
+               f"(got {opt.gradient_clip_norm}).")
+    if trainer.compile_mode not in COMPILE_MODES:
+        yield (f"trainer.compile_mode: unknown mode {trainer.compile_mode!r}; valid: null, "
+               f"{', '.join(str(m) for m in COMPILE_MODES[1:])}.")
+    if config.runtime.mixed_precision not in PRECISIONS:
+        yield (f"runtime.mixed_precision: must be null, 'bf16' or 'fp16' "
+               f"(got {config.runtime.mixed_precision!r}).")
+    for name in ("train_data", "validation_data"):
+        data: DataConfig = getattr(config.task, name)
+        if data.global_batch_size <= 0:
+            yield (f"task.{name}.global_batch_size: must be a positive integer "
+                   f"(got {data.global_batch_size}).")
+        if data.num_workers < 0:
+            yield f"task.{name}.num_workers: must be >= 0 (got {data.num_workers})."

@@ -1,0 +1,185 @@
+"""Reading and writing configs: `load_config`, `save_config`, `config_to_yaml`,
+`config_differences`.
+
+`load_config` builds the final config in a fixed order, later sources winning::
+
+    registered experiment's defaults  ->  each --config-file, in order  ->  each --set a.b=value
+
+Every step is strict: an unknown key, a value of the wrong type, or a value out of range raises
+`ConfigError` naming the key path, where it came from, and the valid choices. The merge and type
+checks are OmegaConf's (structured configs); the dataclasses stay plain Python. `save_config`
+writes the final config as YAML; `load_config(config_files=[that file])` reproduces it exactly.
+
+>>> config = load_config(ExperimentConfig(), overrides=["trainer.train_steps=500"])
+>>> config.trainer.train_steps
+500
+>>> load_config(config, overrides=["trainer.train_step=500"])
+Traceback (most recent call last):
+...
+cadence.core.errors.ConfigError: --set trainer.train_step=500: unknown key 'trainer.train_step'...
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from cadence.core.errors import ConfigError
+from cadence.task.config import ExperimentConfig
+from cadence.task.registry import DEFAULT_EXPERIMENT, get_experiment_config
+
+
+def _omegaconf() -> Any:
+    import omegaconf
+
+    return omegaconf
+
+
+def _valid_keys(node: Any) -> list[str]:
+    return [str(k) for k in node] if hasattr(node, "keys") else []
+
+
+def _translate(error: Exception, source: str, base: Any) -> ConfigError:
+    """Turns an OmegaConf error into a `ConfigError` that names the key and the valid ones."""
+    oc = _omegaconf()
+    full_key = str(getattr(error, "full_key", "") or "")
+    parent_key, _, leaf = full_key.rpartition(".")
+    if isinstance(error, oc.errors.ConfigKeyError) and full_key:
+        parent = oc.OmegaConf.select(base, parent_key) if parent_key else base
+        valid = _valid_keys(parent)
+        close = difflib.get_close_matches(leaf, valid, n=1)
+        hint = f" Did you mean {'.'.join(filter(None, [parent_key, close[0]]))!r}?" if close else ""
+        where = f"'{parent_key}'" if parent_key else "the config"
+        return ConfigError(
+            f"{source}: unknown key {full_key!r}.{hint} Valid keys of {where}: "
+            f"{', '.join(valid)}."
+        )
+    first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+    where = f"{full_key!r}: " if full_key else ""
+    return ConfigError(f"{source}: {where}{first_line}.")
+
+
+def _merge(base: Any, update: Any, source: str) -> Any:
+    oc = _omegaconf()
+    try:
+        return oc.OmegaConf.merge(base, update)
+    except oc.errors.OmegaConfBaseException as error:
+        raise _translate(error, source, base) from None
+
+
+def _read_yaml(path: Path) -> Any:
+    oc = _omegaconf()
+    if not path.is_file():
+        raise ConfigError(f"Config file {str(path)!r} does not exist.")
+    try:
+        loaded = oc.OmegaConf.load(path)
+    except Exception as error:  # yaml.YAMLError and friends
+        raise ConfigError(f"Config file {str(path)!r} is not valid YAML: {error}") from None
+    if not isinstance(loaded, oc.DictConfig):
+        raise ConfigError(f"Config file {str(path)!r} must hold a mapping of config keys.")
+    return loaded
+
+
+def _parse_override(text: str) -> Any:
+    oc = _omegaconf()
+    key, sep, _ = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(
+            f"--set {text}: an override is KEY=VALUE with a dotted key, e.g. "
+            "trainer.train_steps=500."
+        )
+    try:
+        return oc.OmegaConf.from_dotlist([text])
+    except oc.errors.OmegaConfBaseException as error:
+        raise ConfigError(f"--set {text}: {str(error).splitlines()[0]}.") from None
+
+
+def load_config(
+    experiment: str | ExperimentConfig | None = None,
+    config_files: Sequence[str | os.PathLike[str]] = (),
+    overrides: Sequence[str] | Mapping[str, Any] = (),
+) -> ExperimentConfig:
+    """Builds, checks and returns the final config of a run.
+
+    Args:
+        experiment: a registered experiment name, or a config to start from. None: the
+            ``experiment`` key of the first config file, else the default experiment.
+        config_files: YAML files merged in order (a file written by `save_config` reproduces
+            its config exactly).
+        overrides: ``"a.b=value"`` strings (values parsed as YAML), or a nested mapping.
+
+    Raises:
+        ConfigError: for an unknown experiment or key, a wrong type, or an invalid value.
+    """
+    oc = _omegaconf()
+    files = [Path(f) for f in config_files]
+    loaded = [(f, _read_yaml(f)) for f in files]
+    if experiment is None:
+        named = [str(y["experiment"]) for _, y in loaded if y.get("experiment")]
+        experiment = named[0] if named else DEFAULT_EXPERIMENT
+    if isinstance(experiment, str):
+        start = get_experiment_config(experiment)
+    elif isinstance(experiment, ExperimentConfig):
+        start = copy.deepcopy(experiment)
+    else:
+        raise TypeError(
+            f"`experiment` (got {type(experiment).__name__}) must be an experiment name or an "
+            "ExperimentConfig."
+        )
+    merged = oc.OmegaConf.structured(start)
+    for path, data in loaded:
+        named = data.get("experiment")
+        if named and start.experiment and named != start.experiment:
+            raise ConfigError(
+                f"Config file {str(path)!r} is for experiment {named!r}, not "
+                f"{start.experiment!r}: drop --experiment or pick the matching file."
+            )
+        merged = _merge(merged, data, f"config file {str(path)!r}")
+    if isinstance(overrides, Mapping):
+        merged = _merge(merged, oc.OmegaConf.create(dict(overrides)), "overrides")
+    else:
+        for text in overrides:
+            merged = _merge(merged, _parse_override(text), f"--set {text}")
+    try:
+        config = oc.OmegaConf.to_object(merged)
+    except oc.errors.OmegaConfBaseException as error:
+        raise _translate(error, "config", merged) from None
+    assert isinstance(config, ExperimentConfig)
+    config.validate()
+    return config
+
+
+def config_to_yaml(config: ExperimentConfig) -> str:
+    """The config as YAML (every field, defaults included)."""
+    oc = _omegaconf()
+    return str(oc.OmegaConf.to_yaml(oc.OmegaConf.structured(config)))
+
+
+def save_config(config: ExperimentConfig, path: str | os.PathLike[str]) -> Path:
+    """Writes `config` as YAML to `path` atomically (temp file, then rename); returns the path."""
+    from cadence.core.checkpoint_dir import write_atomically
+
+    return write_atomically(Path(path), config_to_yaml(config))
+
+
+def config_differences(old: ExperimentConfig, new: ExperimentConfig) -> list[str]:
+    """Key paths whose values differ, as ``"key: old -> new"`` lines."""
+
+    def flat(value: Any, prefix: str = "") -> dict[str, Any]:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        if isinstance(value, dict) and (value or not prefix):
+            out: dict[str, Any] = {}
+            for key, item in value.items():
+                out.update(flat(item, f"{prefix}{key}."))
+            return out
+        return {prefix.rstrip("."): value}
+
+    a, b = flat(old), flat(new)
+    return [f"{key}: {a.get(key)!r} -> {b.get(key)!r}" for key in sorted(set(a) | set(b))
+            if a.get(key) != b.get(key)]

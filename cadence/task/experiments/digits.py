@@ -1,0 +1,136 @@
+"""The default experiment: classify scikit-learn's bundled handwritten digits (8x8 images).
+
+1797 images ship inside scikit-learn (no download). A fixed, seeded split keeps 20% for
+validation. An MLP reaches about 97-98% validation accuracy in a few seconds on a laptop CPU::
+
+    cadence train                                   # = cadence train --experiment digits
+    cadence train --set trainer.train_steps=3000 --set task.model.hidden_sizes=[256,256]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from cadence.data.sharding import InputContext, build_dataloader
+from cadence.engine.metrics import Accuracy
+from cadence.task.config import (
+    DataConfig,
+    ExperimentConfig,
+    LearningRateConfig,
+    OptimizationConfig,
+    OptimizerConfig,
+    RuntimeConfig,
+    TaskConfig,
+    TrainerConfig,
+)
+from cadence.task.registry import register_experiment, register_task
+from cadence.task.task import Task
+
+
+@dataclass
+class DigitsModelConfig:
+    """The classifier: an MLP over the 64 pixels.
+
+    Attributes:
+        hidden_sizes: widths of the hidden layers.
+        dropout: dropout after each hidden layer.
+    """
+
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 128])
+    dropout: float = 0.1
+
+
+@dataclass
+class DigitsTaskConfig(TaskConfig):
+    """The digits task.
+
+    Attributes:
+        validation_fraction: the share of the images held out for validation.
+        split_seed: the seed of the fixed train/validation split.
+    """
+
+    model: DigitsModelConfig = field(default_factory=DigitsModelConfig)
+    validation_fraction: float = 0.2
+    split_seed: int = 0
+
+
+def load_digits_arrays() -> tuple[torch.Tensor, torch.Tensor]:
+    """All 1797 images as float32 ``[N, 64]`` in [0, 1] and their labels as int64 ``[N]``."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ImportError(
+            "The digits experiment reads the dataset bundled with scikit-learn: "
+            "pip install 'cadence[experiments]' (or pip install scikit-learn)."
+        ) from None
+    digits = load_digits()
+    images = torch.as_tensor(digits.data, dtype=torch.float32) / 16.0
+    labels = torch.as_tensor(digits.target, dtype=torch.int64)
+    return images, labels
+
+
+@register_task(DigitsTaskConfig)
+class DigitsTask(Task):
+    """Classifies 8x8 digit images with an MLP; reports accuracy."""
+
+    def _split(self, split: str) -> TensorDataset:
+        images, labels = load_digits_arrays()
+        order = torch.randperm(len(labels),
+                               generator=torch.Generator().manual_seed(self.task_config.split_seed))
+        n_val = round(len(labels) * self.task_config.validation_fraction)
+        index = order[:n_val] if split == "validation" else order[n_val:]
+        return TensorDataset(images[index], labels[index])
+
+    def build_model(self) -> nn.Module:
+        config = self.task_config.model
+        layers: list[nn.Module] = []
+        width = 64
+        for hidden in config.hidden_sizes:
+            layers += [nn.Linear(width, hidden), nn.ReLU(), nn.Dropout(config.dropout)]
+            width = hidden
+        layers.append(nn.Linear(width, 10))
+        return nn.Sequential(*layers)
+
+    def build_inputs(self, params: DataConfig,
+                     input_context: InputContext | None = None) -> DataLoader[Any]:
+        split = params.split or ("train" if params.is_training else "validation")
+        return build_dataloader(self._split(split), params, input_context,
+                                seed=self.task_config.split_seed)
+
+    def build_losses(self, labels: torch.Tensor, model_outputs: torch.Tensor,
+                     aux_losses: Any = None) -> torch.Tensor:
+        return nn.functional.cross_entropy(model_outputs, labels)
+
+    def build_metrics(self, training: bool = True) -> dict[str, Accuracy]:
+        return {"accuracy": Accuracy()}
+
+
+@register_experiment("digits")
+def digits_experiment() -> ExperimentConfig:
+    """MLP on scikit-learn's bundled 8x8 digits; ~97% validation accuracy in seconds on a CPU."""
+    return ExperimentConfig(
+        task=DigitsTaskConfig(
+            train_data=DataConfig(global_batch_size=64, is_training=True),
+            validation_data=DataConfig(global_batch_size=360, is_training=False,
+                                       drop_remainder=False),
+        ),
+        trainer=TrainerConfig(
+            train_steps=1000,
+            steps_per_loop=50,
+            checkpoint_interval=250,
+            max_to_keep=3,
+            validation_interval=250,
+            best_checkpoint_eval_metric="accuracy",
+            best_checkpoint_metric_comp="higher",
+            optimizer_config=OptimizationConfig(
+                optimizer=OptimizerConfig(name="adamw", learning_rate=3e-3, weight_decay=1e-4),
+                learning_rate=LearningRateConfig(schedule="cosine", warmup_steps=50),
+            ),
+        ),
+        runtime=RuntimeConfig(seed=0, num_threads=None),
+    )

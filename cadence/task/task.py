@@ -1,0 +1,211 @@
+"""`Task` (seed 002): what to train, described for one process; the `Trainer` runs it.
+
+A task builds the model, the inputs, the losses and the metrics, and says what one training step
+and one validation step are. Everything around the step -- the optimizer and its schedule,
+gradient accumulation and clipping, mixed precision, weight averaging, checkpoints, evaluation
+intervals, exports -- comes from the config and the `Trainer`, not from the task.
+
+The smallest task::
+
+    class Digits(cadence.Task):
+        def build_model(self):
+            return nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+
+        def build_inputs(self, params, input_context=None):
+            return DataLoader(dataset, batch_size=input_context.get_per_replica_batch_size(
+                params.global_batch_size), shuffle=params.is_training)
+
+        def build_losses(self, labels, model_outputs, aux_losses=None):
+            return nn.functional.cross_entropy(model_outputs, labels)
+
+        def build_metrics(self, training=True):
+            return {"accuracy": cadence.Accuracy()}
+
+**Who updates the weights.** The default `train_step` computes the loss and returns it in its
+logs without calling ``backward``: the `Trainer` then does the update with everything the config
+asks for. A task that overrides `train_step` to update the weights itself (a GAN with two
+optimizers) returns detached values; the Trainer sees that the loss needs no gradient and only
+counts the step.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from cadence.data.sharding import InputContext
+from cadence.engine.module import Module
+
+logger = logging.getLogger("cadence")
+
+
+def split_inputs(inputs: Any) -> tuple[Any, Any]:
+    """``(features, labels)`` from a batch: a pair is split, anything else is both."""
+    if isinstance(inputs, (tuple, list)) and len(inputs) == 2:
+        return inputs[0], inputs[1]
+    return inputs, inputs
+
+
+def aux_losses_of(model: Any) -> Any:
+    """``model.aux_losses`` when the model has them (e.g. set in ``forward``), else None.
+
+    Same answer as ``getattr(model, "aux_losses", None)``, without its cost on an ``nn.Module``
+    that has none: there a missing attribute raises (and formats) an ``AttributeError`` inside
+    ``__getattr__``, about a microsecond in every step.
+    """
+    if isinstance(model, nn.Module):
+        if "aux_losses" in vars(model):
+            return vars(model)["aux_losses"]
+        if not (hasattr(type(model), "aux_losses") or "aux_losses" in model._parameters
+                or "aux_losses" in model._buffers or "aux_losses" in model._modules):
+            return None
+    return getattr(model, "aux_losses", None)
+
+
+def accepts_argument(fn: Callable[..., Any], name: str) -> bool:
+    """Whether `fn` can be called with the keyword argument `name`."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
+
+
+class Task(Module):
+    """A single-process description of what to train.
+
+    Args:
+        params: the task's config (a `cadence.TaskConfig` or a subclass).
+        logging_dir: where the task may write its own files (the model directory).
+        name: the module name; defaults to ``params.name`` or the class name.
+
+    Attributes:
+        loss: the key of the training loss in `train_step`'s logs.
+    """
+
+    loss = "loss"
+
+    def __init__(self, params: Any, logging_dir: str | None = None,
+                 name: str | None = None) -> None:
+        super().__init__(name=name or getattr(params, "name", None))
+        self._task_config = params
+        self._logging_dir = logging_dir or ""
+
+    _TRACKING_IGNORED = frozenset({"_task_config", "_logging_dir"})
+
+    @property
+    def task_config(self) -> Any:
+        """The task's config."""
+        return self._task_config
+
+    @property
+    def logging_dir(self) -> str:
+        """Where the task may write files ("" = the working directory)."""
+        return self._logging_dir
+
+    # ------------------------------------------------------------------ building
+
+    def initialize(self, model: nn.Module) -> None:
+        """Runs only when the model directory has no checkpoint: loads
+        ``task_config.init_checkpoint`` into `model` if it is set.
+
+        The path may be a ``.safetensors`` file (a best export), a best-export directory, a
+        cadence checkpoint directory or a directory of them (the newest is used). Override to
+        load part of a model (a backbone).
+        """
+        path = getattr(self.task_config, "init_checkpoint", "")
+        if not path:
+            return
+        from cadence.engine.exporter import load_weights
+
+        load_weights(model, path)
+        logger.info("Initialized the model from %s.", path)
+
+    def build_model(self) -> nn.Module:
+        """Returns the model (an ``nn.Module``)."""
+        raise NotImplementedError(
+            f"{type(self).__name__}.build_model() is not implemented: return the model, or pass "
+            "one to Trainer(model=...)."
+        )
+
+    def build_inputs(self, params: Any, input_context: InputContext | None = None) -> Any:
+        """Returns the data for `params` (a `DataConfig`): a DataLoader or any iterable of
+        batches, sized for one process (see `InputContext.get_per_replica_batch_size`)."""
+        raise NotImplementedError(
+            f"{type(self).__name__}.build_inputs() is not implemented: return a DataLoader (or "
+            "any iterable of batches) for the given DataConfig."
+        )
+
+    def build_losses(self, labels: Any, model_outputs: Any, aux_losses: Any = None) -> Any:
+        """The loss to minimize; the default is the sum of `aux_losses` (0 without any)."""
+        if aux_losses is None:
+            return torch.zeros(())
+        if isinstance(aux_losses, torch.Tensor):
+            return aux_losses
+        return torch.stack([torch.as_tensor(loss) for loss in aux_losses]).sum()
+
+    def build_metrics(self, training: bool = True) -> Mapping[str, Any]:
+        """Metrics by name, built once for training and once for evaluation. Each needs
+        ``update_state(labels, model_outputs)``, ``result()`` and ``reset()``."""
+        return {}
+
+    def process_metrics(self, metrics: Mapping[str, Any] | None, labels: Any,
+                        model_outputs: Any, **kwargs: Any) -> None:
+        """Updates every metric with ``update_state(labels, model_outputs)``."""
+        for name, metric in (metrics or {}).items():
+            update = getattr(metric, "update_state", None)
+            if update is None:
+                raise TypeError(
+                    f"Metric {name!r} ({type(metric).__name__}) has no update_state(labels, "
+                    "outputs); update it in train_step/validation_step, or use a metric such "
+                    "as cadence.Accuracy."
+                )
+            update(labels, model_outputs)
+
+    # ------------------------------------------------------------------ steps
+
+    def train_step(self, inputs: Any, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                   metrics: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """One training step's forward pass: returns logs with the loss under `self.loss`.
+
+        The loss keeps its gradient, so the `Trainer` does the update (see the module
+        docstring). Override to update the weights yourself with `optimizer`.
+        """
+        features, labels = split_inputs(inputs)
+        outputs = model(features)
+        loss = self.build_losses(labels, outputs, aux_losses=aux_losses_of(model))
+        self.process_metrics(metrics, labels, outputs)
+        return {self.loss: loss}
+
+    def validation_step(self, inputs: Any, model: nn.Module,
+                        metrics: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """One evaluation step: returns logs with the loss; may add tensors for
+        `aggregate_logs`."""
+        features, labels = split_inputs(inputs)
+        outputs = self.inference_step(features, model)
+        loss = self.build_losses(labels, outputs, aux_losses=aux_losses_of(model))
+        self.process_metrics(metrics, labels, outputs)
+        return {self.loss: loss}
+
+    def inference_step(self, inputs: Any, model: nn.Module) -> Any:
+        """The model's outputs for `inputs` (the model is in eval mode)."""
+        return model(inputs)
+
+    # ------------------------------------------------------------------ host-side aggregation
+
+    def aggregate_logs(self, state: Any = None, step_logs: Any = None) -> Any:
+        """Folds one evaluation step's logs into `state` on the host, for metrics that cannot
+        be computed on the device. Returns the new state; the default keeps None."""
+        return None
+
+    def reduce_aggregated_logs(self, aggregated_logs: Any,
+                               global_step: int | None = None) -> dict[str, Any]:
+        """Turns the aggregated state into metrics at the end of an evaluation."""
+        return {}

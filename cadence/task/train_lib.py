@@ -1,0 +1,242 @@
+"""`run_experiment`: builds the task, model, optimizer, Trainer and Controller, and runs a mode.
+
+The model directory of a run::
+
+    model_dir/
+      params.yaml        the final config (written by training modes; reloads exactly)
+      checkpoints/       ckpt-<step>/ (atomic, newest kept, resumed from automatically)
+      train/  eval/      TensorBoard event files and metrics.jsonl
+      best/              the best exports (safetensors + metrics.json, ledger info.json)
+
+Modes (TF Model Garden's ``train_lib``):
+
+=====================  ==========================================================================
+``train``              train to ``trainer.train_steps``
+``train_and_eval``     train, evaluating every ``trainer.validation_interval`` steps and at the end
+``train_and_post_eval``  train, then evaluate once
+``eval``               evaluate the newest checkpoint once (the initial weights if there is none)
+``continuous_eval``    evaluate every new checkpoint until the one of ``trainer.train_steps``
+=====================  ==========================================================================
+
+Running a training mode again in the same directory resumes from the newest checkpoint; a
+finished run does nothing more (except a final evaluation that had not run).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from cadence.callbacks.loss_guard import LossGuard
+from cadence.callbacks.progress import ProgressBar
+from cadence.core.callbacks import Callback
+from cadence.core.controller import Action, Controller
+from cadence.core.errors import ConfigError
+from cadence.core.summary import process_rank
+from cadence.engine.checkpoint import CheckpointManager
+from cadence.engine.exporter import BestCheckpointExporter
+from cadence.task.config import MODES, ExperimentConfig
+from cadence.task.config_files import config_differences, load_config, save_config
+from cadence.task.optimization import create_optimizer
+from cadence.task.registry import get_task
+from cadence.task.task import Task
+from cadence.task.trainer import Trainer
+
+logger = logging.getLogger("cadence")
+
+CONFIG_FILE = "params.yaml"
+
+
+def check_mode(mode: str) -> str:
+    """Returns `mode` if it is one of `MODES`.
+
+    Raises:
+        ValueError: naming the valid modes.
+    """
+    if mode not in MODES:
+        raise ValueError(f"Unknown mode {mode!r}; valid: {', '.join(MODES)}.")
+    return mode
+
+
+def setup_runtime(config: ExperimentConfig) -> None:
+    """Applies ``config.runtime``: threads, determinism, seeds; joins a torchrun job."""
+    runtime = config.runtime
+    if runtime.num_threads is not None:
+        torch.set_num_threads(runtime.num_threads)
+    if runtime.deterministic:
+        torch.use_deterministic_algorithms(True)
+    if runtime.seed is not None:
+        random.seed(runtime.seed)
+        np.random.seed(runtime.seed)
+        torch.manual_seed(runtime.seed)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() and runtime.device != "cpu" else "gloo"
+        dist.init_process_group(backend)
+
+
+def check_saved_config(config: ExperimentConfig, model_dir: Path,
+                       allow_config_change: bool = False) -> None:
+    """Writes ``params.yaml``; refuses a config that differs from the one already there.
+
+    Raises:
+        ConfigError: listing the differences, when the directory holds another config and
+            `allow_config_change` is False. Nothing is written in that case.
+    """
+    path = model_dir / CONFIG_FILE
+    if path.is_file():
+        saved = load_config(config_files=[path])
+        differences = config_differences(saved, config)
+        if differences and not allow_config_change:
+            raise ConfigError(
+                f"{str(model_dir)!r} holds a run with a different config:\n  "
+                + "\n  ".join(differences)
+                + "\nUse another model directory for a new run, or pass --allow-config-change "
+                "(allow_config_change=True) to continue this run with the new config."
+            )
+        if differences:
+            backup = path.with_name(f"params.{time.strftime('%Y%m%d-%H%M%S')}.yaml")
+            os.replace(path, backup)
+            logger.warning("The config changed (%s); the old one is kept as %s.",
+                           "; ".join(differences), backup)
+    if process_rank() == 0:
+        save_config(config, path)
+
+
+def create_trainer(config: ExperimentConfig, task: Task, train: bool, evaluate: bool,
+                   checkpoint_exporter: BestCheckpointExporter | None = None) -> Trainer:
+    """The `Trainer` for `task`: the model from ``task.build_model()`` and the optimizer from
+    ``config.trainer.optimizer_config``."""
+    model = task.build_model()
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{type(task).__name__}.build_model() returned "
+                        f"{type(model).__name__}; it must return a torch.nn.Module.")
+    optimizer = create_optimizer(config.trainer.optimizer_config.optimizer, model)
+    return Trainer(config, task, model, optimizer, train=train, evaluate=evaluate,
+                   checkpoint_exporter=checkpoint_exporter)
+
+
+def maybe_create_best_ckpt_exporter(config: ExperimentConfig,
+                                    model_dir: Path) -> BestCheckpointExporter | None:
+    """The exporter that ``trainer.best_checkpoint_*`` asks for, or None when either the
+    sub-directory or the metric is empty."""
+    trainer = config.trainer
+    if not trainer.best_checkpoint_export_subdir or not trainer.best_checkpoint_eval_metric:
+        return None
+    return BestCheckpointExporter(
+        model_dir / trainer.best_checkpoint_export_subdir, trainer.best_checkpoint_eval_metric,
+        trainer.best_checkpoint_metric_comp, trainer.best_checkpoint_max_to_keep,
+    )
+
+
+def run_experiment(
+    config: ExperimentConfig,
+    mode: str,
+    model_dir: str | os.PathLike[str],
+    *,
+    callbacks: Iterable[Callback] = (),
+    train_actions: Iterable[Action] = (),
+    eval_actions: Iterable[Action] = (),
+    progress_bar: bool | None = None,
+    allow_config_change: bool = False,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Runs `mode` of the experiment `config` in `model_dir` (see the module docstring).
+
+    Args:
+        config: the final config (see `cadence.load_config`).
+        mode: one of `MODES`.
+        model_dir: the run's directory; training in it again resumes.
+        callbacks: more callbacks for the Controller (after the built-in ones).
+        train_actions: Orbit-style actions called with each loop's logs.
+        eval_actions: Orbit-style actions called with each evaluation's logs.
+        progress_bar: show a progress bar; None: when stderr is a terminal.
+        allow_config_change: continue a run whose saved config differs.
+
+    Returns:
+        ``(model, eval_logs)``: the trained model and the last evaluation's logs ({} if none).
+
+    Raises:
+        ValueError: for an unknown mode, or ``trainer.train_steps`` = 0 in a training mode.
+        ConfigError: if `model_dir` holds a run with another config.
+        Preempted: after SIGTERM or Ctrl-C, once a checkpoint is saved.
+        FloatingPointError: when the loss diverges and the recovery policy says to stop.
+    """
+    check_mode(mode)
+    config.validate()
+    model_dir = Path(model_dir)
+    trains = mode.startswith("train")
+    evaluates = mode != "train"
+    trainer_config = config.trainer
+    if trains and trainer_config.train_steps <= 0:
+        raise ValueError("trainer.train_steps is 0: set it, e.g. --set trainer.train_steps=1000.")
+    if trains:
+        check_saved_config(config, model_dir, allow_config_change)
+    setup_runtime(config)
+
+    task = get_task(config.task, logging_dir=str(model_dir))
+    exporter = maybe_create_best_ckpt_exporter(config, model_dir) if evaluates else None
+    trainer = create_trainer(config, task, train=trains, evaluate=evaluates,
+                             checkpoint_exporter=exporter)
+    if trains:
+        state: Any = trainer
+    else:  # an evaluation job reads the weights (and the step) from training checkpoints
+        state = {"model": trainer.model, "_progress": trainer._progress}
+        if trainer.ema is not None:
+            state["ema"] = trainer.ema
+    manager = CheckpointManager(
+        state, model_dir / "checkpoints", max_to_keep=trainer_config.max_to_keep,
+        checkpoint_interval=trainer_config.checkpoint_interval, init_fn=trainer.initialize,
+        strict=trains, read_only=not trains,
+        async_save=trainer_config.async_checkpoints and trains,
+    )
+    trainer.coordinator_for_async().add_waitable(manager)
+    builtin: list[Callback] = [ProgressBar(enabled=progress_bar)] if trains else []
+    if trains:
+        builtin.append(LossGuard("training_loss", trainer_config.loss_upper_bound,
+                                 trainer_config.recovery_begin_steps,
+                                 trainer_config.recovery_max_trials))
+    controller = Controller(
+        trainer=trainer if trains else None,
+        evaluator=trainer if evaluates else None,
+        steps_per_loop=trainer_config.steps_per_loop if trains else None,
+        checkpoint_manager=manager,
+        summary_dir=str(model_dir / "train"),
+        summary_interval=trainer_config.summary_interval,
+        eval_summary_dir=str(model_dir / trainer_config.validation_summary_subdir),
+        callbacks=[*builtin, *callbacks],
+        train_actions=train_actions,
+        eval_actions=eval_actions,
+    )
+    eval_logs: dict[str, Any] | None = None
+    try:
+        if mode == "train":
+            controller.train(trainer_config.train_steps)
+        elif mode == "train_and_eval":
+            eval_logs = controller.train_and_evaluate(
+                trainer_config.train_steps, trainer_config.validation_steps,
+                trainer_config.validation_interval)
+        elif mode == "train_and_post_eval":
+            controller.train(trainer_config.train_steps)
+            eval_logs = controller.evaluate(trainer_config.validation_steps)
+        elif mode == "eval":
+            if manager.latest_checkpoint is None:
+                logger.warning("No checkpoint in %s: evaluating the initial weights.",
+                               manager.directory)
+            eval_logs = controller.evaluate(trainer_config.validation_steps)
+        else:
+            eval_logs = controller.evaluate_continuously(
+                trainer_config.validation_steps, timeout=trainer_config.continuous_eval_timeout,
+                stop_at_step=trainer_config.train_steps or None)
+    finally:
+        trainer.join()
+        controller.close()
+    return trainer.model, dict(eval_logs or {})

@@ -1,0 +1,476 @@
+"""`Trainer` (seed 002): one object that trains and evaluates a `Task` as the config says.
+
+The Trainer is a `StandardTrainer` and a `StandardEvaluator`, so a `Controller` drives it like any
+runner. One training step is::
+
+    inputs = next_train_inputs(iterator)               # x gradient_accumulation_steps micro-batches
+    logs = task.train_step(inputs, model, optimizer, train_metrics)   # under autocast
+    if logs[task.loss] still needs a gradient:         # the default: the Trainer updates
+        backward (through the fp16 grad scaler), clip the gradient norm, optimizer.step()
+    lr_scheduler.step(); ema.update()
+
+One evaluation is `eval_begin` (reset metrics, eval mode; the EMA weights stand in when
+enabled), then per step `next_eval_inputs -> (inputs, host_logs)`, ``task.validation_step``
+and `eval_reduce` (``task.aggregate_logs`` on the host), and `eval_end`: metric results, the
+task's ``reduce_aggregated_logs``, and the best-checkpoint export.
+
+Asynchronous work (seed 002's ``coordinator_for_async``, ``init_async``, ``join``): TF Model
+Garden schedules steps on parameter-server workers. cadence's asynchronous work is host-side I/O
+that must not stall the loop: best-export writes go to the Trainer's `AsyncCoordinator`, a
+background worker, and checkpoint writes run in the background when
+``trainer.async_checkpoints`` is on (`run_experiment` registers the manager with the
+coordinator); `join()` waits for all of it and re-raises its errors.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from cadence.data.device import to_device
+from cadence.data.sharding import InputContext
+from cadence.engine.compile import compile_step
+from cadence.engine.metrics import Mean
+from cadence.engine.runner import Output
+from cadence.engine.standard_runner import (
+    StandardEvaluator,
+    StandardEvaluatorOptions,
+    StandardTrainer,
+    StandardTrainerOptions,
+)
+from cadence.task.optimization import ExponentialMovingAverage, create_lr_schedule
+from cadence.task.task import Task, accepts_argument
+
+logger = logging.getLogger("cadence")
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``"auto"`` is CUDA when available, else CPU; anything else is passed to torch."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise ValueError(f"runtime.device {name!r} is not a device: {error}. Use 'auto', 'cpu', "
+                         "'cuda' or 'cuda:<index>'.") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"runtime.device is {name!r} but CUDA is not available here: set "
+                         "runtime.device=auto (or cpu).")
+    return device
+
+
+class AsyncCoordinator:
+    """Runs host-side work (file writes) in one background thread, in submission order.
+
+    `join` waits for everything submitted so far and re-raises the first error.
+    """
+
+    def __init__(self) -> None:
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: list[concurrent.futures.Future[Any]] = []
+        self._waitables: list[Any] = []
+
+    def add_waitable(self, obj: Any) -> None:
+        """Makes `join` also call ``obj.wait()`` (e.g. a `CheckpointManager` writing in the
+        background)."""
+        self._waitables.append(obj)
+
+    def schedule(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        """Runs ``fn(*args)`` in the background."""
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="cadence-async")
+        future = self._executor.submit(fn, *args)
+        self._pending.append(future)
+        return future
+
+    def join(self) -> None:
+        """Waits for all scheduled work; raises the first error any of it raised."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+        for obj in self._waitables:
+            obj.wait()
+
+
+class Trainer(StandardTrainer, StandardEvaluator):
+    """Trains and evaluates `task` (seed 002's ``base_trainer.Trainer``).
+
+    Args:
+        config: an `ExperimentConfig` (its ``task``, ``trainer`` and ``runtime`` are read).
+        task: the `Task`.
+        model: the model, usually ``task.build_model()``; moved to ``runtime.device``.
+        optimizer: a `torch.optim` optimizer over the model's parameters (see
+            `cadence.task.optimization.create_optimizer`); None when the task updates itself.
+        train: build what training needs (the training data and metrics).
+        evaluate: build what evaluation needs (the validation data and metrics).
+        train_dataset: the training data; default ``task.build_inputs(task.train_data)``
+            through `distribute_dataset`.
+        validation_dataset: the validation data; default from ``task.validation_data``.
+        checkpoint_exporter: a `BestCheckpointExporter` called at the end of each evaluation.
+
+    Raises:
+        ValueError: if the config lacks ``task`` or ``trainer``, or the task config lacks the
+            data config for a dataset that is not given.
+    """
+
+    _TRACKING_IGNORED = frozenset(
+        {"_config", "_checkpoint_exporter", "_coordinator", "_device", "_autocast_dtype",
+         "_eval_model", "_train_model", "_task_train_step", "_task_validation_step"}
+    )
+
+    def __init__(
+        self,
+        config: Any,
+        task: Task,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        train: bool = True,
+        evaluate: bool = True,
+        train_dataset: Any = None,
+        validation_dataset: Any = None,
+        checkpoint_exporter: Any = None,
+    ) -> None:
+        for part in ("task", "trainer", "runtime"):
+            if not hasattr(config, part):
+                raise ValueError(f"`config` (got {type(config).__name__}) has no {part!r}; pass "
+                                 "a cadence.ExperimentConfig.")
+        for flag, dataset, key in ((train, train_dataset, "train_data"),
+                                   (evaluate, validation_dataset, "validation_data")):
+            if flag and dataset is None and getattr(config.task, key, None) is None:
+                raise ValueError(f"config.task.{key} is not set and no dataset was given: set "
+                                 f"it, or pass the dataset to Trainer().")
+        trainer_config, runtime = config.trainer, config.runtime
+        self._config = config
+        self._device = resolve_device(runtime.device)
+        self._autocast_dtype = _AUTOCAST_DTYPES.get(runtime.mixed_precision or "")
+        self._coordinator = AsyncCoordinator()
+        self._checkpoint_exporter = checkpoint_exporter
+        self.task = task
+        self.model = model.to(self._device)
+        self._train_model: nn.Module = self.model
+        if (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+                and any(p.requires_grad for p in self.model.parameters())):
+            # Data parallel: gradients are averaged across processes during backward.
+            # Checkpoints and exports hold the plain model (no "module." prefix).
+            self._train_model = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self._device.index] if self._device.type == "cuda"
+                else None)
+        self.optimizer = optimizer
+        schedule = trainer_config.optimizer_config.learning_rate
+        self.lr_scheduler = (  # none for a constant rate: no work per step that changes nothing
+            create_lr_schedule(schedule, optimizer, trainer_config.train_steps)
+            if optimizer is not None and (schedule.schedule != "constant"
+                                          or schedule.warmup_steps > 0) else None
+        )
+        self.grad_scaler = (
+            torch.amp.GradScaler(self._device.type)
+            if runtime.mixed_precision == "fp16" and optimizer is not None else None
+        )
+        ema = trainer_config.ema
+        self.ema = (ExponentialMovingAverage(self.model, ema.decay, ema.dynamic_decay,
+                                             ema.start_step) if ema.enabled else None)
+        self._eval_model: nn.Module = self.model
+        self.training_loss = Mean()
+        self.validation_loss = Mean()
+        self.gradient_norm = Mean()
+        self.train_metrics: dict[str, Any] = (
+            dict(task.build_metrics(training=True)) if train else {})
+        self.validation_metrics: dict[str, Any] = (
+            dict(task.build_metrics(training=False)) if evaluate else {})
+        self._extra_train_logs: dict[str, Mean] = {}
+        self._validation_loss_seen = False
+        optimization = trainer_config.optimizer_config
+        self._accumulation = optimization.gradient_accumulation_steps
+        self._clip_norm = optimization.gradient_clip_norm
+        self._plain_forward = self._autocast_dtype is None and (
+            self._train_model is self.model or self._accumulation == 1)
+        """Whether a micro-batch runs without autocast or DDP's no_sync: no context to enter."""
+        if train and train_dataset is None:
+            train_dataset = self.distribute_dataset(task.build_inputs, config.task.train_data)
+        if evaluate and validation_dataset is None:
+            validation_dataset = self.distribute_dataset(task.build_inputs,
+                                                         config.task.validation_data)
+        # With compile_step, the task's forward and loss are compiled and backward runs through
+        # the compiled graph; the update stays eager (a graph break there gains nothing).
+        self._task_train_step: Callable[..., Any] | None = None
+        self._task_validation_step: Callable[..., Any] | None = None
+        if trainer_config.compile_step or trainer_config.cuda_graphs:
+            how = (trainer_config.compile_mode, trainer_config.cuda_graphs)
+            self._task_train_step = compile_step(task.train_step, *how)
+            self._task_validation_step = compile_step(task.validation_step, *how)
+        # On CUDA the next batch is copied while the step computes (side stream, pinned memory).
+        prefetch = self._device if self._device.type == "cuda" else None
+        StandardTrainer.__init__(self, train_dataset if train else [],
+                                 StandardTrainerOptions(prefetch_to_device=prefetch),
+                                 name=task.name)
+        StandardEvaluator.__init__(self, validation_dataset, StandardEvaluatorOptions(),
+                                   name=task.name)
+        self.init_async()
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def config(self) -> Any:
+        """The experiment config."""
+        return self._config
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model and the inputs live."""
+        return self._device
+
+    @property
+    def checkpoint_exporter(self) -> Any:
+        """The best-checkpoint exporter, if any."""
+        return self._checkpoint_exporter
+
+    @property
+    def eval_model(self) -> nn.Module:
+        """The weights evaluations and exports use: the EMA average when enabled."""
+        return self.ema.average if self.ema is not None else self.model
+
+    # ------------------------------------------------------------------ seed 002 utilities
+
+    def initialize(self) -> None:
+        """Runs when the model directory has no checkpoint (the manager's ``init_fn``):
+        ``task.initialize(model)``, e.g. to load pretrained weights."""
+        self.task.initialize(self.model)
+        if self.ema is not None:
+            self.ema.update(0)  # the average starts from the initialized weights
+
+    def distribute_dataset(self, dataset_or_fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Builds this process's share of a dataset.
+
+        A dataset is returned as it is. A function is called with `args` and `kwargs`, plus an
+        `InputContext` (world size, this rank) as ``input_context`` when it takes one.
+        """
+        if not callable(dataset_or_fn) or hasattr(dataset_or_fn, "__iter__"):
+            return dataset_or_fn
+        if accepts_argument(dataset_or_fn, "input_context"):
+            world, rank = 1, 0
+            if dist.is_available() and dist.is_initialized():
+                world, rank = dist.get_world_size(), dist.get_rank()
+            kwargs["input_context"] = InputContext(world, rank, world)
+        return dataset_or_fn(*args, **kwargs)
+
+    def init_async(self) -> None:
+        """Prepares asynchronous work: waits for anything pending, then starts afresh (keeping
+        what `join` waits for)."""
+        self._coordinator.join()
+        waitables = self._coordinator._waitables
+        self._coordinator = AsyncCoordinator()
+        self._coordinator._waitables = waitables
+
+    def coordinator_for_async(self) -> AsyncCoordinator:
+        """The `AsyncCoordinator` that runs this Trainer's background work."""
+        return self._coordinator
+
+    def join(self) -> None:
+        """Waits for all background work (export writes, checkpoint writes) to finish."""
+        self._coordinator.join()
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self._autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self._device.type, dtype=self._autocast_dtype)
+
+    # ------------------------------------------------------------------ training
+
+    def train_loop_begin(self) -> None:
+        """Resets the training metrics (before the iterator exists on the first loop)."""
+        if not all(module.training for module in self.model.modules()):
+            self.model.train()  # after an evaluation; setting it walks and sets every module
+        for metric in (self.training_loss, self.gradient_norm, *self.train_metrics.values(),
+                       *self._extra_train_logs.values()):
+            metric.reset()
+
+    def next_train_inputs(self, iterator: Iterator[Any]) -> Any:
+        """The next training batch; override to control what is fed to the model."""
+        return next(iterator)
+
+    def train_step(self, iterator: Iterator[Any]) -> None:
+        """One step: ``gradient_accumulation_steps`` micro-batches, then one update."""
+        # All micro-batches are fetched first: a pass that ends mid-step leaves no half step.
+        accumulation = self._accumulation
+        batches = ([self.next_train_inputs(iterator)] if accumulation == 1 else
+                   [self.next_train_inputs(iterator) for _ in range(accumulation)])
+        if self._train_data.prefetch_to is None and self._device.type != "cpu":
+            batches = [to_device(inputs, self._device) for inputs in batches]
+        task_step = self._task_train_step or self.task.train_step
+        model, optimizer, metrics = self._train_model, self.optimizer, self.train_metrics
+        updated = False
+        for index, inputs in enumerate(batches):
+            if self._plain_forward:  # no autocast, no DDP: nothing to enter (the common case)
+                logs = task_step(inputs, model, optimizer, metrics)
+            else:
+                with self._micro_batch_context(last=index == accumulation - 1):
+                    logs = task_step(inputs, model, optimizer, metrics)
+            loss = self._loss_of(logs)
+            self.training_loss.update(loss)
+            if len(logs) > 1:
+                self._record_extra(logs)
+            if loss.requires_grad:
+                self._backward(loss)
+                updated = True
+            elif type(self.task).train_step is Task.train_step:
+                raise RuntimeError(
+                    "The training loss has no gradient: the model has no trainable parameters, "
+                    "or build_losses() detached the loss."
+                )
+        if updated:
+            self._apply_gradients()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        if self.ema is not None:
+            self.ema.update(self.global_step + 1)
+
+    def _micro_batch_context(self, last: bool) -> contextlib.ExitStack:
+        """Autocast, and -- between micro-batches -- DDP's ``no_sync``: only the last
+        micro-batch of a step needs its gradients averaged across processes."""
+        stack = contextlib.ExitStack()
+        model = self._train_model
+        if not last and isinstance(model, nn.parallel.DistributedDataParallel):
+            stack.enter_context(model.no_sync())
+        stack.enter_context(self._autocast())
+        return stack
+
+    def _loss_of(self, logs: Any) -> torch.Tensor:
+        if not (type(logs) is dict or isinstance(logs, Mapping)) or self.task.loss not in logs:
+            raise TypeError(
+                f"{type(self.task).__name__}.train_step() must return a dict with the loss under "
+                f"{self.task.loss!r} (Task.loss); got {type(logs).__name__}"
+                + (f" with keys {sorted(logs)}" if isinstance(logs, Mapping) else "") + "."
+            )
+        loss = logs[self.task.loss]
+        return loss if isinstance(loss, torch.Tensor) else torch.as_tensor(loss)
+
+    def _record_extra(self, logs: Mapping[str, Any]) -> None:
+        for key, value in logs.items():
+            if key == self.task.loss or not isinstance(value, torch.Tensor) or value.numel() != 1:
+                continue
+            metric = self._extra_train_logs.get(key)
+            if metric is None:
+                metric = self._extra_train_logs[key] = Mean()
+            metric.update(value.detach())
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        if self._accumulation > 1:
+            loss = loss / self._accumulation
+        if self.grad_scaler is not None:
+            self.grad_scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    def _apply_gradients(self) -> None:
+        optimizer = self.optimizer
+        if optimizer is None:
+            raise RuntimeError(
+                "The training loss needs a gradient but the Trainer has no optimizer: pass one, "
+                "or update the weights in Task.train_step and return detached values."
+            )
+        scaler = self.grad_scaler
+        if self._clip_norm is not None:
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            norm = torch.nn.utils.clip_grad_norm_(params, self._clip_norm)
+            self.gradient_norm.update(norm)
+        if scaler is not None:
+            scaler.step(optimizer)  # reads the inf check on the host: fp16 costs a sync
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def train_loop_end(self) -> Output:
+        """The loop's means: ``training_loss``, the task's metrics, other scalars the task's
+        ``train_step`` returned, ``learning_rate`` and, with clipping, ``gradient_norm``."""
+        self.join()
+        for metric in (self.training_loss, self.gradient_norm, *self.train_metrics.values(),
+                       *self._extra_train_logs.values()):
+            metric.all_reduce()  # across processes; a no-op in one
+        logs: dict[str, Any] = {"training_loss": self.training_loss.result()}
+        logs.update({name: metric.result() for name, metric in self.train_metrics.items()})
+        logs.update({name: metric.result() for name, metric in self._extra_train_logs.items()})
+        if self._clip_norm is not None:
+            logs["gradient_norm"] = self.gradient_norm.result()
+        if self.optimizer is not None:
+            logs["learning_rate"] = float(self.optimizer.param_groups[0]["lr"])
+        return logs
+
+    # ------------------------------------------------------------------ evaluation
+
+    def eval_begin(self) -> Any:
+        """Resets the evaluation metrics and puts the evaluated model in eval mode."""
+        for metric in (self.validation_loss, *self.validation_metrics.values()):
+            metric.reset()
+        self._validation_loss_seen = False
+        self._eval_model = self.eval_model
+        self._eval_model.eval()
+        return None
+
+    def next_eval_inputs(self, iterator: Iterator[Any]) -> tuple[Any, dict[str, Any]]:
+        """The next evaluation batch and host-side logs.
+
+        The logs stay on the host (strings, ids, anything the device cannot hold) and are
+        merged with the step's outputs for ``task.aggregate_logs``; override to return some.
+        """
+        return next(iterator), {}
+
+    def eval_step(self, iterator: Iterator[Any]) -> dict[str, Any]:
+        """One evaluation step: ``task.validation_step`` merged with the host logs (the
+        model's outputs win on a name clash)."""
+        inputs, host_logs = self.next_eval_inputs(iterator)
+        inputs = to_device(inputs, self._device)
+        with self._autocast():
+            logs = (self._task_validation_step or self.task.validation_step)(
+                inputs, self._eval_model, self.validation_metrics)
+        logs = dict(logs or {})
+        if self.task.loss in logs:
+            self.validation_loss.update(logs[self.task.loss])
+            self._validation_loss_seen = True
+        for key in host_logs:
+            if key in logs:
+                logger.warning("next_eval_inputs() returned %r, which validation_step() also "
+                               "returned; the model's value is kept.", key)
+        return {**host_logs, **logs}
+
+    def eval_reduce(self, state: Any = None, step_outputs: Any = None) -> Any:
+        """``task.aggregate_logs(state, step_outputs)``."""
+        return self.task.aggregate_logs(state, step_outputs)
+
+    def eval_end(self, aggregated_logs: Any = None) -> Output:
+        """Metric results, ``validation_loss``, the task's reduced aggregates, and the export:
+        when the exporter keeps these weights, ``best_<metric>`` is added."""
+        self.join()
+        for metric in (self.validation_loss, *self.validation_metrics.values()):
+            metric.all_reduce()
+        logs: dict[str, Any] = {name: metric.result()
+                                for name, metric in self.validation_metrics.items()}
+        if self._validation_loss_seen:
+            logs["validation_loss"] = self.validation_loss.result()
+        if aggregated_logs is not None:
+            logs.update(self.task.reduce_aggregated_logs(aggregated_logs,
+                                                         global_step=self.global_step))
+        exporter = self._checkpoint_exporter
+        if exporter is not None:
+            from cadence.core.logs import to_host
+
+            logs = to_host(logs)
+            exporter.maybe_export_checkpoint(self._eval_model, logs, self.global_step,
+                                             coordinator=self._coordinator)
+            best = exporter.best_value
+            if best is not None:
+                logs[f"best_{exporter.metric_key}"] = best
+        self.model.train()
+        return logs

@@ -1,0 +1,31 @@
+"""The tensorpack front-end (seed 003): trainers that run `run_step` in epochs, driven by the
+engine's `Controller`, and the declarative `TrainConfig` / `launch_train_with_config`.
+
+A front-end: it builds on the engine and imports no other front-end.
+"""
+
+from cadence.tensorpack.trainer import (
+    ModelDesc,
+    SimpleTrainer,
+    SingleCostTrainer,
+    StopTraining,
+    TrainConfig,
+    Trainer,
+    cost_from_model,
+    default_callbacks,
+    default_monitors,
+    launch_train_with_config,
+)
+
+__all__ = [
+    "ModelDesc",
+    "SimpleTrainer",
+    "SingleCostTrainer",
+    "StopTraining",
+    "TrainConfig",
+    "Trainer",
+    "cost_from_model",
+    "default_callbacks",
+    "default_monitors",
+    "launch_train_with_config",
+]

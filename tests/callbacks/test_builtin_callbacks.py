@@ -1,0 +1,375 @@
+"""Each built-in callback and scheduling wrapper, driven by the tensorpack-style trainer (and
+one by the Controller): what it does, when, and what it costs per step."""
+
+import json
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import cadence
+from cadence.callbacks import (
+    EarlyStopping,
+    EnableCallbackIf,
+    EstimatedTimeLeft,
+    HyperParamSetterWithFunc,
+    InferenceRunner,
+    JSONWriter,
+    MaxSaver,
+    MinSaver,
+    ModelSaver,
+    PeakMemoryTracker,
+    PeriodicCallback,
+    PeriodicTrigger,
+    Profiler,
+    ScalarPrinter,
+    ScheduledHyperParamSetter,
+    StopAtTimeLimit,
+    TensorBoardWriter,
+    ThroughputTracker,
+    cosine_schedule,
+)
+from cadence.core.callbacks import CallbackList, overridden_hooks
+from cadence.engine.exporter import read_weights
+from cadence.tensorpack import SimpleTrainer
+
+
+def make_trainer(logdir=None, batches=4):
+    torch.manual_seed(0)
+    model = nn.Linear(2, 1)
+    x = torch.randn(8 * batches, 2)
+    y = x.sum(1, keepdim=True)
+    trainer = SimpleTrainer(logdir)
+    data = [(x[i:i + 8], y[i:i + 8]) for i in range(0, len(x), 8)]
+    trainer.setup_graph(data, lambda xb, yb: nn.functional.mse_loss(model(xb), yb),
+                        lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+                        model=model)
+    return trainer, data
+
+
+class Trigger(cadence.Callback):
+    """Records the global steps at which it is triggered."""
+
+    def __init__(self):
+        self.at = []
+
+    def trigger(self, state):
+        self.at.append(state.global_step)
+
+
+class Put(cadence.Callback):
+    """Writes a fixed sequence of values of a metric, one per epoch."""
+
+    def __init__(self, name, values):
+        self.name, self.values = name, list(values)
+        self.provides = (name,)
+
+    def on_epoch_end(self, state):
+        state.metrics[self.name] = self.values[state.epoch - 1]
+
+
+# ---------------------------------------------------------------------------- scheduling
+
+
+def test_periodic_trigger_runs_on_steps_epochs_before_and_after_training():
+    steps, epochs, edges = Trigger(), Trigger(), Trigger()
+    trainer, _ = make_trainer()
+    trainer.train(callbacks=[PeriodicTrigger(steps, every_k_steps=3),
+                             PeriodicTrigger(epochs, every_k_epochs=2),
+                             PeriodicTrigger(edges, before_train=True, at_end=True)],
+                  steps_per_epoch=4, max_epoch=3)
+    assert steps.at == [3, 6, 9, 12]
+    assert epochs.at == [8]
+    assert edges.at == [0, 12]
+
+
+def test_periodic_trigger_on_seconds_and_before_the_step(monkeypatch):
+    clock = iter(range(0, 1000, 2))  # each reading is 2 "seconds" later
+    monkeypatch.setattr(time, "monotonic", lambda: float(next(clock)))
+    seconds, before = Trigger(), Trigger()
+    trainer, _ = make_trainer()
+    trainer.train(callbacks=[PeriodicTrigger(seconds, every_k_seconds=5),
+                             PeriodicTrigger(before, every_k_steps=2, before_step=True)],
+                  steps_per_epoch=4, max_epoch=1)
+    assert seconds.at and all(b - a >= 1 for a, b in zip(seconds.at, seconds.at[1:]))
+    assert before.at == [0, 2]  # before steps 1 and 3, i.e. at global steps 0 and 2
+
+
+def test_schedules_align_to_absolute_counters_across_a_resume(tmp_path):
+    first = Trigger()
+    trainer, _ = make_trainer(tmp_path)
+    trainer.train(callbacks=[ModelSaver(), PeriodicTrigger(first, every_k_steps=3)],
+                  steps_per_epoch=4, max_epoch=1)
+    second = Trigger()
+    resumed, _ = make_trainer(tmp_path)
+    resumed.train(callbacks=[ModelSaver(), PeriodicTrigger(second, every_k_steps=3)],
+                  steps_per_epoch=4, max_epoch=2)
+    assert first.at == [3] and second.at == [6]
+
+
+def test_periodic_callback_and_enable_if_gate_a_callback():
+    class Epochs(cadence.Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_epoch_end(self, state):
+            self.seen.append(state.epoch)
+
+    every_two, late = Epochs(), Epochs()
+    trainer, _ = make_trainer()
+    trainer.train(callbacks=[PeriodicCallback(every_two, every_k_epochs=2),
+                             EnableCallbackIf(late, lambda state: state.epoch >= 4)],
+                  steps_per_epoch=1, max_epoch=5)
+    assert every_two.seen == [2, 4, 5]  # and the last epoch
+    assert late.seen == [4, 5]
+
+
+def test_wrappers_validate_their_schedules():
+    with pytest.raises(ValueError, match="needs a schedule"):
+        PeriodicTrigger(Trigger())
+    with pytest.raises(ValueError, match="every_k_steps"):
+        PeriodicTrigger(Trigger(), every_k_steps=0)
+    with pytest.raises(TypeError, match="cadence.Callback"):
+        PeriodicTrigger(object(), every_k_steps=1)
+
+
+def test_callbacks_without_step_schedules_add_no_per_step_hooks():
+    callbacks = CallbackList([PeriodicTrigger(ModelSaver(), every_k_epochs=1),
+                              *(PeriodicTrigger(Trigger(), every_k_epochs=2) for _ in range(50)),
+                              InferenceRunner([], lambda m, b: {}, names=[]), JSONWriter(),
+                              ScalarPrinter(), EstimatedTimeLeft(), ThroughputTracker(),
+                              MinSaver("x"), EarlyStopping("x"),
+                              ScheduledHyperParamSetter("learning_rate", [(1, 0.1)])])
+    assert not callbacks.has_step_hooks
+    assert "on_step_end" in overridden_hooks(PeriodicTrigger(Trigger(), every_k_steps=5))
+
+
+def test_a_reader_before_its_producer_is_refused_at_setup():
+    runner = InferenceRunner([], lambda model, batch: {}, names=["loss"])
+    with pytest.raises(ValueError, match="MinSaver reads 'validation_loss', which "
+                                         "InferenceRunner produces, but comes before it"):
+        CallbackList([MinSaver("validation_loss"), runner])
+    CallbackList([runner, MinSaver("validation_loss")])  # the right order is accepted
+
+
+# ---------------------------------------------------------------------------- savers
+
+
+def test_model_saver_keeps_the_last_n_with_the_callbacks_state(tmp_path):
+    stopper = EarlyStopping("validation_x", patience=5)
+    trainer, _ = make_trainer(tmp_path)
+    trainer.train(callbacks=[Put("validation_x", [3, 2, 1]), stopper, ModelSaver(max_to_keep=2)],
+                  steps_per_epoch=2, max_epoch=3)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ckpt-4", "ckpt-6"]
+    resumed, _ = make_trainer(tmp_path)
+    again = EarlyStopping("validation_x", patience=5)
+    resumed.setup_callbacks([Put("validation_x", [3, 2, 1]), again, ModelSaver()])
+    resumed.resume_or_initialize()
+    assert (resumed.epoch_num, resumed.global_step) == (3, 6)
+    assert (again.best, again.best_step) == (1, 6)  # callback state came back too
+
+
+@pytest.mark.parametrize(("saver", "best_step"), [(MinSaver, 4), (MaxSaver, 6)])
+def test_min_and_max_savers_export_the_weights_of_the_best_epoch(tmp_path, saver, best_step):
+    weights = {}
+
+    class Remember(cadence.Callback):
+        def on_epoch_end(self, state):
+            weights[state.global_step] = state.trainer.model.weight.detach().clone()
+
+    trainer, _ = make_trainer(tmp_path)
+    trainer.train(callbacks=[Remember(), Put("val", [2.0, 1.0, 3.0]), saver("val")],
+                  steps_per_epoch=2, max_epoch=3)
+    directory = tmp_path / f"{saver.__name__.lower()}-val"
+    ledger = json.loads((directory / "info.json").read_text())
+    assert [e["step"] for e in ledger["exports"]] == [best_step]
+    exported = read_weights(directory)["weight"]
+    assert torch.equal(exported, weights[best_step])
+
+
+# ---------------------------------------------------------------------------- inference
+
+
+def test_inference_runner_records_example_weighted_means_in_eval_mode_without_grad():
+    seen = []
+
+    def infer(model, batch):
+        seen.append((model.training, torch.is_grad_enabled()))
+        return {"loss": batch[0].float().mean()}
+
+    data = [(torch.tensor([1.0, 1.0, 1.0]),), (torch.tensor([5.0]),)]  # sizes 3 and 1
+    runner = InferenceRunner(data, infer, names=["loss"])
+    trainer, _ = make_trainer()
+    trainer.train(callbacks=[runner], steps_per_epoch=1, max_epoch=1)
+    assert runner.last_results == {"validation_loss": 2.0}  # (3*1 + 1*5) / 4
+    assert trainer.state.metrics["validation_loss"] == 2.0
+    assert seen == [(False, False), (False, False)]
+    assert trainer.model.training  # back in train mode
+
+
+# ---------------------------------------------------------------------------- schedules
+
+
+def lr_of(trainer):
+    return trainer.optimizer.param_groups[0]["lr"]
+
+
+def test_piecewise_and_linear_schedules_by_epoch():
+    rates = []
+
+    class Watch(cadence.Callback):
+        def on_epoch_end(self, state):
+            rates.append(round(lr_of(state.trainer), 6))
+
+    trainer, _ = make_trainer()
+    trainer.train(callbacks=[ScheduledHyperParamSetter("learning_rate", [(2, 0.01), (4, 0.001)]),
+                             Watch()], steps_per_epoch=1, max_epoch=5)
+    assert rates == [0.1, 0.01, 0.01, 0.001, 0.001]  # unchanged before the first point
+    rates.clear()
+    trainer, _ = make_trainer()
+    trainer.train(callbacks=[ScheduledHyperParamSetter("learning_rate", [(1, 0.0), (5, 0.4)],
+                                                       interp="linear"), Watch()],
+                  steps_per_epoch=1, max_epoch=5)
+    assert rates == [0.0, 0.1, 0.2, 0.3, 0.4]
+
+
+def test_any_optimizer_field_from_a_function_of_the_step_or_a_cosine():
+    momenta = []
+
+    class Watch(cadence.Callback):
+        def on_step_end(self, state):
+            momenta.append(state.trainer.optimizer.param_groups[0]["momentum"])
+
+    trainer, _ = make_trainer()
+    trainer.train(callbacks=[HyperParamSetterWithFunc("momentum", lambda t, v: 0.1 * t,
+                                                      step_based=True), Watch()],
+                  steps_per_epoch=3, max_epoch=1)
+    assert momenta == pytest.approx([0.0, 0.1, 0.2])
+    schedule = cosine_schedule(1.0, 0.0, total=4)
+    assert [schedule(t) for t in (0, 2, 4, 8)] == pytest.approx([1.0, 0.5, 0.0, 0.0])
+    with pytest.raises(ValueError, match="has no 'betas'"):
+        trainer2, _ = make_trainer()
+        trainer2.train(callbacks=[HyperParamSetterWithFunc("betas", lambda t, v: v)],
+                       steps_per_epoch=1, max_epoch=1)
+
+
+def test_schedules_are_resume_safe(tmp_path):
+    trainer, _ = make_trainer(tmp_path)
+    setter = ScheduledHyperParamSetter("learning_rate", [(1, 0.5), (3, 0.05)])
+    trainer.train(callbacks=[setter, ModelSaver()], steps_per_epoch=1, max_epoch=3)
+    resumed, _ = make_trainer(tmp_path)
+    resumed.setup_callbacks([ScheduledHyperParamSetter("learning_rate", [(1, 0.5), (3, 0.05)])])
+    resumed.resume_or_initialize()
+    resumed.optimizer.param_groups[0]["lr"] = 123.0  # whatever the restored optimizer says...
+    resumed.main_loop(1, max_epoch=4)
+    assert lr_of(resumed) == 0.05  # ...epoch 4 runs with the schedule's value
+
+
+# ---------------------------------------------------------------------------- statistics
+
+
+def test_eta_throughput_and_peak_memory_are_recorded_per_epoch():
+    trainer, _ = make_trainer()
+    trainer.train(callbacks=[EstimatedTimeLeft(), ThroughputTracker(samples_per_step=8),
+                             PeakMemoryTracker()],
+                  steps_per_epoch=3, max_epoch=2)
+    metrics = trainer.state.metrics
+    assert metrics["eta_seconds"] == 0.0  # nothing left after the last epoch
+    assert metrics["throughput/steps_per_second"] > 0
+    assert metrics["throughput/samples_per_second"] == pytest.approx(
+        8 * metrics["throughput/steps_per_second"])
+    assert metrics["peak_memory_mb/host"] > 10
+
+
+def test_monitors_write_json_lines_tensorboard_and_a_printed_line(tmp_path, caplog):
+    trainer, _ = make_trainer(tmp_path)
+    with caplog.at_level("INFO", logger="cadence"):
+        trainer.train(monitors=[TensorBoardWriter(), JSONWriter(), ScalarPrinter()],
+                      steps_per_epoch=2, max_epoch=2)
+    lines = (tmp_path / "stats.jsonl").read_text().splitlines()
+    assert [json.loads(line)["global_step"] for line in lines] == [2, 4]
+    assert "cost" in json.loads(lines[0])
+    events = list((tmp_path / "train").glob("events.out.tfevents.*"))
+    assert events
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(tmp_path / "train"))
+    accumulator.Reload()
+    assert [e.step for e in accumulator.Scalars("cost")] == [2, 4]
+    assert "epoch 2 | step 4 | cost=" in caplog.text
+
+
+def test_the_progress_bar_runs_with_the_epoch_loop(capsys):
+    trainer, _ = make_trainer()
+    trainer.train(callbacks=[cadence.ProgressBar(enabled=True)], steps_per_epoch=2, max_epoch=2)
+    assert "4/4" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- stopping
+
+
+def test_nan_guard_stops_training_when_the_cost_diverges():
+    trainer, _ = make_trainer()
+    trainer.optimizer.param_groups[0]["lr"] = 1e6  # diverges within an epoch
+    with pytest.raises(FloatingPointError, match="cost is"):
+        trainer.train(callbacks=[cadence.LossGuard("cost", upper_bound=1e3)],
+                      steps_per_epoch=8, max_epoch=3)
+
+
+def test_early_stopping_waits_for_patience_then_restores_the_best_weights():
+    weights = []
+
+    class Remember(cadence.Callback):
+        def on_epoch_end(self, state):
+            weights.append(state.trainer.model.weight.detach().clone())
+
+    stopper = EarlyStopping("validation_loss", patience=2, restore_best=True)
+    trainer, _ = make_trainer()
+    trainer.train(callbacks=[Remember(), Put("validation_loss", [3, 1, 2, 2, 0, 0]), stopper],
+                  steps_per_epoch=1, max_epoch=6)
+    assert trainer.epoch_num == 4  # no improvement in epochs 3 and 4
+    assert stopper.best == 1 and stopper.best_step == 2
+    assert torch.equal(trainer.model.weight, weights[1])
+    assert "did not improve" in trainer.state.stop_reason
+    assert EarlyStopping("valid_acc").mode == "max"
+
+
+def test_stop_at_time_limit_stops_cleanly(monkeypatch):
+    clock = iter(range(1000))
+    monkeypatch.setattr(time, "monotonic", lambda: float(next(clock)))
+    trainer, _ = make_trainer()
+    trainer.train(callbacks=[StopAtTimeLimit(3.5)], steps_per_epoch=10, max_epoch=5)
+    assert trainer.global_step == 4  # the clock reads 1, 2, 3, 4 after the steps
+    assert "time limit" in trainer.state.stop_reason
+
+
+def test_the_profiler_writes_a_trace_of_the_step_range(tmp_path):
+    profiler = Profiler(2, 4, directory=tmp_path)
+    trainer, _ = make_trainer()
+    trainer.train(callbacks=[profiler], steps_per_epoch=6, max_epoch=1)
+    assert profiler.trace_path == tmp_path / "trace-2-4.json"
+    trace = json.loads(profiler.trace_path.read_text())
+    names = {event.get("name", "") for event in trace["traceEvents"]}
+    assert any("addmm" in name or "linear" in name for name in names)
+
+
+def test_built_ins_work_under_the_controller_too(tmp_path):
+    from fakes import TinyClassifier, make_loader
+
+    runner = TinyClassifier(make_loader())
+    runner.logdir = tmp_path
+    best = MinSaver("loss")
+    controller = cadence.Controller(trainer=runner, steps_per_loop=4, callbacks=[
+        PeriodicTrigger(best, every_k_steps=4), JSONWriter()])
+    controller.train(8)
+    assert (tmp_path / "minsaver-loss" / "info.json").is_file()
+    assert len((tmp_path / "stats.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("callback", [JSONWriter(), ModelSaver(), MinSaver("x")])
+def test_a_callback_without_a_directory_or_a_logdir_says_what_to_pass(callback):
+    trainer, _ = make_trainer()  # no logdir
+    with pytest.raises(ValueError, match=f"{type(callback).__name__} needs a directory: pass "
+                                         r"one, or train with a logdir"):
+        trainer.train(callbacks=[callback], steps_per_epoch=1, max_epoch=1)

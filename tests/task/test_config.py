@@ -1,0 +1,146 @@
+"""Configs: defaults from the registry, then files, then overrides; strict and round-tripping."""
+
+import subprocess
+import sys
+
+import pytest
+
+from cadence.core.errors import ConfigError
+from cadence.task.config import ExperimentConfig
+from cadence.task.config_files import config_differences, config_to_yaml, load_config, save_config
+from cadence.task.experiments.digits import DigitsTaskConfig
+
+
+def test_a_registered_experiment_is_the_starting_point():
+    config = load_config("digits")
+    assert config.experiment == "digits"
+    assert isinstance(config.task, DigitsTaskConfig)
+    assert config.trainer.best_checkpoint_eval_metric == "accuracy"
+
+
+def test_no_experiment_means_the_default_one():
+    assert load_config().experiment == "digits"
+
+
+def test_sources_apply_in_order_files_then_overrides(tmp_path):
+    first = tmp_path / "first.yaml"
+    first.write_text("trainer:\n  train_steps: 10\n  steps_per_loop: 5\n")
+    second = tmp_path / "second.yaml"
+    second.write_text("trainer:\n  train_steps: 20\ntask:\n  model:\n    hidden_sizes: [8]\n")
+    config = load_config("digits", [first, second], ["trainer.train_steps=30"])
+    assert config.trainer.train_steps == 30  # the override wins over both files
+    assert config.trainer.steps_per_loop == 5  # the first file's value survives the second
+    assert config.task.model.hidden_sizes == [8]  # experiment-specific fields are reachable
+
+
+def test_overrides_parse_yaml_values_and_accept_a_mapping():
+    config = load_config("digits", overrides=[
+        "runtime.mixed_precision=bf16", "trainer.summary_interval=null",
+        "task.model.hidden_sizes=[32,16]", "trainer.optimizer_config.optimizer.learning_rate=1e-4",
+    ])
+    assert config.runtime.mixed_precision == "bf16"
+    assert config.trainer.summary_interval is None
+    assert config.task.model.hidden_sizes == [32, 16]
+    assert config.trainer.optimizer_config.optimizer.learning_rate == 1e-4
+    config = load_config("digits", overrides={"trainer": {"train_steps": 7}})
+    assert config.trainer.train_steps == 7
+
+
+def test_an_unknown_key_names_itself_a_suggestion_and_the_valid_keys():
+    with pytest.raises(ConfigError) as error:
+        load_config("digits", overrides=["trainer.train_step=5"])
+    message = str(error.value)
+    assert "--set trainer.train_step=5" in message
+    assert "'trainer.train_step'" in message
+    assert "Did you mean 'trainer.train_steps'" in message
+    assert "checkpoint_interval" in message  # the valid keys are listed
+
+
+def test_an_unknown_key_in_a_file_names_the_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("task:\n  modle:\n    hidden_sizes: [3]\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*'task\.modle'.*Did you mean 'task\.model'"):
+        load_config("digits", [path])
+
+
+def test_a_value_of_the_wrong_type_names_the_key():
+    with pytest.raises(ConfigError, match=r"'trainer.train_steps'.*abc"):
+        load_config("digits", overrides=["trainer.train_steps=abc"])
+
+
+def test_values_out_of_range_are_all_listed():
+    with pytest.raises(ConfigError) as error:
+        load_config("digits", overrides=[
+            "trainer.steps_per_loop=0", "runtime.mixed_precision=fp8",
+            "trainer.optimizer_config.optimizer.name=adamax", "trainer.compile_mode=fastest",
+        ])
+    message = str(error.value)
+    assert "trainer.steps_per_loop: must be a positive integer (got 0)" in message
+    assert "runtime.mixed_precision" in message and "'bf16'" in message
+    assert "unknown optimizer 'adamax'; valid: sgd, adam, adamw" in message
+    assert "trainer.compile_mode: unknown mode 'fastest'; valid: null, default" in message
+
+
+@pytest.mark.parametrize("text", ["trainer.train_steps", "=5"])
+def test_an_override_without_key_and_value_is_refused(text):
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        load_config("digits", overrides=[text])
+
+
+def test_missing_and_malformed_files_are_clear_errors(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("digits", [tmp_path / "nope.yaml"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config("digits", [bad])
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config("digits", [listing])
+
+
+def test_an_unknown_experiment_lists_the_registered_ones():
+    with pytest.raises(ConfigError,
+                       match=r"Unknown experiment 'digit'.*char_lm, char_lm_large, digits"):
+        load_config("digit")
+
+
+def test_a_saved_config_reloads_exactly_from_the_file_alone(tmp_path):
+    config = load_config("char_lm", overrides=["trainer.train_steps=123", "task.model.d_model=48",
+                                               "runtime.seed=null"])
+    path = save_config(config, tmp_path / "params.yaml")
+    reloaded = load_config(config_files=[path])  # the experiment is read from the file
+    assert reloaded == config
+    assert type(reloaded.task) is type(config.task)
+    assert config_to_yaml(reloaded) == path.read_text()
+
+
+def test_a_file_for_another_experiment_is_refused(tmp_path):
+    path = save_config(load_config("char_lm"), tmp_path / "params.yaml")
+    with pytest.raises(ConfigError, match="is for experiment 'char_lm', not 'digits'"):
+        load_config("digits", [path])
+
+
+def test_differences_are_listed_by_key_path():
+    old = load_config("digits")
+    new = load_config("digits", overrides=["trainer.train_steps=5", "task.model.dropout=0.5"])
+    assert config_differences(old, new) == [
+        "task.model.dropout: 0.1 -> 0.5",
+        "trainer.train_steps: 1000 -> 5",
+    ]
+    assert config_differences(old, old) == []
+
+
+def test_a_hand_built_config_can_start_the_chain():
+    base = ExperimentConfig()
+    config = load_config(base, overrides=["trainer.train_steps=3"])
+    assert config.trainer.train_steps == 3 and base.trainer.train_steps == 0  # base untouched
+
+
+def test_builtin_experiments_do_not_depend_on_import_order():
+    code = ("import cadence.task.registry as r; print(sorted(r.experiments())); "
+            "import cadence.task.config_files as c; print(c.load_config('char_lm').experiment)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.splitlines() == ["['char_lm', 'char_lm_large', 'digits']", "char_lm"]

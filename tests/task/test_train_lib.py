@@ -1,0 +1,182 @@
+"""run_experiment: every mode, resuming, the saved config, and the loss guard."""
+
+import json
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import cadence
+from cadence.engine.exporter import read_weights
+from cadence.task.config_files import load_config
+from cadence.task.experiments.digits import DigitsTask, DigitsTaskConfig
+from cadence.task.registry import register_task
+from cadence.task.train_lib import run_experiment
+
+FAST = ["trainer.train_steps=40", "trainer.steps_per_loop=10", "trainer.checkpoint_interval=20",
+        "trainer.validation_interval=20", "task.model.hidden_sizes=[32]",
+        "trainer.optimizer_config.learning_rate.warmup_steps=0"]
+
+
+def digits(*overrides):
+    return load_config("digits", overrides=[*FAST, *overrides])
+
+
+def eval_records(model_dir):
+    lines = (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_the_default_experiment_reaches_95_percent_validation_accuracy(tmp_path):
+    _, logs = run_experiment(load_config("digits"), "train_and_eval", tmp_path)
+    assert logs["accuracy"] >= 0.95
+    assert logs["best_accuracy"] >= logs["accuracy"]
+    assert list((tmp_path / "train").glob("events.out.tfevents.*"))
+    assert list((tmp_path / "eval").glob("events.out.tfevents.*"))
+    ledger = json.loads((tmp_path / "best" / "info.json").read_text())
+    assert ledger["exports"][0]["value"] == logs["best_accuracy"]
+
+
+def test_train_and_eval_writes_config_checkpoints_summaries_and_the_best_export(tmp_path):
+    model, logs = run_experiment(digits(), "train_and_eval", tmp_path)
+    assert isinstance(model, torch.nn.Module)
+    assert {"accuracy", "validation_loss", "best_accuracy"} <= set(logs)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ckpt-20", "ckpt-40"]
+    assert [r["step"] for r in eval_records(tmp_path)] == [20, 40]
+    assert load_config(config_files=[tmp_path / "params.yaml"]) == digits()
+    best = json.loads((tmp_path / "best" / "info.json").read_text())["exports"][0]
+    assert best["value"] == logs["best_accuracy"]
+    weights = read_weights(tmp_path / "best")
+    assert set(weights) == set(model.state_dict())
+
+
+def test_train_then_eval_and_continuous_eval_read_the_checkpoints(tmp_path):
+    _, in_memory = run_experiment(digits(), "train_and_post_eval", tmp_path / "reference")
+    run_experiment(digits(), "train", tmp_path)
+    assert not (tmp_path / "eval").exists()
+    _, logs = run_experiment(digits(), "eval", tmp_path)
+    assert logs["accuracy"] == in_memory["accuracy"] > 0.5  # the restored weights were used
+    assert eval_records(tmp_path)[-1]["step"] == 40
+    _, logs = run_experiment(digits(), "continuous_eval", tmp_path)
+    assert [r["step"] for r in eval_records(tmp_path)] == [40, 20, 40]  # every checkpoint
+    assert [r["step"] for r in eval_records(tmp_path / "reference")] == [40]  # once, at the end
+
+
+def test_running_again_resumes_and_a_longer_target_continues(tmp_path):
+    run_experiment(digits(), "train", tmp_path)
+    manifest = tmp_path / "checkpoints" / "ckpt-40" / "manifest.json"
+    written = manifest.stat().st_mtime_ns
+    run_experiment(digits(), "train", tmp_path)  # finished: nothing to do
+    assert manifest.stat().st_mtime_ns == written
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ckpt-20", "ckpt-40"]
+    config = digits("trainer.train_steps=60")
+    run_experiment(config, "train", tmp_path, allow_config_change=True)
+    assert (tmp_path / "checkpoints" / "ckpt-60").is_dir()
+    assert list(tmp_path.glob("params.*.yaml"))  # the old config is kept beside the new one
+
+
+def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path):
+    run_experiment(digits(), "train", tmp_path / "straight")
+
+    class StopAt(cadence.Callback):
+        def on_loop_end(self, state, logs):
+            if state.global_step == 30:
+                state.request_stop("test")
+
+    run_experiment(digits(), "train", tmp_path / "stopped", callbacks=[StopAt()])
+    assert (tmp_path / "stopped" / "checkpoints" / "ckpt-30").is_dir()
+    run_experiment(digits(), "train", tmp_path / "stopped")
+    for key, value in read_weights(tmp_path / "straight" / "checkpoints").items():
+        torch.testing.assert_close(read_weights(tmp_path / "stopped" / "checkpoints")[key], value,
+                                   rtol=0, atol=0)
+
+
+def test_a_different_config_in_the_same_directory_is_refused_before_anything_is_written(
+        tmp_path):
+    run_experiment(digits(), "train", tmp_path)
+    before = (tmp_path / "params.yaml").read_text()
+    with pytest.raises(cadence.ConfigError) as error:
+        run_experiment(digits("task.model.dropout=0.3"), "train", tmp_path)
+    assert "task.model.dropout: 0.1 -> 0.3" in str(error.value)
+    assert "--allow-config-change" in str(error.value)
+    assert (tmp_path / "params.yaml").read_text() == before
+
+
+def test_bad_modes_and_missing_train_steps_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="Unknown mode 'fit'; valid: train, train_and_eval"):
+        run_experiment(digits(), "fit", tmp_path)
+    with pytest.raises(ValueError, match="trainer.train_steps is 0"):
+        run_experiment(digits("trainer.train_steps=0"), "train", tmp_path)
+
+
+@dataclass
+class ExplodingConfig(DigitsTaskConfig):
+    explode_at_call: int = 25
+    explosions: int = 1
+
+
+@register_task(ExplodingConfig)
+class ExplodingTask(DigitsTask):
+    """Returns a NaN loss on the configured calls of train_step."""
+
+    calls = 0
+
+    def train_step(self, inputs, model, optimizer, metrics=None):
+        type(self).calls += 1
+        logs = super().train_step(inputs, model, optimizer, metrics)
+        first = self.task_config.explode_at_call
+        if first <= type(self).calls < first + self.task_config.explosions:
+            logs["loss"] = logs["loss"] * float("nan")
+        return logs
+
+
+def exploding(*overrides):
+    ExplodingTask.calls = 0
+    config = digits(*overrides)
+    config.task = ExplodingConfig(**{f: getattr(config.task, f)
+                                     for f in DigitsTaskConfig.__dataclass_fields__})
+    return config
+
+
+def test_a_nan_loss_stops_training_before_the_bad_weights_are_saved(tmp_path):
+    with pytest.raises(FloatingPointError, match=r"diverged at step 30: training_loss is nan"):
+        run_experiment(exploding(), "train", tmp_path)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ckpt-20"]
+
+
+def test_recovery_restores_the_last_checkpoint_and_skips_the_bad_batches(tmp_path, caplog):
+    model, _ = run_experiment(exploding("trainer.recovery_max_trials=2"), "train", tmp_path)
+    assert "restored" in caplog.text and "skipping the batches" in caplog.text
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert (tmp_path / "checkpoints" / "ckpt-40").is_dir()
+
+
+def test_recovery_gives_up_after_the_configured_failures_in_a_row(tmp_path):
+    config = exploding("trainer.recovery_max_trials=1")
+    config.task.explosions = 100
+    with pytest.raises(FloatingPointError, match="diverged"):
+        run_experiment(config, "train", tmp_path)
+
+
+def test_a_loss_above_the_upper_bound_counts_as_divergence(tmp_path):
+    config = digits("trainer.loss_upper_bound=0.0", "trainer.recovery_begin_steps=21")
+    with pytest.raises(FloatingPointError, match="above the upper bound 0"):
+        run_experiment(config, "train", tmp_path)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ckpt-20"]
+
+
+@pytest.mark.slow
+def test_the_char_lm_trains_and_reports_bits_per_char(tmp_path):
+    config = load_config("char_lm", overrides=[
+        "trainer.train_steps=20", "trainer.steps_per_loop=10", "trainer.validation_interval=10",
+        "trainer.validation_steps=2", "task.max_bytes=60000", "task.sequence_length=32",
+        "task.model.d_model=32", "task.model.num_layers=1", "task.model.dim_feedforward=64",
+        "task.train_data.global_batch_size=8", "task.validation_data.global_batch_size=8",
+        "trainer.optimizer_config.learning_rate.warmup_steps=5",
+    ])
+    model, logs = run_experiment(config, "train_and_eval", tmp_path)
+    assert math.isfinite(logs["bits_per_char"]) and logs["bits_per_char"] < 8.0
+    assert logs["best_bits_per_char"] == min(r["bits_per_char"] for r in eval_records(tmp_path))
+    sample = model.generate(b"def ", 16, generator=torch.Generator().manual_seed(0))
+    assert len(sample) == 16

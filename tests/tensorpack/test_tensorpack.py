@@ -1,0 +1,287 @@
+"""The tensorpack front-end: the epoch loop and its callback order, StopTraining, run_step,
+SingleCostTrainer / TrainConfig / launch_train_with_config, resume, the GAN example."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from test_examples import load
+from torch import nn
+
+import cadence
+from cadence.callbacks import ModelSaver, PeriodicTrigger
+from cadence.data.dataflow import DataFlow
+from cadence.tensorpack import (
+    ModelDesc,
+    SimpleTrainer,
+    StopTraining,
+    TrainConfig,
+    Trainer,
+    launch_train_with_config,
+)
+
+HOOKS = ("on_train_begin", "on_epoch_begin", "on_step_begin", "on_step_end", "on_epoch_end",
+         "on_loop_end", "on_train_end")
+
+
+class Recorder(cadence.Callback):
+    def __init__(self, calls):
+        self.calls = calls
+
+    def on_train_begin(self, state):
+        self.calls.append(("on_train_begin", state.epoch, state.global_step))
+
+    def on_epoch_begin(self, state):
+        self.calls.append(("on_epoch_begin", state.epoch, state.global_step))
+
+    def on_step_begin(self, state):
+        self.calls.append(("on_step_begin", state.epoch, state.global_step))
+
+    def on_step_end(self, state):
+        self.calls.append(("on_step_end", state.epoch, state.global_step))
+
+    def on_epoch_end(self, state):
+        self.calls.append(("on_epoch_end", state.epoch, state.global_step))
+
+    def on_loop_end(self, state, logs):
+        self.calls.append(("on_loop_end", state.epoch, state.global_step))
+
+    def on_train_end(self, state):
+        self.calls.append(("on_train_end", state.epoch, state.global_step))
+
+
+class Counting(Trainer):
+    def __init__(self, fail_at=None, stop_at=None):
+        super().__init__()
+        self.fail_at, self.stop_at = fail_at, stop_at
+
+    def run_step(self):
+        if self.global_step + 1 == self.fail_at:
+            raise ZeroDivisionError("step failed")
+        if self.global_step + 1 == self.stop_at:
+            raise StopTraining("done early")
+
+
+def run(trainer, steps_per_epoch=2, max_epoch=2):
+    calls = []
+    trainer.train(callbacks=[Recorder(calls)], steps_per_epoch=steps_per_epoch,
+                  max_epoch=max_epoch)
+    return calls
+
+
+def expected_epoch(epoch, first_step, steps):
+    calls = [("on_epoch_begin", epoch, first_step)]
+    for step in range(first_step, first_step + steps):
+        calls += [("on_step_begin", epoch, step), ("on_step_end", epoch, step + 1)]
+    last = first_step + steps
+    return [*calls, ("on_epoch_end", epoch, last), ("on_loop_end", epoch, last)]
+
+
+def test_hooks_fire_in_the_documented_order():
+    calls = run(Counting())
+    assert calls == [("on_train_begin", 0, 0), *expected_epoch(1, 0, 2), *expected_epoch(2, 2, 2),
+                     ("on_train_end", 2, 4)]
+
+
+def test_stop_training_still_runs_that_epochs_end_callbacks():
+    trainer = Counting(stop_at=3)  # the first step of epoch 2 raises StopTraining
+    calls = run(trainer, max_epoch=5)
+    assert calls[-5:] == [("on_epoch_begin", 2, 2), ("on_step_begin", 2, 2),
+                          ("on_epoch_end", 2, 2), ("on_loop_end", 2, 2), ("on_train_end", 2, 2)]
+    assert trainer.state.stop_reason == "done early"
+
+
+def test_an_exception_still_runs_on_train_end_and_propagates():
+    calls = []
+    with pytest.raises(ZeroDivisionError):
+        Counting(fail_at=3).train(callbacks=[Recorder(calls)], steps_per_epoch=2, max_epoch=3)
+    assert calls[-2:] == [("on_step_begin", 2, 2), ("on_train_end", 2, 2)]
+
+
+def test_a_callback_requesting_a_stop_ends_the_epoch_early_but_runs_its_end():
+    class StopAtThree(cadence.Callback):
+        def on_step_end(self, state):
+            if state.global_step == 3:
+                state.request_stop("enough")
+
+    trainer = Counting()
+    trainer.train(callbacks=[StopAtThree()], steps_per_epoch=2, max_epoch=5)
+    assert (trainer.global_step, trainer.epoch_num) == (3, 2)
+
+
+def test_zero_step_epochs_run_only_callbacks_and_bad_arguments_are_refused():
+    calls = run(Counting(), steps_per_epoch=0, max_epoch=2)
+    assert [c[0] for c in calls] == ["on_train_begin", "on_epoch_begin", "on_epoch_end",
+                                     "on_loop_end", "on_epoch_begin", "on_epoch_end",
+                                     "on_loop_end", "on_train_end"]
+    with pytest.raises(ValueError, match="steps_per_epoch"):
+        Counting().train(steps_per_epoch=-1, max_epoch=1)
+    with pytest.raises(NotImplementedError, match="override it"):
+        Trainer().train(steps_per_epoch=1, max_epoch=1)
+
+
+def test_a_failing_on_train_end_does_not_skip_the_others(caplog):
+    calls = []
+
+    class Broken(cadence.Callback):
+        def on_train_end(self, state):
+            raise RuntimeError("teardown failed")
+
+    Counting().train(callbacks=[Broken(), Recorder(calls)], steps_per_epoch=1, max_epoch=1)
+    assert calls[-1][0] == "on_train_end"
+    assert "Broken.on_train_end failed" in caplog.text
+
+
+# ---------------------------------------------------------------------------- single cost
+
+
+class Regression(ModelDesc):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(3, 8), nn.Dropout(0.2), nn.Linear(8, 1))
+
+    def build_graph(self, x, y):
+        return nn.functional.mse_loss(self.net(torch.as_tensor(x)), torch.as_tensor(y))
+
+    def optimizer(self):
+        return torch.optim.SGD(self.parameters(), lr=0.02, momentum=0.5)
+
+
+def regression_config(logdir, max_epoch=3, callbacks=(), **kwargs):
+    torch.manual_seed(0)
+    x = np.random.RandomState(0).randn(40, 3).astype("float32")
+    y = x @ np.array([[1.0], [2.0], [-1.0]], dtype="float32")
+    flow = DataFlow.arrays([x, y], 6, shuffle=True, random_state=1)  # 7 batches, the last short
+    return TrainConfig(model=Regression(), dataflow=flow, max_epoch=max_epoch,
+                       callbacks=list(callbacks), logdir=logdir, extra_callbacks=[], **kwargs)
+
+
+def test_launch_train_with_config_trains_and_writes_the_default_monitors(tmp_path):
+    config = regression_config(tmp_path, callbacks=[ModelSaver(max_to_keep=2)])
+    trainer = SimpleTrainer()
+    launch_train_with_config(config, trainer)
+    assert trainer.global_step == 21 and trainer.epoch_num == 3  # steps_per_epoch = len(flow)
+    records = [json.loads(line) for line in (tmp_path / "stats.jsonl").read_text().splitlines()]
+    assert [(r["epoch"], r["global_step"]) for r in records] == [(1, 7), (2, 14), (3, 21)]
+    assert records[-1]["cost"] < records[0]["cost"]
+    assert list((tmp_path / "train").glob("events.out.tfevents.*"))
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ckpt-14", "ckpt-21"]
+
+
+def test_a_resumed_run_continues_mid_epoch_and_ends_bitwise_equal(tmp_path):
+    def saver():
+        return PeriodicTrigger(ModelSaver(max_to_keep=None), every_k_steps=5)
+
+    straight = SimpleTrainer()
+    launch_train_with_config(regression_config(tmp_path / "a", callbacks=[saver()]), straight)
+
+    class Crash(cadence.Callback):
+        def on_step_end(self, state):
+            if state.global_step == 12:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        launch_train_with_config(regression_config(tmp_path / "b", callbacks=[saver(), Crash()]),
+                                 SimpleTrainer())
+    resumed = SimpleTrainer()  # resumes from ckpt-10: epoch 2, 3 steps into it
+    launch_train_with_config(regression_config(tmp_path / "b", callbacks=[saver()]), resumed)
+    assert resumed.global_step == 21
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_session_init_loads_weights_for_a_fresh_run_only(tmp_path):
+    source = Regression()
+    cadence.BestCheckpointExporter(tmp_path / "pretrained", "x").maybe_export_checkpoint(
+        source, {"x": 1.0}, 1)
+    config = regression_config(tmp_path / "run", max_epoch=0,
+                               session_init=tmp_path / "pretrained")
+    trainer = SimpleTrainer()
+    launch_train_with_config(config, trainer)
+    for a, b in zip(source.parameters(), trainer.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_config_and_launch_misuse_is_refused():
+    with pytest.raises(ValueError, match="exactly one of `dataflow` and `data`"):
+        TrainConfig(model=Regression())
+    with pytest.raises(ValueError, match="no length: set steps_per_epoch"):
+        TrainConfig(model=Regression(), data=iter([1]))
+    with pytest.raises(TypeError, match="must be a cadence.tensorpack.ModelDesc"):
+        TrainConfig(model=nn.Linear(1, 1), data=[1])
+    with pytest.raises(TypeError, match="must be a SingleCostTrainer"):
+        launch_train_with_config(TrainConfig(model=Regression(), data=[1]), Counting())
+
+
+def test_a_cost_that_is_not_a_scalar_is_a_clear_error():
+    trainer = SimpleTrainer()
+    model = nn.Linear(2, 2)
+    trainer.setup_graph([(torch.ones(3, 2),)], lambda x: model(x),
+                        lambda params: torch.optim.SGD(params, lr=0.1), model=model)
+    with pytest.raises(ValueError, match="must return a scalar tensor"):
+        trainer.train(steps_per_epoch=1, max_epoch=1)
+
+
+@pytest.mark.slow
+def test_the_gan_example_counts_logical_steps_and_learns_the_target(tmp_path):
+    example = load("gan_1d")
+    result = example.main(["--logdir", str(tmp_path), "--epochs", "6"])
+    trainer = result["trainer"]
+    assert result["global_step"] == 6 * 150  # steps, not optimizer calls
+    assert trainer.d_optimizer.state[trainer.discriminator[0].weight]["step"] == 2 * 900
+    assert trainer.g_optimizer.state[trainer.generator[0].weight]["step"] == 900
+    assert abs(result["mean"] - example.TARGET_MEAN) < 0.5
+    assert (tmp_path / "checkpoints" / "ckpt-900").is_dir()
+    again = example.main(["--logdir", str(tmp_path), "--epochs", "7"])  # resumes, one more
+    assert again["global_step"] == 7 * 150
+
+
+def test_sigterm_stops_after_the_step_saves_and_raises_preempted(tmp_path):
+    import os
+    import signal
+
+    class Terminate(cadence.Callback):
+        def on_step_end(self, state):
+            if state.global_step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    trainer = SimpleTrainer()
+    config = regression_config(tmp_path, callbacks=[Terminate()])
+    with pytest.raises(cadence.Preempted) as stopped:
+        launch_train_with_config(config, trainer)
+    assert stopped.value.code == 143
+    assert stopped.value.checkpoint == str(tmp_path / "checkpoints" / "ckpt-3")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is put back
+    resumed = SimpleTrainer()
+    launch_train_with_config(regression_config(tmp_path), resumed)
+    assert resumed.global_step == 21
+
+
+def test_a_model_and_a_loss_make_the_cost_and_steps_make_no_host_syncs(monkeypatch):
+    from fakes import make_classification
+
+    from cadence.tensorpack import cost_from_model
+
+    x, y = make_classification(32)
+    model = nn.Linear(4, 3)
+    trainer = SimpleTrainer()
+    trainer.setup_graph([(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)],
+                        cost_from_model(model, nn.functional.cross_entropy),
+                        lambda params: torch.optim.SGD(params, lr=0.5), model=model)
+    trainer.callbacks.append(cadence.Callback())  # hooks nothing: costs nothing per step
+    trainer.run_step()  # warm-up: the cost accumulator is created on the first step
+    with cadence.debug.count_host_syncs() as syncs:
+        for _ in range(10):  # crosses passes over the data
+            trainer.run_step()
+    assert syncs.count == 0, syncs.calls
+    assert float(trainer.epoch_logs()["cost"]) > 0
+
+
+def test_an_input_that_yields_nothing_is_a_clear_error():
+    trainer = SimpleTrainer()
+    model = nn.Linear(2, 1)
+    trainer.setup_graph((b for b in [(torch.ones(1, 2),)]), lambda x: model(x).sum(),
+                        lambda params: torch.optim.SGD(params, lr=0.1), model=model)
+    with pytest.raises(ValueError, match="yields no batches"):
+        trainer.train(steps_per_epoch=3, max_epoch=1)  # a generator: the second pass is empty
