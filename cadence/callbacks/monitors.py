@@ -6,16 +6,16 @@ nothing per step. Put them last: they then see what every other callback recorde
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 from cadence.callbacks.logdir import resolve_directory
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.logs import format_logs
-from cadence.core.summary import SummaryManager, process_rank
+from cadence.core.rank import is_chief
+from cadence.core.summary import SummaryManager
+from cadence.writers.jsonl import JSONLWriter
 
 logger = logging.getLogger("cadence")
 
@@ -25,9 +25,9 @@ def _snapshot(state: RunState, logs: dict[str, Any]) -> dict[str, Any]:
 
 
 class JSONWriter(Callback):
-    """Appends one JSON line per loop -- ``epoch``, ``global_step`` and every scalar -- to
+    """Appends one JSON line per loop -- ``global_step``, ``epoch`` and every scalar -- to
     ``stats.jsonl`` (tensorpack rewrote a whole ``stats.json`` each epoch; appending never
-    loses earlier lines to a crash).
+    loses earlier lines to a crash, and each line is synced to disk).
 
     Args:
         directory: where; default the trainer's logdir.
@@ -35,18 +35,22 @@ class JSONWriter(Callback):
 
     def __init__(self, directory: str | Path | None = None) -> None:
         self.directory = directory
+        self._writer: JSONLWriter | None = None
 
     def on_loop_end(self, state: RunState, logs: dict[str, Any]) -> None:
-        if process_rank() != 0:
+        if not is_chief():
             return
-        path = resolve_directory(state, self.directory, "JSONWriter") / "stats.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"epoch": state.epoch, "global_step": state.global_step,
-                  **_snapshot(state, logs)}
-        with open(path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        if self._writer is None:
+            directory = resolve_directory(state, self.directory, "JSONWriter")
+            self._writer = JSONLWriter(directory, "stats.jsonl", step_key="global_step",
+                                       fsync=True)
+        self._writer.write(state.global_step, _snapshot(state, logs),
+                           extra={"epoch": state.epoch})
+
+    def on_train_end(self, state: RunState) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
 
 class TensorBoardWriter(Callback):

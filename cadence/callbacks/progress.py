@@ -12,7 +12,7 @@ from typing import Any
 
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.logs import flatten, format_value, is_scalar
-from cadence.core.summary import process_rank
+from cadence.core.rank import process_rank
 
 
 class ProgressBar(Callback):

@@ -29,7 +29,12 @@ from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.errors import CheckpointError, Preempted
 from cadence.core.intervals import Interval, check_interval, steps_until_boundary
 from cadence.core.logs import format_logs, to_host
-from cadence.core.protocols import CheckpointManagerLike, Evaluable, Trainable
+from cadence.core.protocols import (
+    CheckpointManagerLike,
+    Evaluable,
+    SummaryManagerLike,
+    Trainable,
+)
 from cadence.core.signals import stop_on_signals
 from cadence.core.summary import SummaryManager
 
@@ -65,10 +70,16 @@ class Controller:
             that returns one). Required with a trainer. Bookkeeping happens between loops.
         checkpoint_manager: saves and restores state. Constructing the Controller restores the
             newest complete checkpoint, or runs the manager's ``init_fn`` when there is none.
-        summary_dir: where train logs are written as summaries; None writes none.
+        summary_dir: where train logs are written as summaries (TensorBoard and JSON lines);
+            None writes none.
         summary_interval: write train summaries (and record `cadence.summary.scalar` calls
             made inside steps) every this many steps, exactly on multiples; None: every loop.
         eval_summary_dir: where evaluation logs go; defaults to `summary_dir`.
+        summary_manager: where train logs go instead of `summary_dir` (Orbit's argument): a
+            `cadence.SummaryManager` with other writers, or anything with its methods. The
+            Controller flushes it but does not close it.
+        eval_summary_manager: the same for evaluation logs; defaults to the train one when
+            `eval_summary_dir` is not given.
         callbacks: `Callback` objects, called in this order.
         train_actions: Orbit actions, called with each loop's raw output.
         eval_actions: Orbit actions, called with each evaluation's raw output.
@@ -93,6 +104,8 @@ class Controller:
         summary_dir: str | None = None,
         summary_interval: int | None = None,
         eval_summary_dir: str | None = None,
+        summary_manager: SummaryManagerLike | None = None,
+        eval_summary_manager: SummaryManagerLike | None = None,
         callbacks: Iterable[Callback] = (),
         train_actions: Iterable[Action] = (),
         eval_actions: Iterable[Action] = (),
@@ -135,12 +148,22 @@ class Controller:
         self.eval_actions = tuple(eval_actions)
         self.handle_signals = handle_signals
 
-        self.summary_manager = SummaryManager(summary_dir, self._global_step)
-        eval_dir = eval_summary_dir if eval_summary_dir is not None else summary_dir
-        self.eval_summary_manager = (
-            self.summary_manager if eval_dir == summary_dir else
-            SummaryManager(eval_dir, self._global_step)
-        )
+        # Managers the Controller builds are its own to close, at the end of every entry point
+        # (train, train_and_evaluate, evaluate, evaluate_continuously); injected ones are the
+        # caller's: flushed, never closed.
+        self._owned: list[SummaryManagerLike] = []
+        if summary_manager is None:
+            summary_manager = SummaryManager(summary_dir, self._global_step)
+            self._owned.append(summary_manager)
+        self.summary_manager: SummaryManagerLike = summary_manager
+        if eval_summary_manager is None:
+            if eval_summary_dir is None or eval_summary_dir == summary_dir:
+                eval_summary_manager = summary_manager
+            else:
+                eval_summary_manager = SummaryManager(eval_summary_dir, self._global_step)
+                self._owned.append(eval_summary_manager)
+        self.eval_summary_manager: SummaryManagerLike = eval_summary_manager
+        self._depth = 0  # nesting of entry points: the outermost one closes the writers
 
         self.state = RunState(trainer=trainer, evaluator=evaluator, controller=self)
         for runner in {id(r): r for r in (trainer, evaluator) if r is not None}.values():
@@ -320,7 +343,33 @@ class Controller:
                              "step to train to.")
 
     @contextlib.contextmanager
+    def _session(self) -> Iterator[None]:
+        """Wraps each entry point: when the outermost one returns, the summary writers the
+        Controller opened are closed (a later call opens them again), and injected ones are
+        flushed."""
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self._release_writers()
+
+    def _release_writers(self) -> None:
+        managers = (self.summary_manager, self.eval_summary_manager)
+        for manager in {id(m): m for m in managers}.values():
+            if any(manager is owned for owned in self._owned):
+                manager.close()
+            else:
+                manager.flush()
+
+    @contextlib.contextmanager
     def _training(self) -> Iterator[None]:
+        with self._session(), self._training_run():
+            yield
+
+    @contextlib.contextmanager
+    def _training_run(self) -> Iterator[None]:
         self.state.stop_requested = False
         self.state.stop_reason = None
         self._signals = []
@@ -445,6 +494,10 @@ class Controller:
         """
         self._require("evaluator")
         self._check_eval_steps(steps)
+        with self._session():
+            return self._evaluate(steps)
+
+    def _evaluate(self, steps: int) -> dict[str, Any]:
         assert self.evaluator is not None
         step = self._global_step()
         self.state.global_step = step
@@ -506,6 +559,13 @@ class Controller:
         self._check_eval_steps(steps)
         if self.checkpoint_manager is None:
             raise ValueError("evaluate_continuously() needs a checkpoint manager.")
+        with self._session():
+            return self._evaluate_new_checkpoints(steps, timeout, stop_at_step, poll_interval)
+
+    def _evaluate_new_checkpoints(self, steps: int, timeout: float | None,
+                                  stop_at_step: int | None,
+                                  poll_interval: float) -> dict[str, Any] | None:
+        assert self.checkpoint_manager is not None
         evaluated: set[int] = set()
         output = None
         last_new = time.monotonic()
@@ -546,6 +606,12 @@ class Controller:
         return self._signals[0] if self._signals else None
 
     def close(self) -> None:
-        """Flushes and closes the summary writers."""
-        self.summary_manager.close()
-        self.eval_summary_manager.close()
+        """Closes the summary writers the Controller opened and flushes injected ones. Every
+        entry point does it when it returns; call it after using the writers directly."""
+        self._release_writers()
+
+    def __enter__(self) -> Controller:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

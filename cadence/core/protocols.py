@@ -3,6 +3,7 @@ imports torch."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -57,3 +58,36 @@ class CheckpointManagerLike(Protocol):
     def restore(self, path: str) -> int: ...
 
     def restore_or_initialize(self) -> str | None: ...
+
+
+@runtime_checkable
+class MetricWriter(Protocol):
+    """A destination of logs: TensorBoard, JSON lines, CSV, MLflow, W&B, ...
+
+    A `SummaryManager` builds one per backend for its directory and calls `write` once per
+    group of nested logs: ``values`` are one level's leaves, already on the host (numbers, lists,
+    strings); ``group`` is the path of keys above them (``()`` at the top, ``("eval",)`` for
+    ``{"eval": {...}}``); ``extra`` describes the record (e.g. the checkpoint an evaluation ran
+    on) and is given with the top-level group only. A writer shows what it can (TensorBoard:
+    scalars) and ignores the rest.
+    """
+
+    def write(self, step: int, values: Mapping[str, Any], group: tuple[str, ...] = (),
+              extra: Mapping[str, Any] | None = None) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class SummaryManagerLike(Protocol):
+    """What the Controller needs of a summary manager (`cadence.SummaryManager` has it)."""
+
+    def write_summaries(self, logs: Mapping[str, Any], step: int | None = None, *,
+                        extra: dict[str, Any] | None = None) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def as_default(self, record_if: Any = None) -> contextlib.AbstractContextManager[None]: ...

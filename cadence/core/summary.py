@@ -1,17 +1,14 @@
-"""Summaries: TensorBoard event files and a ``metrics.jsonl`` per directory.
+"""`SummaryManager`: routes a run's logs to its metric writers.
 
-`SummaryManager` is Orbit's summary manager: one per directory, writers created lazily per
-sub-directory, and nested logs written one nesting level per sub-directory, so that TensorBoard
-shows ``{"train": {...}, "eval": {...}}`` as two runs on shared axes. Event files are written
-with TensorBoard's own record writer and protos (``tensorboard.summary.writer``), in the calling
-thread, so TensorBoard reads them as its own. Beside them, ``metrics.jsonl`` gets one JSON
-object per write: ``step`` plus the scalars.
+It is Orbit's summary manager: one per directory, and nested logs written one nesting level per
+group -- a sub-directory for TensorBoard and JSON lines -- so that TensorBoard shows
+``{"train": {...}, "eval": {...}}`` as two runs on shared axes. *Where* the values go is the
+writers' business (`cadence.core.protocols.MetricWriter`): TensorBoard event files and a
+``metrics.jsonl`` by default, any other backend by name or as a factory. Backends are imported
+by name when an active manager is built (TensorBoard's import takes ~0.1 s: never on the first
+write inside a training loop), so nothing here imports them, or torch.
 
-In a distributed run only rank 0 writes (the rank is read from torchrun's ``RANK`` variable).
-
-Costs are paid where they belong: TensorBoard's writer modules are imported when an active
-manager is built (not on the first write, inside a training loop), and a directory's files stay
-open between writes, flushed by `flush` (once per loop) and closed by `close`.
+In a distributed run only rank 0 writes.
 
 Summaries can also be written from inside a step with `scalar`; the tag is prefixed by the
 current name scope (`Module.name_scope`). Values are kept as they are -- tensors stay on the
@@ -22,114 +19,66 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
-import itertools
-import json
+import importlib
 import os
-import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from cadence.core.logs import Logs, is_scalar, iter_groups, to_host
+from cadence.core.logs import Logs, iter_groups, to_host
+from cadence.core.protocols import MetricWriter
+from cadence.core.rank import process_rank
 from cadence.core.scope import scoped
 
-JSONL_NAME = "metrics.jsonl"
+WRITERS: dict[str, str] = {
+    "tensorboard": "cadence.writers.tensorboard:TensorBoardWriter",
+    "jsonl": "cadence.writers.jsonl:JSONLWriter",
+}
+"""The metric writers a `SummaryManager` knows by name, as ``module:class``."""
+DEFAULT_WRITERS = ("tensorboard", "jsonl")
+
+WriterSpec = str | Callable[[Path], MetricWriter]
+"""A writer's name in `WRITERS`, or a function that builds a writer for a directory."""
 
 
-def process_rank() -> int:
-    """This process's rank as torchrun sets it (0 when not launched by torchrun)."""
-    return int(os.environ.get("RANK", "0"))
+def writer_factory(spec: WriterSpec) -> Callable[[Path], MetricWriter]:
+    """The function that builds the writer `spec` names for a directory (importing its module).
 
-
-@functools.cache
-def _tensorboard() -> tuple[Any, Any, Any]:
-    """TensorBoard's record writer and protos (importing them takes ~0.1 s, once)."""
-    from tensorboard.compat.proto.event_pb2 import Event
-    from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.summary.writer.record_writer import RecordWriter
-
-    return RecordWriter, Event, Summary
+    Raises:
+        ValueError: for a name that is not in `WRITERS`.
+        TypeError: for anything that is neither a name nor callable.
+    """
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str):
+        raise TypeError(f"A writer (got {type(spec).__name__}) must be a name "
+                        f"({', '.join(WRITERS)}) or a function of the directory.")
+    if spec not in WRITERS:
+        raise ValueError(f"Unknown metric writer {spec!r}; known: {', '.join(WRITERS)}. Pass a "
+                         "function of the directory that returns a writer for another backend.")
+    module, _, name = WRITERS[spec].partition(":")
+    factory: Callable[[Path], MetricWriter] = getattr(importlib.import_module(module), name)
+    return factory
 
 
 def import_writer() -> None:
-    """Imports TensorBoard's writer now (about 0.1 s, once per process), so that the first
-    summary written inside a training loop does not pay for it. Front-ends that will write
-    summaries call it when they are built; an active `SummaryManager` calls it itself."""
-    _tensorboard()
-
-
-_FILE_NUMBER = itertools.count()
-
-
-class _EventFile:
-    """One TensorBoard event file, written in the caller's thread with TensorBoard's own
-    ``RecordWriter`` and protos -- the format TensorBoard's ``EventFileWriter`` writes, without
-    its background thread: at one event per loop, a thread only adds hand-offs of the GIL that
-    the training thread waits for."""
-
-    def __init__(self, directory: Path) -> None:
-        record_writer, event_proto, _ = _tensorboard()
-        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
-                f"{os.getpid()}.{next(_FILE_NUMBER)}")
-        self._records = record_writer(open(directory / name, "wb"))  # noqa: SIM115
-        self.add_event(event_proto(wall_time=time.time(), file_version="brain.Event:2"))
-
-    def add_event(self, event: Any) -> None:
-        self._records.write(event.SerializeToString())
-
-    def flush(self) -> None:
-        self._records.flush()
-
-    def close(self) -> None:
-        self._records.close()
-
-
-class _DirectoryWriter:
-    """The event file and the JSONL file of one directory, opened on first write."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self._events: Any = None
-        self._jsonl: Any = None
-
-    def write(self, step: int, values: dict[str, Any], extra: dict[str, Any] | None) -> None:
-        _, event_proto, summary_proto = _tensorboard()
-        if self._events is None:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._events = _EventFile(self.directory)
-            self._jsonl = open(self.directory / JSONL_NAME, "a", encoding="utf-8")  # noqa: SIM115
-        summary_values = []
-        for tag, value in values.items():
-            if is_scalar(value):
-                summary_values.append(summary_proto.Value(tag=tag, simple_value=float(value)))
-        if summary_values:
-            event = event_proto(wall_time=time.time(), step=int(step))
-            event.summary.value.extend(summary_values)
-            self._events.add_event(event)
-        record = {"step": int(step), **(extra or {}), **values}
-        self._jsonl.write(json.dumps(record, default=str) + "\n")
-
-    def flush(self) -> None:
-        if self._events is not None:
-            self._events.flush()
-            self._jsonl.flush()
-
-    def close(self) -> None:
-        if self._events is not None:
-            self._events.close()
-            self._jsonl.close()
-            self._events = self._jsonl = None
+    """Imports the default writers now (TensorBoard's import takes about 0.1 s, once per
+    process), so that the first summary written inside a training loop does not pay for it."""
+    for spec in DEFAULT_WRITERS:
+        writer_factory(spec)
 
 
 class SummaryManager:
-    """Writes logs as scalar summaries under `summary_dir`.
+    """Writes logs as summaries under `summary_dir`, through its metric writers.
 
     Args:
         summary_dir: where to write; None makes every method a no-op.
         global_step: returns the step to write at when `write_summaries` gets none.
+        writers: the metric writers, by name (see `WRITERS`) or as functions of the directory.
         enabled: whether this process writes; defaults to "rank 0 only".
+
+    Raises:
+        ValueError: for an unknown writer name.
     """
 
     def __init__(
@@ -137,31 +86,35 @@ class SummaryManager:
         summary_dir: str | os.PathLike[str] | None,
         global_step: Callable[[], int] | None = None,
         *,
+        writers: Sequence[WriterSpec] = DEFAULT_WRITERS,
         enabled: bool | None = None,
     ) -> None:
         self.summary_dir = Path(summary_dir) if summary_dir is not None else None
         self._global_step = global_step
         self.enabled = (process_rank() == 0) if enabled is None else enabled
-        self._writers: dict[tuple[str, ...], _DirectoryWriter] = {}
+        self._specs = tuple(writers)
+        self._factories: list[Callable[[Path], MetricWriter]] = []
+        self._writers: list[MetricWriter] | None = None
         self._pending: list[tuple[str, Any, int]] = []
-        if self.active:
-            import_writer()
+        if self.active:  # built now, so that imports happen here, not inside the first loop
+            self._factories = [writer_factory(spec) for spec in self._specs]
+            self._writers = self.writers
 
     @property
     def active(self) -> bool:
         """Whether writes go anywhere."""
         return self.enabled and self.summary_dir is not None
 
-    def summary_writer(self, relative_path: str | tuple[str, ...] = "") -> _DirectoryWriter | None:
-        """The writer of a sub-directory (created lazily), or None when inactive."""
+    @property
+    def writers(self) -> list[MetricWriter]:
+        """The writers (built again on the first write after `close`); none when inactive. A
+        writer creates no file until something is written."""
         if not self.active:
-            return None
-        assert self.summary_dir is not None
-        key = tuple(p for p in relative_path.split("/") if p) if isinstance(
-            relative_path, str) else relative_path
-        if key not in self._writers:
-            self._writers[key] = _DirectoryWriter(self.summary_dir.joinpath(*key))
-        return self._writers[key]
+            return []
+        if self._writers is None:
+            assert self.summary_dir is not None
+            self._writers = [factory(self.summary_dir) for factory in self._factories]
+        return self._writers
 
     def _step(self, step: int | None) -> int:
         if step is not None:
@@ -176,21 +129,22 @@ class SummaryManager:
     def write_summaries(
         self, logs: Logs, step: int | None = None, *, extra: dict[str, Any] | None = None
     ) -> None:
-        """Writes `logs` at `step`; each nested mapping goes to a sub-directory of its key.
+        """Writes `logs` at `step`; each nested mapping is a group (a sub-directory) of its key.
 
         Args:
             logs: nested mapping of names to tensors, arrays or numbers.
             step: the x-axis value; defaults to the manager's `global_step`.
-            extra: fields added to the top-level ``metrics.jsonl`` record only (e.g. which
-                checkpoint an evaluation ran on); not written to TensorBoard.
+            extra: fields that describe the top-level record rather than measure anything
+                (e.g. which checkpoint an evaluation ran on): JSON lines keep them, TensorBoard
+                does not show them.
         """
         if not self.active:
             return
         step = self._step(step)
-        for path, leaves in iter_groups(to_host(logs)):
-            writer = self.summary_writer(path)
-            assert writer is not None
-            writer.write(step, leaves, extra if not path else None)
+        writers = self.writers
+        for group, leaves in iter_groups(to_host(logs)):
+            for writer in writers:
+                writer.write(step, leaves, group, extra if not group else None)
 
     def add_pending(self, tag: str, value: Any, step: int) -> None:
         """Queues one in-step summary; it is converted and written at the next `flush`."""
@@ -198,25 +152,24 @@ class SummaryManager:
         self._pending.append((tag, detach() if detach is not None else value, step))
 
     def flush(self) -> None:
-        """Writes queued in-step summaries, then flushes every open file."""
+        """Writes queued in-step summaries, then flushes every writer."""
         if self._pending and self.active:
             by_step: dict[int, dict[str, Any]] = {}
             for tag, value, step in self._pending:
                 by_step.setdefault(step, {})[tag] = to_host(value)
-            writer = self.summary_writer()
-            assert writer is not None
             for step, values in sorted(by_step.items()):
-                writer.write(step, values, None)
+                for writer in self.writers:
+                    writer.write(step, values, (), None)
         self._pending.clear()
-        for writer in self._writers.values():
+        for writer in self._writers or ():
             writer.flush()
 
     def close(self) -> None:
-        """Flushes and closes every writer."""
+        """Flushes and closes every writer; a later write opens them again."""
         self.flush()
-        for writer in self._writers.values():
+        for writer in self._writers or ():
             writer.close()
-        self._writers.clear()
+        self._writers = None
 
     @contextlib.contextmanager
     def as_default(self, record_if: Callable[[int], bool] | None = None) -> Iterator[None]:

@@ -28,7 +28,7 @@ from torch import nn
 from cadence.core.checkpoint_dir import CheckpointDirectory, read_manifest, write_atomically
 from cadence.core.errors import CheckpointError, CheckpointMismatchError
 from cadence.core.logs import flatten, is_scalar
-from cadence.core.summary import process_rank
+from cadence.core.rank import process_rank
 
 logger = logging.getLogger("cadence")
 

@@ -42,7 +42,7 @@ from cadence.callbacks.progress import ProgressBar
 from cadence.core.callbacks import Callback
 from cadence.core.controller import Action, Controller
 from cadence.core.errors import ConfigError
-from cadence.core.summary import process_rank
+from cadence.core.rank import process_rank
 from cadence.engine.checkpoint import CheckpointManager
 from cadence.engine.exporter import BestCheckpointExporter
 from cadence.task.config import MODES, ExperimentConfig

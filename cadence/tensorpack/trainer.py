@@ -45,8 +45,9 @@ from cadence.callbacks.progress import ProgressBar
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.errors import Preempted
 from cadence.core.logs import humanize_duration, to_host
+from cadence.core.rank import process_rank
 from cadence.core.signals import stop_on_signals
-from cadence.core.summary import import_writer, process_rank
+from cadence.core.summary import import_writer
 from cadence.data.iterator import DataIterator
 from cadence.engine.metrics import Mean
 from cadence.engine.module import Module

@@ -56,8 +56,9 @@ from cadence.core.best import infer_smaller_is_better
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.errors import Preempted
 from cadence.core.logs import humanize_duration
+from cadence.core.rank import process_rank
 from cadence.core.signals import stop_on_signals
-from cadence.core.summary import SummaryManager, import_writer, process_rank
+from cadence.core.summary import SummaryManager, import_writer
 from cadence.data.iterator import DataIterator
 from cadence.engine.checkpoint import CheckpointManager
 from cadence.engine.module import Module

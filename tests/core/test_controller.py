@@ -1,5 +1,6 @@
 """The Controller's outer loop, with torch-free fake runners (tests/fakes.py)."""
 
+import json
 import logging
 import os
 import signal
@@ -250,3 +251,61 @@ def test_bad_call_arguments_are_rejected():
     with pytest.raises(ValueError, match="checkpoint manager"):
         Controller(evaluator=CountingEvaluator(trainer),
                    global_step=lambda: 0).evaluate_continuously(timeout=0)
+
+
+def open_files_under(directory):
+    """Paths under `directory` that this process holds open (Linux: /proc/self/fd)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(directory)):
+            found.append(target)
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_every_entry_point_closes_the_files_it_opened(tmp_path):
+    controller, _, _ = make(5, evaluator=True, summary_dir=str(tmp_path / "train"),
+                            eval_summary_dir=str(tmp_path / "eval"))
+    controller.train(10)
+    assert open_files_under(tmp_path) == []
+    controller.evaluate()
+    controller.train_and_evaluate(20, eval_interval=10)
+    assert open_files_under(tmp_path) == []
+    lines = (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 4  # one per loop, across the reopened files
+    evaluated = [json.loads(line)["step"]
+                 for line in (tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()]
+    assert evaluated == [10, 20]  # step 10 was evaluated already: not again
+
+
+def test_injected_summary_managers_are_used_and_flushed_but_not_closed():
+    class Manager:
+        def __init__(self):
+            self.writes, self.calls = [], []
+
+        def write_summaries(self, logs, step=None, *, extra=None):
+            self.writes.append((step, sorted(logs)))
+
+        def flush(self):
+            self.calls.append("flush")
+
+        def close(self):
+            self.calls.append("close")
+
+        def as_default(self, record_if=None):
+            import contextlib
+
+            return contextlib.nullcontext()
+
+    train, evaluation = Manager(), Manager()
+    controller, _, _ = make(5, evaluator=True, summary_manager=train,
+                            eval_summary_manager=evaluation)
+    controller.train_and_evaluate(10, eval_interval=5)
+    controller.close()
+    assert [step for step, _ in train.writes] == [5, 10]
+    assert evaluation.writes == [(5, ["accuracy"]), (10, ["accuracy"])]
+    assert "close" not in train.calls + evaluation.calls and "flush" in train.calls

@@ -90,3 +90,48 @@ def test_tensorboard_is_imported_when_a_writing_manager_or_loop_is_built_not_bef
                               timeout=120, check=True).stdout.split() for c in (code, loop_code)]
     assert outputs == [["False", "True"], ["True"]]
     assert not (tmp_path / "a").exists()  # built, not written: no files yet
+
+
+class ListWriter:
+    """A metric writer that keeps what it is given (any backend plugs in the same way)."""
+
+    def __init__(self, directory):
+        self.directory, self.records, self.closed = directory, [], False
+
+    def write(self, step, values, group=(), extra=None):
+        self.records.append((step, group, dict(values), extra))
+
+    def flush(self):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+def test_any_backend_plugs_in_as_a_writer_and_gets_one_call_per_group(tmp_path):
+    built = []
+    manager = SummaryManager(tmp_path, writers=[lambda d: built.append(ListWriter(d)) or built[-1]])
+    manager.write_summaries({"loss": 0.5, "eval": {"accuracy": 0.75}}, step=3,
+                            extra={"checkpoint": "ckpt-3"})
+    manager.close()
+    (writer,) = built
+    assert writer.directory == tmp_path and writer.closed
+    assert writer.records == [(3, (), {"loss": 0.5}, {"checkpoint": "ckpt-3"}),
+                              (3, ("eval",), {"accuracy": 0.75}, None)]
+    assert not tmp_path.joinpath("metrics.jsonl").exists()  # only the writers asked for
+
+
+def test_an_unknown_writer_is_named_with_the_known_ones(tmp_path):
+    with pytest.raises(ValueError, match="Unknown metric writer 'tensorbord'; known: "
+                                         "tensorboard, jsonl"):
+        SummaryManager(tmp_path, writers=["tensorbord"])
+
+
+def test_a_closed_manager_writes_again_to_new_files(tmp_path):
+    manager = SummaryManager(tmp_path)
+    manager.write_summaries({"loss": 1.0}, step=1)
+    manager.close()
+    manager.write_summaries({"loss": 2.0}, step=2)
+    manager.close()
+    assert read_scalars(tmp_path) == {"loss": [(1, 1.0), (2, 2.0)]}
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2

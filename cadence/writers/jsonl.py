@@ -1,0 +1,60 @@
+"""`JSONLWriter`: one JSON object per write -- the step, the record's extra fields and every
+value -- appended to ``metrics.jsonl`` in each (sub-)directory of nested logs.
+
+Plain lines that any tool (and ``json.loads``) reads; appending never loses earlier lines to a
+crash. The file stays open between writes and is flushed with the writer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+JSONL_NAME = "metrics.jsonl"
+
+
+class JSONLWriter:
+    """Appends ``{"step": ..., **extra, **values}`` lines.
+
+    Args:
+        directory: the root directory; created on the first write.
+        filename: the file name in each directory.
+        step_key: the record's name for the step.
+        fsync: flush each line to stable storage as it is written (for once-per-epoch records
+            that must survive a crash; costs a disk sync per write).
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], filename: str = JSONL_NAME,
+                 step_key: str = "step", fsync: bool = False) -> None:
+        self.directory = Path(directory)
+        self.filename = filename
+        self.step_key = step_key
+        self.fsync = fsync
+        self._files: dict[tuple[str, ...], IO[str]] = {}
+
+    def write(self, step: int, values: Mapping[str, Any], group: tuple[str, ...] = (),
+              extra: Mapping[str, Any] | None = None) -> None:
+        """Appends one record."""
+        handle = self._files.get(group)
+        if handle is None:
+            directory = self.directory.joinpath(*group)
+            directory.mkdir(parents=True, exist_ok=True)
+            handle = self._files[group] = open(directory / self.filename, "a",  # noqa: SIM115
+                                               encoding="utf-8")
+        record = {self.step_key: int(step), **(extra or {}), **values}
+        handle.write(json.dumps(record, default=str) + "\n")
+        if self.fsync:
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def flush(self) -> None:
+        for handle in self._files.values():
+            handle.flush()
+
+    def close(self) -> None:
+        for handle in self._files.values():
+            handle.close()
+        self._files.clear()
