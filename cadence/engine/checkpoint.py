@@ -1,7 +1,8 @@
 """`CheckpointManager`: saves and restores everything needed to continue a run exactly.
 
-A checkpoint holds the state of every tracked object (a `Module` contributes all it reaches:
-modules, optimizers, schedulers, scalers, the trainer's global step and data position), the
+A checkpoint holds the state of every tracked object (a `Module` contributes the parts it
+declares in `Module.checkpoint_items`: models, optimizers, schedulers, scalers, a runner's step
+counter and data position), the
 states of the random number generators of every rank, and, when a Controller drives it, the
 callbacks' and the Controller's own state.
 
@@ -136,8 +137,8 @@ class CheckpointManager:
     """Saves numbered checkpoints of `state` under `directory` and restores the newest.
 
     Args:
-        state: a `Module` (everything it reaches is saved) or a dict of stateful objects
-            (``{"model": model, "optimizer": optimizer}``).
+        state: a `Module` (the parts of its `checkpoint_items` are saved) or a dict of stateful
+            objects (``{"model": model, "optimizer": optimizer}``).
         directory: where ``ckpt-<step>`` directories are written.
         max_to_keep: how many of the newest checkpoints to keep; None keeps all.
         checkpoint_interval: the Controller saves every this many steps, exactly on multiples;
@@ -343,7 +344,7 @@ class CheckpointManager:
                                       "checkpoint, or written by an incompatible version.")
         state = payload["state"]
         if not self.strict:
-            wanted = (self._state.stateful_objects() if isinstance(self._state, Module)
+            wanted = (self._state.checkpoint_items() if isinstance(self._state, Module)
                       else self._state.objects)  # type: ignore[attr-defined]
             state = {path: value for path, value in state.items() if path in wanted}
         self._state.load_state_dict(state)

@@ -17,8 +17,19 @@ Submodules are `cadence.Module` and ``nn.Module`` objects reachable through attr
 inside lists, tuples and dicts), depth first, each once. Variables are the tensors they own --
 parameters, buffers, plain tensor attributes and optimizer state -- each once, in that order.
 
-A Module is also what a `CheckpointManager` saves: `state_dict` gathers every reachable object
-that has ``state_dict``/``load_state_dict`` (modules, optimizers, schedulers, scalers, ...).
+A Module is also what a `CheckpointManager` saves, and what that means is declared, not found:
+`checkpoint_items` names the stateful parts a checkpoint holds. By default they are the public
+attributes that have ``state_dict``/``load_state_dict`` (models, optimizers, schedulers,
+scalers, metrics, ...), and the parts of public attributes that are themselves Modules; private
+attributes (a leading ``_``) are saved only where a class declares them -- a runner declares its
+step counter and data position. Seed 000's discovery (`submodules`, `variables`) is a separate
+contract and walks everything.
+
+>>> holder = Module()
+>>> holder.net = torch.nn.Linear(2, 1)
+>>> holder._scratch = torch.nn.Linear(2, 1)   # private: not part of a checkpoint
+>>> sorted(holder.checkpoint_items())
+['net']
 """
 
 from __future__ import annotations
@@ -228,44 +239,47 @@ class Module:
 
     # ------------------------------------------------------------------ state
 
-    def stateful_objects(self) -> dict[str, Any]:
-        """Reachable objects with ``state_dict``/``load_state_dict``, by attribute path.
+    def checkpoint_items(self) -> dict[str, Any]:
+        """The named stateful parts a checkpoint of this module holds, by attribute path.
 
-        Submodules that are `cadence.Module` are walked into (``"task.model"``); any other
-        stateful object (an ``nn.Module``, optimizer, scheduler, scaler, metric) is one unit.
-        An object reachable twice is saved once, under the first path.
+        The default declares every public attribute with ``state_dict``/``load_state_dict`` --
+        inside lists, tuples and dicts too (``"optimizers.0"``) -- and the `checkpoint_items` of
+        public attributes that are `cadence.Module` (``"task.model"``). Private attributes are
+        not saved: override this method to declare more (``{**super().checkpoint_items(),
+        "ema": self._ema}``) or fewer parts. An object reachable twice is saved once, under its
+        first path.
         """
         found: dict[str, Any] = {}
         seen: set[int] = {id(self)}
-
-        def visit(module: Module, prefix: str) -> None:
-            for name, value in _attributes(module):
-                for path, leaf in _named_leaves(prefix + name, value):
-                    if id(leaf) in seen:
-                        continue
-                    if isinstance(leaf, Module):
-                        seen.add(id(leaf))
-                        visit(leaf, path + ".")
-                    elif is_stateful(leaf):
-                        seen.add(id(leaf))
-                        found[path] = leaf
-
-        visit(self, "")
+        for name, value in sorted(vars(self).items()):
+            if name.startswith("_"):
+                continue
+            for path, leaf in _named_leaves(name, value):
+                if id(leaf) in seen:
+                    continue
+                seen.add(id(leaf))
+                if isinstance(leaf, Module):
+                    for inner, obj in leaf.checkpoint_items().items():
+                        if id(obj) not in seen:
+                            seen.add(id(obj))
+                            found[f"{path}.{inner}"] = obj
+                elif is_stateful(leaf):
+                    found[path] = leaf
         return found
 
     def state_dict(self) -> dict[str, Any]:
-        """The state of every object in `stateful_objects`, by path."""
-        return {path: obj.state_dict() for path, obj in self.stateful_objects().items()}
+        """The state of every part in `checkpoint_items`, by path."""
+        return {path: obj.state_dict() for path, obj in self.checkpoint_items().items()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads what `state_dict` returned, after checking that it fits.
 
         Raises:
-            CheckpointMismatchError: listing every object missing from `state_dict`, every
-                unexpected entry, and for ``nn.Module`` objects every missing or unexpected
+            CheckpointMismatchError: listing every part missing from `state_dict`, every
+                unexpected entry, and for ``nn.Module`` parts every missing or unexpected
                 parameter and every shape mismatch. Nothing is loaded in that case.
         """
-        load_stateful(self.stateful_objects(), state_dict, type(self).__name__)
+        load_stateful(self.checkpoint_items(), state_dict, type(self).__name__)
 
 
 def load_stateful(objects: dict[str, Any], state_dict: dict[str, Any], owner: str) -> None:

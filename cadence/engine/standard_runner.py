@@ -163,6 +163,22 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         self._compiled_train_step: Callable[[Iterator[Any]], Any] | None = None
         self._epoch_begun = False
 
+    def checkpoint_items(self) -> dict[str, Any]:
+        """The parts a checkpoint holds: the public stateful attributes (see
+        `Module.checkpoint_items`) plus the runner's own ``progress`` (the step counter) and
+        ``train_data`` (the position in the training data).
+
+        Raises:
+            ValueError: if a public attribute is named like one of the runner's own parts.
+        """
+        items = Module.checkpoint_items(self)
+        own = {"progress": self._progress, "train_data": self._train_data}
+        taken = sorted(set(own) & set(items))
+        if taken:
+            raise ValueError(f"Attribute(s) {taken} of {type(self).__name__} collide with the "
+                             "runner's own checkpoint parts; rename them.")
+        return {**items, **own}
+
     @property
     def train_dataset(self) -> Any:
         """The training data. Setting it starts a fresh iterator and position over the new data."""

@@ -189,7 +189,7 @@ def run_experiment(
     if trains:
         state: Any = trainer
     else:  # an evaluation job reads the weights (and the step) from training checkpoints
-        state = {"model": trainer.model, "_progress": trainer._progress}
+        state = {"model": trainer.model, "progress": trainer._progress}
         if trainer.ema is not None:
             state["ema"] = trainer.ema
     manager = CheckpointManager(

@@ -217,6 +217,20 @@ class Trainer(StandardTrainer, StandardEvaluator):
                                    name=task.name)
         self.init_async()
 
+    def checkpoint_items(self) -> dict[str, Any]:
+        """What a checkpoint of the Trainer holds: the model, the optimizer, the learning-rate
+        schedule, the fp16 grad scaler, the EMA weights, the task's own stateful parts, the step
+        counter and the data position. Metrics are not saved: they cover one loop, and
+        checkpoints are taken between loops."""
+        parts: dict[str, Any] = {"model": self.model, "optimizer": self.optimizer,
+                                 "lr_scheduler": self.lr_scheduler,
+                                 "grad_scaler": self.grad_scaler, "ema": self.ema}
+        items = {name: part for name, part in parts.items() if part is not None}
+        items.update({f"task.{path}": part for path, part in self.task.checkpoint_items().items()
+                      if all(part is not other for other in items.values())})
+        items.update({"progress": self._progress, "train_data": self._train_data})
+        return items
+
     # ------------------------------------------------------------------ properties
 
     @property

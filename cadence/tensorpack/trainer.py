@@ -117,6 +117,12 @@ class Trainer(Module):
         if self.logdir is not None and self.is_chief:
             import_writer()  # the default monitors write summaries there; not in epoch 1
 
+    def checkpoint_items(self) -> dict[str, Any]:
+        """The public stateful attributes (models, optimizers, ...) and the counters; the
+        callbacks are saved beside them, by the checkpoint manager."""
+        items = {k: v for k, v in super().checkpoint_items().items() if k != "callbacks"}
+        return {**items, "counters": self._counters}
+
     # ------------------------------------------------------------------ counters
 
     @property
@@ -371,6 +377,11 @@ class SingleCostTrainer(Trainer):
         super().__init__(logdir, name)
         self._cost_fn: Callable[..., torch.Tensor] | None = None
         self.cost = Mean()
+
+    def checkpoint_items(self) -> dict[str, Any]:
+        items = super().checkpoint_items()
+        data = getattr(self, "_data", None)
+        return {**items, "data": data} if data is not None else items
 
     @property
     def examples_per_step(self) -> int | None:

@@ -205,7 +205,7 @@ def _flatten_param_vars(param_vars: Any) -> tuple[dict[str, nn.Module], dict[str
         if isinstance(value, nn.Module):
             modules[name or "model"] = value
         elif isinstance(value, Module):
-            for path, obj in value.stateful_objects().items():
+            for path, obj in value.checkpoint_items().items():
                 if isinstance(obj, nn.Module):
                     modules[f"{name}.{path}" if name else path] = obj
         elif isinstance(value, torch.Tensor):

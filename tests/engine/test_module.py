@@ -95,3 +95,33 @@ def test_state_dict_gathers_stateful_objects_and_checks_shapes_on_load():
     message = str(raised.value)
     assert "missing from the checkpoint: 'extra'" in message
     assert "'weight' has shape (2, 3) in the checkpoint, (2, 4) in the model" in message
+
+
+def test_a_checkpoint_holds_the_declared_parts_not_whatever_an_attribute_walk_finds():
+    class Runner(cadence.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(2, 2)
+            self.optimizers = [torch.optim.SGD(self.net.parameters(), lr=0.1)]
+            self.inner = cadence.Module()
+            self.inner.head = nn.Linear(2, 1)
+            self._per_loop = {"scale": cadence.Mean()}  # private: transient, never saved
+
+    assert sorted(Runner().checkpoint_items()) == ["inner.head", "net", "optimizers.0"]
+
+    class Declares(Runner):
+        def checkpoint_items(self):
+            return {**super().checkpoint_items(), "per_loop": self._per_loop["scale"]}
+
+    assert "per_loop" in Declares().state_dict()
+
+
+def test_a_runner_attribute_named_like_its_own_parts_is_refused():
+    class Clash(cadence.StandardTrainer):
+        def train_step(self, iterator):
+            pass
+
+    runner = Clash([1])
+    runner.progress = nn.Linear(1, 1)
+    with pytest.raises(ValueError, match=r"\['progress'\] of Clash collide"):
+        runner.checkpoint_items()

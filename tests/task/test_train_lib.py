@@ -180,3 +180,28 @@ def test_the_char_lm_trains_and_reports_bits_per_char(tmp_path):
     assert logs["best_bits_per_char"] == min(r["bits_per_char"] for r in eval_records(tmp_path))
     sample = model.generate(b"def ", 16, generator=torch.Generator().manual_seed(0))
     assert len(sample) == 16
+
+
+class ScaledDigitsTask(DigitsTask):
+    """Returns one more scalar than the loss from its training step."""
+
+    def train_step(self, inputs, model, optimizer, metrics=None):
+        logs = super().train_step(inputs, model, optimizer, metrics)
+        return {**logs, "scale": logs[self.loss].detach() * 2}
+
+
+def test_a_task_that_returns_extra_scalars_resumes_in_a_new_trainer(tmp_path):
+    """A checkpoint holds the parts the Trainer declares: the per-loop mean of an extra scalar is
+    not one of them, so a new Trainer (a new process) restores it without a mismatch."""
+    config = digits("trainer.train_steps=20")
+    trainer = cadence.task.train_lib.create_trainer(config, ScaledDigitsTask(config.task),
+                                                    train=True, evaluate=False)
+    trainer.train(10)
+    cadence.CheckpointManager(trainer, tmp_path).save(trainer.global_step)
+    assert "scale" in trainer.train_loop_end()
+    fresh = cadence.task.train_lib.create_trainer(config, ScaledDigitsTask(config.task),
+                                                  train=True, evaluate=False)
+    assert cadence.CheckpointManager(fresh, tmp_path).restore_or_initialize() is not None
+    assert fresh.global_step == 10
+    for a, b in zip(trainer.model.parameters(), fresh.model.parameters()):
+        assert torch.equal(a, b)
