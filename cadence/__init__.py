@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "launch_train_with_config": "cadence.tensorpack",
     "TrainConfig": "cadence.tensorpack",
-    "StopTraining": "cadence.tensorpack",
+    "StopTraining": "cadence.core.errors",
     "SingleCostTrainer": "cadence.tensorpack",
     "SimpleTrainer": "cadence.tensorpack",
     "ModelDesc": "cadence.tensorpack",

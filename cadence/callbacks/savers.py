@@ -1,10 +1,11 @@
 """Checkpoint savers: `ModelSaver` (periodic, keep N) and `MinSaver` / `MaxSaver` (keep the best).
 
-`ModelSaver` writes full checkpoints of the trainer -- model, optimizer, schedules, counters,
-data position, random state, and every callback's state -- through the engine's atomic
-`CheckpointManager`; ``launch_train_with_config`` resumes from them. `MinSaver` and `MaxSaver`
-export the model's weights whenever a metric reaches a new best (safetensors + JSON, through
-`BestCheckpointExporter`), so the best model is never confused with the resume checkpoint.
+`ModelSaver` saves full checkpoints -- model, optimizer, schedules, counters, data position,
+random state, and every callback's state -- through the run's one checkpoint manager (the
+Controller's, or a `TrainLoop`'s), so there is one place checkpoints go and a run resumes from.
+`MinSaver` and `MaxSaver` export the model's weights whenever a metric reaches a new best
+(safetensors + JSON, through `BestCheckpointExporter`), so the best model is never confused
+with the resume checkpoint.
 """
 
 from __future__ import annotations
@@ -14,51 +15,41 @@ from pathlib import Path
 
 from cadence.callbacks.logdir import resolve_directory
 from cadence.core.callbacks import Callback, RunState
-from cadence.engine.checkpoint import CheckpointManager
+from cadence.core.checkpoint_dir import DEFAULT_MAX_TO_KEEP
 from cadence.engine.exporter import BestCheckpointExporter
 
 logger = logging.getLogger("cadence")
 
 
 class ModelSaver(Callback):
-    """Saves a checkpoint of the trainer at each trigger (by default, every epoch's end).
+    """Saves a checkpoint of the run at each trigger (by default, every epoch's end).
+
+    It saves through what drives the run (``state.controller``): the tensorpack trainers build
+    their checkpoint manager from the run's ModelSaver -- its `checkpoint_dir` is where they
+    save and where a run resumes from, its `max_to_keep` their retention.
 
     Args:
-        max_to_keep: checkpoints to keep.
+        max_to_keep: checkpoints to keep (None: all).
         checkpoint_dir: where; default ``<logdir>/checkpoints``.
     """
 
-    def __init__(self, max_to_keep: int = 5, checkpoint_dir: str | Path | None = None) -> None:
+    def __init__(self, max_to_keep: int | None = DEFAULT_MAX_TO_KEEP,
+                 checkpoint_dir: str | Path | None = None) -> None:
         self.max_to_keep = max_to_keep
         self.checkpoint_dir = checkpoint_dir
-        self.manager: CheckpointManager | None = None
-
-    def on_train_begin(self, state: RunState) -> None:
-        directory = resolve_directory(state, self.checkpoint_dir, "ModelSaver", "checkpoints")
-        self.manager = checkpoint_manager_for(state, directory, self.max_to_keep)
 
     def trigger(self, state: RunState) -> None:
-        if self.manager is None:
-            self.on_train_begin(state)
-        assert self.manager is not None
-        path = self.manager.save(state.global_step)
-        logger.info("Saved checkpoint %s.", path)
-        callbacks = getattr(state.trainer, "callbacks", None)
-        if callbacks is not None:
-            callbacks.fire("on_checkpoint_saved", state, path)
+        save = getattr(state.controller, "save_checkpoint", None)
+        if save is None:
+            raise ValueError(
+                "ModelSaver saves through the run's checkpoint manager, and this run has none: "
+                "train with a tensorpack trainer, a TrainLoop(checkpoint_dir=...), or a "
+                "Controller(checkpoint_manager=...)."
+            )
+        save()
 
     def on_epoch_end(self, state: RunState) -> None:
         self.trigger(state)
-
-
-def checkpoint_manager_for(state: RunState, directory: str | Path,
-                           max_to_keep: int | None = 5) -> CheckpointManager:
-    """The manager that saves (and resumes) the trainer of `state` with its callbacks."""
-    manager = CheckpointManager(state.trainer, directory, max_to_keep=max_to_keep)
-    callbacks = getattr(state.trainer, "callbacks", None)
-    if callbacks is not None:
-        manager.track("callbacks", callbacks)
-    return manager
 
 
 class _BestSaver(Callback):

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cadence.core.errors import StopTraining
 from cadence.core.logs import flatten, is_scalar
 
 logger = logging.getLogger(__name__)
@@ -50,12 +51,18 @@ class RunState:
 
     Attributes:
         global_step: completed training steps (0 before the first step).
-        epoch: completed passes over the training data (0 during the first pass).
+        epoch: the number of the epoch running, from 1 (from its ``on_epoch_begin`` to its
+            ``on_epoch_end``); between epochs, the last one's (0 before the first). The same in
+            every front-end: see `cadence.core.progress`.
         phase: ``"train"``, ``"eval"`` or ``""`` between them.
         target_step: the global step the current ``train`` call trains to, if known.
         trainer: the trainer being driven, if any.
         evaluator: the evaluator being driven, if any.
-        controller: the Controller driving the run, if any (e.g. to restore a checkpoint).
+        controller: what drives the run -- the Controller, or a `TrainLoop` -- if anything:
+            callbacks save (``save_checkpoint()``) and restore (``restore_checkpoint()``)
+            through it.
+        run_dir: the run's directory (a `cadence.core.run_dir.RunDirectory`) when the front-end
+            has one: where built-in callbacks write by default.
         stop_requested: set by `request_stop`; runners end the loop at the next step boundary.
         stop_reason: why the stop was requested.
         metrics: the latest value of every scalar the run produced so far (loop logs, evaluation
@@ -70,6 +77,7 @@ class RunState:
     trainer: Any = None
     evaluator: Any = None
     controller: Any = None
+    run_dir: Any = None
     stop_requested: bool = False
     stop_reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -215,9 +223,23 @@ class CallbackList:
         return self._by_hook[hook]
 
     def fire(self, hook: str, state: RunState, *args: Any) -> None:
-        """Calls `hook` on each callback that overrides it."""
+        """Calls `hook` on each callback that overrides it. A callback that raises
+        `cadence.StopTraining` requests a stop (the run then ends cleanly) and the others still
+        run."""
         for callback in self._by_hook[hook]:
-            getattr(callback, hook)(state, *args)
+            try:
+                getattr(callback, hook)(state, *args)
+            except StopTraining as stop:
+                state.request_stop(str(stop) or f"StopTraining from {type(callback).__name__}")
+
+    def fire_teardown(self, hook: str, state: RunState, *args: Any) -> None:
+        """Like `fire`, but every callback runs even if an earlier one fails; a failure is
+        logged with its traceback (teardown must not skip the other callbacks' teardown)."""
+        for callback in self._by_hook[hook]:
+            try:
+                getattr(callback, hook)(state, *args)
+            except Exception:
+                logger.exception("%s.%s failed.", type(callback).__name__, hook)
 
     def _keys(self) -> list[str]:
         seen: dict[str, int] = {}

@@ -34,6 +34,8 @@ VERSION = 1
 MANIFEST = "manifest.json"
 _NAME = re.compile(r"^ckpt-(\d+)$")
 _TEMP_PREFIX = ".tmp-ckpt-"
+DEFAULT_MAX_TO_KEEP = 5
+"""How many of the newest checkpoints every front-end keeps unless told otherwise."""
 _TRASH_PREFIX = ".trash-ckpt-"
 
 
@@ -118,7 +120,8 @@ class CheckpointDirectory:
         max_to_keep: how many of the newest complete checkpoints to keep; None keeps all.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], max_to_keep: int | None = 5) -> None:
+    def __init__(self, directory: str | os.PathLike[str],
+                 max_to_keep: int | None = DEFAULT_MAX_TO_KEEP) -> None:
         if max_to_keep is not None and (
             isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1
         ):

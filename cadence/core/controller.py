@@ -1,8 +1,31 @@
-"""The Controller: Orbit's outer loop, with exact intervals.
+"""The Controller: Orbit's outer loop, with exact intervals -- the one outer loop of cadence.
 
+Every front-end trains through it: the Task `Trainer` (``run_experiment``), Orbit-style
+runners, and the tensorpack trainers (an epoch there is a loop of ``steps_per_epoch`` steps).
 The Controller decides how many steps the trainer runs next, and between those inner loops it
 saves checkpoints, writes summaries, logs, evaluates and calls callbacks and actions. It never
-counts steps itself: it reads the trainer's global step before and after each loop.
+counts steps itself: it reads the trainer's global step (and, when the trainer keeps a
+`cadence.core.progress.Progress`, its epochs) before and after each loop.
+
+The order of ``train`` (``train_and_evaluate`` adds evaluations between loops)::
+
+    on_train_begin
+    while the target step (or epoch) is not reached and no stop was requested:
+        n = min(steps_per_loop, steps to the next checkpoint / summary boundary,
+                steps to the end of the epoch when epochs have a fixed number of steps)
+        on_loop_begin
+        logs = trainer.train(n)          # the runner fires on_epoch_begin at an epoch's first
+                                         # step, on_step_begin/on_step_end around each step, and
+                                         # on_epoch_end when an epoch ends in mid-loop
+        logs to the host                 # the loop's one host-device synchronization
+        [on_epoch_end]                   # an epoch that ended at the loop's last step (or was
+                                         # ended by a stop request): its end hooks see the loop's
+                                         # logs in state.metrics
+        summaries; on_loop_end(logs)
+        [checkpoint; on_checkpoint_saved]
+    [checkpoint at completion]
+    on_train_end
+    [Preempted]                          # after SIGTERM / SIGINT, once the checkpoint is saved
 
 What it does differently from Orbit (see the docs' "coming from Orbit" page):
 
@@ -15,27 +38,30 @@ What it does differently from Orbit (see the docs' "coming from Orbit" page):
   evaluation (same weights), so that a restarted run knows which evaluations already ran.
 - A finished `train_and_evaluate` run restarted still runs its final evaluation if it never ran.
 - SIGTERM / SIGINT stop training at the next step boundary, save, and raise `Preempted`.
+- Training can also run to a number of epochs (``train(epochs=...)``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from cadence.core.callbacks import Callback, CallbackList, RunState
-from cadence.core.errors import CheckpointError, Preempted
+from cadence.core.errors import CheckpointError
 from cadence.core.intervals import Interval, check_interval, steps_until_boundary
 from cadence.core.logs import format_logs, to_host
+from cadence.core.preemption import Preemption
+from cadence.core.progress import Progress
 from cadence.core.protocols import (
     CheckpointManagerLike,
     Evaluable,
     SummaryManagerLike,
     Trainable,
 )
-from cadence.core.signals import stop_on_signals
 from cadence.core.summary import SummaryManager
 
 logger = logging.getLogger("cadence")
@@ -55,6 +81,12 @@ def _check_steps_per_loop(value: Any) -> int | Callable[[int], int]:
             f"`steps_per_loop` (got {value!r}) must be a positive int, or a function of the global "
             "step returning one. It is required when a trainer is given."
         )
+    return value
+
+
+def _check_count(name: str, value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"`{name}` (got {value!r}) must be a non-negative int or None.")
     return value
 
 
@@ -80,7 +112,7 @@ class Controller:
             Controller flushes it but does not close it.
         eval_summary_manager: the same for evaluation logs; defaults to the train one when
             `eval_summary_dir` is not given.
-        callbacks: `Callback` objects, called in this order.
+        callbacks: `Callback` objects, called in this order (or a `CallbackList`, used as is).
         train_actions: Orbit actions, called with each loop's raw output.
         eval_actions: Orbit actions, called with each evaluation's raw output.
         handle_signals: turn SIGTERM and SIGINT during training into a clean stop, a checkpoint
@@ -123,16 +155,13 @@ class Controller:
                 f"`evaluator` (got {type(evaluator).__name__}) must have an evaluate(num_steps) "
                 "method; subclass cadence.StandardEvaluator or cadence.AbstractEvaluator."
             )
+        self._steps_per_loop: int | Callable[[int], int] | None = None
         if trainer is not None:
             if steps_per_loop is None:
                 raise ValueError(
                     "`steps_per_loop` is required when a trainer is given, e.g. steps_per_loop=100."
                 )
-            self._steps_per_loop: int | Callable[[int], int] | None = _check_steps_per_loop(
-                steps_per_loop
-            )
-        else:
-            self._steps_per_loop = None
+            self._steps_per_loop = _check_steps_per_loop(steps_per_loop)
         self.trainer = trainer
         self.evaluator = evaluator
         self._global_step = global_step or self._find_global_step()
@@ -143,7 +172,8 @@ class Controller:
             checkpoint_interval = check_interval(
                 "checkpoint_manager.checkpoint_interval", checkpoint_manager.checkpoint_interval
             )
-        self.callbacks = CallbackList(callbacks)
+        self.callbacks = callbacks if isinstance(callbacks, CallbackList) else CallbackList(
+            callbacks)
         self.train_actions = tuple(train_actions)
         self.eval_actions = tuple(eval_actions)
         self.handle_signals = handle_signals
@@ -176,13 +206,13 @@ class Controller:
         self._summary_interval = Interval(self.summary_interval, last=step)
         self._last_eval_step = -1
         self._weights_checkpoint: str | None = None
-        self._signals: list[int] = []
+        self._preemption = Preemption(handle_signals)
         self._restores = 0  # counts restores, so that a rewind during a loop is recognized
         if checkpoint_manager is not None:
             checkpoint_manager.track("controller", self)
             checkpoint_manager.track("callbacks", self.callbacks)
             self.restore_checkpoint()
-        self.state.global_step = self._global_step()
+        self._sync_state()
 
     # ------------------------------------------------------------------ properties and state
 
@@ -202,11 +232,23 @@ class Controller:
         return self._global_step()
 
     @property
+    def progress(self) -> Progress | None:
+        """The trainer's step and epoch counters, when it keeps them (a `StandardTrainer`)."""
+        progress = getattr(self.trainer, "progress", None)
+        return progress if isinstance(progress, Progress) else None
+
+    @property
     def steps_per_loop(self) -> int | None:
         """Steps in the next inner loop (a callable `steps_per_loop` is evaluated now)."""
         if callable(self._steps_per_loop):
             return _check_steps_per_loop(self._steps_per_loop(self.global_step))  # type: ignore[return-value]
         return self._steps_per_loop
+
+    def _sync_state(self) -> None:
+        self.state.global_step = self._global_step()
+        progress = self.progress
+        if progress is not None:
+            self.state.epoch = progress.epoch
 
     def state_dict(self) -> dict[str, Any]:
         """The Controller's own state: which step was last evaluated."""
@@ -228,22 +270,18 @@ class Controller:
             ValueError: if the Controller has no checkpoint manager.
             CheckpointError: if the checkpoint is incomplete, corrupt, foreign or mismatched.
         """
-        if self.checkpoint_manager is None:
-            raise ValueError(
-                "restore_checkpoint() needs a checkpoint manager: "
-                "Controller(checkpoint_manager=CheckpointManager(...))."
-            )
+        manager = self._require_manager("restore_checkpoint()")
         if checkpoint_path is None:
-            path = self.checkpoint_manager.restore_or_initialize()
+            path = manager.restore_or_initialize()
         else:
-            self.checkpoint_manager.restore(checkpoint_path)
+            manager.restore(checkpoint_path)
             path = checkpoint_path
         step = self._global_step()
         self._restores += 1
         self._checkpoint_interval.mark(step)
         self._summary_interval.mark(step)
         self._weights_checkpoint = path
-        self.state.global_step = step
+        self._sync_state()
         if path is None:
             logger.info("No checkpoint to restore: starting from step %d.", step)
         else:
@@ -256,12 +294,14 @@ class Controller:
         Raises:
             ValueError: if the Controller has no checkpoint manager.
         """
-        if self.checkpoint_manager is None:
-            raise ValueError(
-                "save_checkpoint() needs a checkpoint manager: "
-                "Controller(checkpoint_manager=CheckpointManager(...))."
-            )
+        self._require_manager("save_checkpoint()")
         return self._save()
+
+    def _require_manager(self, what: str) -> CheckpointManagerLike:
+        if self.checkpoint_manager is None:
+            raise ValueError(f"{what} needs a checkpoint manager: "
+                             "Controller(checkpoint_manager=CheckpointManager(...)).")
+        return self.checkpoint_manager
 
     def _save(self) -> str:
         assert self.checkpoint_manager is not None
@@ -273,10 +313,17 @@ class Controller:
         self.callbacks.fire("on_checkpoint_saved", self.state, path)
         return path
 
+    def _saved_now(self) -> bool:
+        """Whether the weights in memory are those of the newest save."""
+        return (self._weights_checkpoint is not None
+                and self._checkpoint_interval.last == self._global_step())
+
     # ------------------------------------------------------------------ training
 
-    def train(self, steps: int, checkpoint_at_completion: bool = True) -> None:
-        """Trains until the global step reaches `steps` (an absolute target, not a count).
+    def train(self, steps: int | None = None, checkpoint_at_completion: bool = True, *,
+              epochs: int | None = None) -> None:
+        """Trains until the global step reaches `steps` (an absolute target, not a count), or
+        until `epochs` epochs are completed -- whichever comes first when both are given.
 
         Training also ends early, cleanly, when a callback requests a stop or the trainer's data
         runs out (with ``StandardTrainerOptions(stop_at_end_of_data=True)``).
@@ -284,16 +331,19 @@ class Controller:
         Args:
             steps: the global step to train to.
             checkpoint_at_completion: save a checkpoint when training ends (needs a manager).
+            epochs: the number of completed epochs to train to (needs a trainer that counts
+                epochs, such as a `StandardTrainer`).
 
         Raises:
-            ValueError: without a trainer, or if `steps` is negative.
+            ValueError: without a trainer, without a target, or for a negative target.
+            TypeError: for `epochs` with a trainer that does not count epochs.
             Preempted: after SIGTERM or SIGINT, once the checkpoint is saved.
         """
         self._require("trainer")
-        self._check_target(steps)
-        self.state.target_step = steps
+        self._check_target(steps, epochs)
+        self.state.target_step = steps if steps is not None else self._target_for(epochs)
         with self._training():
-            self._train_until(steps)
+            self._train_until(steps, epochs)
             self._finish_training(checkpoint_at_completion)
 
     def train_and_evaluate(
@@ -313,7 +363,7 @@ class Controller:
         """
         self._require("trainer")
         self._require("evaluator")
-        self._check_target(train_steps)
+        self._check_target(train_steps, None)
         self._check_eval_steps(eval_steps)
         interval = Interval(check_interval("eval_interval", eval_interval))
         self.state.target_step = train_steps
@@ -324,23 +374,45 @@ class Controller:
                 target = min(train_steps, interval.next_boundary(current) or train_steps)
                 # A checkpoint due at the evaluation's step is saved after the evaluation, so
                 # that a restarted run knows the evaluation happened.
-                self._train_until(target, defer_save_at=target)
+                self._train_until(target, None, defer_save_at=target)
                 current = self._global_step()
                 if self.state.stop_requested or current >= train_steps:
                     break
                 output = self.evaluate(eval_steps)
                 if self._checkpoint_interval.crossed(current) and self.checkpoint_manager:
                     self._save()
-            if self._signal_received is None and self._last_eval_step != current:
+            if self._preemption.received is None and self._last_eval_step != current:
                 output = self.evaluate(eval_steps)
             # Saved after the final evaluation, so that a restarted run knows it happened.
             self._finish_training(True)
         return output
 
-    def _check_target(self, steps: int) -> None:
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"`steps` (got {steps!r}) must be a non-negative int: the global "
-                             "step to train to.")
+    def _check_target(self, steps: int | None, epochs: int | None) -> None:
+        if steps is None and epochs is None:
+            raise ValueError("Pass the global step to train to (`steps`) or a number of "
+                             "`epochs`.")
+        _check_count("steps", steps)
+        _check_count("epochs", epochs)
+        if epochs is not None and self.progress is None:
+            raise TypeError(
+                f"train(epochs=...) needs a trainer that counts epochs (got "
+                f"{type(self.trainer).__name__}); subclass cadence.StandardTrainer, or pass "
+                "`steps`."
+            )
+
+    def _target_for(self, epochs: int | None) -> int | None:
+        """The global step at which `epochs` epochs will be completed, when the trainer knows."""
+        steps_to = getattr(self.trainer, "steps_to_epochs", None)
+        if epochs is None or not callable(steps_to):
+            return None
+        remaining = steps_to(epochs)
+        return None if remaining is None else self._global_step() + remaining
+
+    def _reached(self, steps: int | None, epochs: int | None) -> bool:
+        if steps is not None and self._global_step() >= steps:
+            return True
+        progress = self.progress
+        return epochs is not None and progress is not None and progress.epochs_completed >= epochs
 
     @contextlib.contextmanager
     def _session(self) -> Iterator[None]:
@@ -365,65 +437,59 @@ class Controller:
 
     @contextlib.contextmanager
     def _training(self) -> Iterator[None]:
-        with self._session(), self._training_run():
-            yield
-
-    @contextlib.contextmanager
-    def _training_run(self) -> Iterator[None]:
-        self.state.stop_requested = False
-        self.state.stop_reason = None
-        self._signals = []
-        self.state.global_step = self._global_step()
-        self.callbacks.fire("on_train_begin", self.state)
-        try:
-            with self._signal_guard():
-                yield
-        finally:
-            self.state.phase = ""
-            self.callbacks.fire("on_train_end", self.state)
-            self.summary_manager.flush()
+        with self._session():
+            self.state.stop_requested = False
+            self.state.stop_reason = None
+            self._sync_state()
+            self.callbacks.fire("on_train_begin", self.state)
+            try:
+                with self._preemption.watch(self.state):
+                    yield
+            finally:
+                self.state.phase = ""
+                self.callbacks.fire_teardown("on_train_end", self.state)
+                self.summary_manager.flush()
 
     def _finish_training(self, save: bool) -> None:
-        if self._signal_received is not None:
-            path = None
-            if self.checkpoint_manager is not None:
-                saved_now = (self._weights_checkpoint is not None
-                             and self._last_saved_step() == self._global_step())
-                path = self._weights_checkpoint if saved_now else self._save()
-            raise Preempted(self._signal_received, path)
-        if save and self.checkpoint_manager is not None and (
-            self._weights_checkpoint is None or self._last_saved_step() != self._global_step()
-        ):
+        manager = self.checkpoint_manager
+        if manager is not None:
+            self._preemption.finish(
+                lambda: self._weights_checkpoint if self._saved_now() else self._save())
+        else:
+            self._preemption.finish(lambda: None)
+        if save and manager is not None and not self._saved_now():
             self._save()
 
-    def _last_saved_step(self) -> int:
-        return self._checkpoint_interval.last
-
-    def _train_until(self, target: int, defer_save_at: int | None = None) -> None:
-        current = self._global_step()
-        while current < target and not self.state.stop_requested:
+    def _train_until(self, steps: int | None, epochs: int | None,
+                     defer_save_at: int | None = None) -> None:
+        target = steps if steps is not None else sys.maxsize
+        while not self._reached(steps, epochs) and not self.state.stop_requested:
+            current = self._global_step()
             steps_per_loop = self.steps_per_loop
             assert steps_per_loop is not None
-            num_steps = min(
-                steps_per_loop,
-                steps_until_boundary(
-                    current, target, self._checkpoint_interval, self._summary_interval
-                ),
-            )
+            num_steps = min(steps_per_loop, steps_until_boundary(
+                current, target, self._checkpoint_interval, self._summary_interval))
+            to_epoch_end = getattr(self.trainer, "steps_to_epoch_end", lambda: None)()
+            if to_epoch_end is not None:
+                num_steps = min(num_steps, to_epoch_end)
+            progress = self.progress
+            epochs_before = progress.epochs_completed if progress is not None else 0
             restores = self._restores
             self._train_n_steps(num_steps)
-            previous, current = current, self._global_step()
+            after = self._global_step()
             if self._restores != restores:  # a callback restored a checkpoint (recovery)
                 logger.warning("A checkpoint of step %d was restored during the loop: training "
-                               "again from there.", current)
+                               "again from there.", after)
                 continue
-            if current == previous and not self.state.stop_requested:
+            epochs_after = progress.epochs_completed if progress is not None else 0
+            if after == current and epochs_after == epochs_before and not (
+                    self.state.stop_requested):
                 raise RuntimeError(
                     f"trainer.train({num_steps}) did not advance the global step (still "
-                    f"{current}), so training would never reach step {target}. Make train() "
-                    "count its steps, e.g. by subclassing cadence.StandardTrainer."
+                    f"{after}), so training would never reach its target. Make train() count "
+                    "its steps, e.g. by subclassing cadence.StandardTrainer."
                 )
-            if (self._checkpoint_interval.crossed(current) and current != defer_save_at
+            if (self._checkpoint_interval.crossed(after) and after != defer_save_at
                     and self.checkpoint_manager is not None):
                 self._save()
 
@@ -462,11 +528,15 @@ class Controller:
             loop_logger.info("train | step: %d | %s | %s", after, rate_text, format_logs(logs))
         logs = {**logs, **rates}
         self.state.put_metrics(logs)
+        self.state.global_step = after
+        end_epoch = getattr(self.trainer, "end_pending_epoch", None)
+        if callable(end_epoch):  # an epoch that ended with the loop: its hooks see these logs
+            end_epoch()
         if self.summary_interval is None or self._summary_interval.crossed(after):
             self.summary_manager.write_summaries(logs, step=after)
             self._summary_interval.mark(after)
         self.summary_manager.flush()
-        self.state.global_step = after
+        self._sync_state()
         self.callbacks.fire("on_loop_end", self.state, logs)
         self.state.phase = ""
 
@@ -500,7 +570,7 @@ class Controller:
     def _evaluate(self, steps: int) -> dict[str, Any]:
         assert self.evaluator is not None
         step = self._global_step()
-        self.state.global_step = step
+        self._sync_state()
         self.state.phase = "eval"
         self.callbacks.fire("on_eval_begin", self.state)
         start = time.perf_counter()
@@ -578,7 +648,7 @@ class Controller:
                 except CheckpointError as error:
                     logger.warning("Skipping checkpoint %s: %s", info.path, error)
                     continue
-                output = self.evaluate(steps)
+                output = self._evaluate(steps)
                 if stop_at_step is not None and info.step >= stop_at_step:
                     return output
             if pending:
@@ -594,16 +664,6 @@ class Controller:
     def _require(self, role: str) -> None:
         if getattr(self, role) is None:
             raise ValueError(f"This Controller has no {role}: pass Controller({role}=...).")
-
-    @contextlib.contextmanager
-    def _signal_guard(self) -> Iterator[None]:
-        with stop_on_signals(self.state, self.handle_signals) as received:
-            self._signals = received
-            yield
-
-    @property
-    def _signal_received(self) -> int | None:
-        return self._signals[0] if self._signals else None
 
     def close(self) -> None:
         """Closes the summary writers the Controller opened and flushes injected ones. Every

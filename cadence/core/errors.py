@@ -36,3 +36,9 @@ class ConfigError(ValueError):
     The message names the offending key path and the source it came from (a file, an override)
     and lists the valid choices, so that one read is enough to fix the command line or the file.
     """
+
+
+class StopTraining(Exception):
+    """Raise from a training step or any callback hook to end training cleanly: the running
+    epoch's end hooks still run, the final checkpoint is saved, and the train call returns
+    (tensorpack's ``StopTraining``; every front-end honours it)."""

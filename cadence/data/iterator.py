@@ -93,7 +93,8 @@ class DataIterator:
     the next one.
 
     Args:
-        source: a DataLoader, a list of batches, a stateful loader, or any iterable.
+        source: a DataLoader, a list of batches, a stateful loader, or any iterable; None for a
+            runner whose step reads its own input (nothing to iterate, no position).
         prefetch_to: move every batch's tensors to this device, one batch ahead (see the
             module docstring). Not for a stateful loader, whose own state would then be one
             batch ahead of the training.
@@ -128,7 +129,8 @@ class DataIterator:
                     batch_sampler.sampler = _RecordingSampler(batch_sampler.sampler)  # type: ignore[arg-type]
                 self._recorder = batch_sampler.sampler
         self.kind = (
-            "loader" if self._recorder is not None
+            "none" if source is None
+            else "loader" if self._recorder is not None
             else "stateful" if stateful
             else "sequence" if isinstance(source, Sequence)
             else "plain"
@@ -159,6 +161,9 @@ class DataIterator:
         return self
 
     def __next__(self) -> Any:
+        if self.kind == "none":
+            raise TypeError("This runner has no training data (train_dataset=None): its step "
+                            "must read its own input, or pass the data to the constructor.")
         iterator = self._iterator
         if iterator is None:
             iterator = self._iterator = self._start()

@@ -26,7 +26,12 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from cadence.core.checkpoint_dir import CheckpointDirectory, CheckpointInfo, read_manifest
+from cadence.core.checkpoint_dir import (
+    DEFAULT_MAX_TO_KEEP,
+    CheckpointDirectory,
+    CheckpointInfo,
+    read_manifest,
+)
 from cadence.core.errors import CheckpointError
 from cadence.core.intervals import check_interval
 from cadence.core.protocols import Stateful, is_stateful
@@ -169,7 +174,7 @@ class CheckpointManager:
         state: Module | Mapping[str, Any],
         directory: str | os.PathLike[str],
         *,
-        max_to_keep: int | None = 5,
+        max_to_keep: int | None = DEFAULT_MAX_TO_KEEP,
         checkpoint_interval: int | None = None,
         init_fn: Callable[[], Any] | None = None,
         io: CheckpointIO | None = None,

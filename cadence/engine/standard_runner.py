@@ -4,13 +4,23 @@
 
     train_loop_begin()
     repeat num_steps times:                 # ends early if a stop is requested
+        [on_epoch_begin]                    # at the first step of an epoch
+        on_step_begin                       # hooks only if some callback overrides them
         train_step(iterator)                # the iterator persists across calls
         global_step += 1
-    return train_loop_end()
+        on_step_end
+        [on_epoch_end]                      # an epoch that ends in mid-loop
+    logs = train_loop_end()
+    [on_epoch_end]                          # an epoch that ended with the loop (or by a stop):
+                                            # the Controller runs it once logs are on the host
+    return logs
 
-When a finite dataset (a DataLoader, a list) is exhausted, the trainer counts an epoch and starts
-the next pass, or -- with ``StandardTrainerOptions(stop_at_end_of_data=True)`` -- ends training
-cleanly. `StandardEvaluator.evaluate(num_steps)` runs::
+An epoch is a pass over the training data -- when a finite dataset (a DataLoader, a list) is
+exhausted, the trainer ends the epoch and starts the next pass, or, with
+``StandardTrainerOptions(stop_at_end_of_data=True)``, ends training cleanly -- or, with
+``steps_per_epoch=N``, N steps over data that repeats.
+
+`StandardEvaluator.evaluate(num_steps)` runs::
 
     state = eval_begin()
     repeat num_steps times, or until the data is exhausted if num_steps == -1:
@@ -33,6 +43,8 @@ from typing import Any
 import torch
 
 from cadence.core.callbacks import CallbackList, RunState
+from cadence.core.errors import StopTraining
+from cadence.core.progress import Progress
 from cadence.data.iterator import DataIterator
 from cadence.engine.compile import check_compile_options, compile_step
 from cadence.engine.module import Module
@@ -55,6 +67,8 @@ class StandardTrainerOptions:
         prefetch_to_device: move each batch's tensors to this device one batch ahead, so that
             the copy of the next batch overlaps the step on this one (on CUDA: from pinned
             memory on a side stream). `train_step` then gets batches already on the device.
+        steps_per_epoch: None: an epoch is a pass over the training data; N: an epoch is N
+            steps, whatever the data's length (the default of `StandardTrainer.steps_per_epoch`).
 
     Raises:
         ValueError: for an unknown `compile_mode`, or `cuda_graphs` without CUDA.
@@ -65,9 +79,15 @@ class StandardTrainerOptions:
     cuda_graphs: bool = False
     stop_at_end_of_data: bool = False
     prefetch_to_device: torch.device | str | None = None
+    steps_per_epoch: int | None = None
 
     def __post_init__(self) -> None:
         check_compile_options(self.compile_mode, self.cuda_graphs)
+        value = self.steps_per_epoch
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 0):
+            raise ValueError(f"`steps_per_epoch` (got {value!r}) must be a non-negative int or "
+                             "None (an epoch is then a pass over the data).")
 
 
 @dataclass(frozen=True)
@@ -115,35 +135,28 @@ def _check_num_steps(num_steps: Any, allow_all: bool) -> int:
     return num_steps
 
 
-class _Progress:
-    """The trainer's counters, as one stateful object so checkpoints carry them."""
-
-    def __init__(self) -> None:
-        self.global_step = 0
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"global_step": self.global_step}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.global_step = int(state["global_step"])
-
-
 class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
     """Implements `train(num_steps)` with `train_loop_begin`, `train_step`, `train_loop_end`.
 
+    It counts steps and epochs in a `Progress` (see `cadence.core.progress` for what they mean
+    in every front-end) and fires the step and epoch hooks of the callbacks a `Controller`
+    binds to it. An epoch is a pass over the training data, or `steps_per_epoch` steps.
+
     Args:
         train_dataset: what the iterator passed to `train_step` iterates: a DataLoader, a list
-            of batches, or any iterable. Its position is checkpointed (see `cadence.data`).
+            of batches, or any iterable; None when the step reads its own input. Its position is
+            checkpointed (see `cadence.data.iterator`).
         options: a `StandardTrainerOptions`.
         name: the module name.
 
     Attributes:
-        global_step: completed training steps, saved in checkpoints.
+        steps_per_epoch: None: an epoch is a pass over the training data; N: an epoch is N
+            steps (the data repeats as needed), and a Controller ends loops at epoch ends.
     """
 
     _TRACKING_IGNORED = frozenset(
         {"_callbacks", "_run_state", "_own_state", "_compiled_train_step", "_train_options",
-         "_epoch_begun"}
+         "_epoch_end_pending"}
     )
 
     def __init__(
@@ -156,17 +169,18 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         self._train_options = _check_options(options, StandardTrainerOptions)
         self._train_data = DataIterator(train_dataset,
                                         prefetch_to=self._train_options.prefetch_to_device)
-        self._progress = _Progress()
+        self._progress = Progress()
         self._callbacks = CallbackList()
         self._own_state = RunState(trainer=self)
         self._run_state = self._own_state
         self._compiled_train_step: Callable[[Iterator[Any]], Any] | None = None
-        self._epoch_begun = False
+        self._epoch_end_pending = False
+        self.steps_per_epoch: int | None = self._train_options.steps_per_epoch
 
     def checkpoint_items(self) -> dict[str, Any]:
         """The parts a checkpoint holds: the public stateful attributes (see
-        `Module.checkpoint_items`) plus the runner's own ``progress`` (the step counter) and
-        ``train_data`` (the position in the training data).
+        `Module.checkpoint_items`) plus the runner's own ``progress`` (the step and epoch
+        counters) and ``train_data`` (the position in the training data).
 
         Raises:
             ValueError: if a public attribute is named like one of the runner's own parts.
@@ -188,7 +202,11 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
     def train_dataset(self, dataset: Any) -> None:
         self._train_data = DataIterator(dataset,
                                         prefetch_to=self._train_options.prefetch_to_device)
-        self._epoch_begun = False
+
+    @property
+    def progress(self) -> Progress:
+        """The step and epoch counters (saved in checkpoints)."""
+        return self._progress
 
     @property
     def global_step(self) -> int:
@@ -201,13 +219,32 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
 
     @property
     def epoch(self) -> int:
-        """Completed passes over the training data."""
-        return self._train_data.epoch
+        """Completed epochs (passes over the training data, or `steps_per_epoch` steps)."""
+        return self._progress.epochs_completed
 
     @property
     def examples_per_step(self) -> int | None:
         """The batch size of the training data when it says (used for examples/sec)."""
         return self._train_data.batch_size
+
+    def steps_to_epoch_end(self) -> int | None:
+        """Steps until the running (or next) epoch ends, when epochs have `steps_per_epoch`
+        steps; None when an epoch is a pass over the data. The Controller ends loops there."""
+        per_epoch, progress = self.steps_per_epoch, self._progress
+        if per_epoch is None:
+            return None
+        return per_epoch if progress.epoch_finished else max(per_epoch - progress.epoch_step, 0)
+
+    def steps_to_epochs(self, epochs: int) -> int | None:
+        """Steps until `epochs` epochs are completed, when epochs have `steps_per_epoch` steps;
+        None otherwise."""
+        per_epoch, progress = self.steps_per_epoch, self._progress
+        if per_epoch is None:
+            return None
+        left = epochs - progress.epochs_completed
+        if left <= 0:
+            return 0
+        return left * per_epoch - (0 if progress.epoch_finished else progress.epoch_step)
 
     def bind(self, callbacks: CallbackList, state: RunState) -> None:
         """Called by the Controller: the callbacks whose step and epoch hooks this loop fires,
@@ -225,7 +262,8 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
 
         Take the inputs before updating anything: when the data runs out, ``next`` raises
         ``StopIteration``, and the step is run again on the next pass. Avoid host-device syncs
-        (``.item()``, ``float(tensor)``); accumulate metrics on the device instead.
+        (``.item()``, ``float(tensor)``); accumulate metrics on the device instead. Raise
+        `cadence.StopTraining` to end training cleanly (the step does not count).
         """
 
     def train_loop_end(self) -> Output | None:
@@ -240,17 +278,30 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         """
         num_steps = _check_num_steps(num_steps, allow_all=False)
         state = self._run_state
-        if state is self._own_state:  # not driven by a Controller: each call is a fresh start
+        driven = state is not self._own_state  # a Controller: it ends pending epochs
+        if not driven:  # each call is a fresh start
             state.stop_requested, state.stop_reason = False, None
         self.train_loop_begin()
         self.create_train_loop_fn()(self._train_data, num_steps)
         state.global_step = self._progress.global_step
-        return self.train_loop_end()
+        output = self.train_loop_end()
+        if not driven:
+            self.end_pending_epoch()
+        return output
+
+    def end_pending_epoch(self) -> None:
+        """Runs the end hooks of an epoch that ended with the last loop -- its last step was the
+        loop's, or a stop ended it. The Controller calls it once the loop's logs are on the
+        host, so that epoch-end callbacks see them; `train` calls it itself when no Controller
+        drives this trainer."""
+        if self._epoch_end_pending:
+            self._epoch_end_pending = False
+            self._fire_epoch("on_epoch_end")
 
     def create_train_loop_fn(self) -> Callable[[DataIterator, int], None]:
         """The inner loop that `train` runs: ``loop_fn(iterator, num_steps)`` calls the (compiled,
         with ``compile_step``) `train_step` `num_steps` times, counting steps and epochs and
-        firing step hooks."""
+        firing step and epoch hooks."""
         step_fn = self._train_step_fn()
 
         def loop_fn(iterator: DataIterator, num_steps: int) -> None:
@@ -260,16 +311,20 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
 
     def _run_steps(self, step_fn: Callable[[Iterator[Any]], Any], data: DataIterator,
                    num_steps: int) -> None:
-        state = self._run_state
-        if not self._epoch_begun and data.at_pass_start:
-            self._fire_epoch("on_epoch_begin")
-        self._epoch_begun = True
-        progress = self._progress
-        pass_length = data.pass_length
+        state, progress = self._run_state, self._progress
+        per_epoch, pass_length = self.steps_per_epoch, data.pass_length
         hooks = self._callbacks if self._callbacks.has_step_hooks else None
+        if self.steps_to_epoch_end() == 0:  # an epoch with no steps (left): callbacks only
+            if not progress.epoch_open:
+                self._fire_epoch("on_epoch_begin")
+            progress.finish_epoch()
+            self._epoch_end_pending = True
+            return
         done = 0
         empty_pass = False
         while done < num_steps and not state.stop_requested:
+            if not progress.epoch_open:
+                self._fire_epoch("on_epoch_begin")
             if hooks is not None:
                 state.global_step = progress.global_step
                 hooks.fire("on_step_begin", state)
@@ -284,30 +339,56 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
                         "StandardTrainerOptions(stop_at_end_of_data=True)."
                     ) from None
                 empty_pass = data.at_pass_start
-                self._end_pass()
+                data.end_pass()
+                if per_epoch is None:
+                    self._pass_ended(at_loop_end=False)
                 continue
+            except StopTraining as stop:
+                state.request_stop(str(stop) or "StopTraining")
+                break
             empty_pass = False
-            progress.global_step += 1
+            progress.count_step()
             done += 1
+            # Counted before the step hooks run, so that a checkpoint taken there is exact.
+            pass_done = data.batches == pass_length  # the last batch of a sized source
+            if pass_done:
+                data.end_pass()
+            epoch_done = pass_done if per_epoch is None else progress.epoch_step >= per_epoch
+            if epoch_done:
+                progress.finish_epoch()
             if hooks is not None:
                 state.global_step = progress.global_step
                 hooks.fire("on_step_end", state)
-            if data.batches == pass_length:  # the last batch of a sized source: epoch ends now
-                self._end_pass()
+            if epoch_done and per_epoch is None:
+                self._pass_ended(at_loop_end=done == num_steps)
+            elif epoch_done:
+                self._close_epoch(at_loop_end=done == num_steps)
+        if state.stop_requested and progress.epoch_open:
+            self._epoch_end_pending = True  # a stop ends the epoch; its hooks run after the loop
 
-    def _end_pass(self) -> None:
-        self._train_data.end_pass()
-        self._fire_epoch("on_epoch_end")
+    def _pass_ended(self, at_loop_end: bool) -> None:
+        """The training data ran out: the epoch (a pass) is finished."""
+        self._progress.finish_epoch()
         if self._train_options.stop_at_end_of_data:
-            self._epoch_begun = False
             self._run_state.request_stop("end of training data")
+        self._close_epoch(at_loop_end or self._run_state.stop_requested)
+
+    def _close_epoch(self, at_loop_end: bool) -> None:
+        """Ends the running epoch: now in mid-loop, or -- when the loop ends with it -- after the
+        loop, once its logs are on the host (`end_pending_epoch`)."""
+        if at_loop_end:
+            self._epoch_end_pending = True
         else:
-            self._fire_epoch("on_epoch_begin")
+            self._fire_epoch("on_epoch_end")
 
     def _fire_epoch(self, hook: str) -> None:
-        state = self._run_state
-        state.epoch = self._train_data.epoch
-        state.global_step = self._progress.global_step
+        progress, state = self._progress, self._run_state
+        if hook == "on_epoch_begin":
+            progress.begin_epoch()
+        else:
+            progress.end_epoch()
+        state.epoch = progress.epoch
+        state.global_step = progress.global_step
         self._callbacks.fire(hook, state)
 
     def _train_step_fn(self) -> Callable[[Iterator[Any]], Any]:

@@ -4,17 +4,19 @@ engine's `Controller`, and the declarative `TrainConfig` / `launch_train_with_co
 A front-end: it builds on the engine and imports no other front-end.
 """
 
+from cadence.core.errors import StopTraining
+from cadence.tensorpack.launch import (
+    TrainConfig,
+    default_callbacks,
+    default_monitors,
+    launch_train_with_config,
+)
 from cadence.tensorpack.trainer import (
     ModelDesc,
     SimpleTrainer,
     SingleCostTrainer,
-    StopTraining,
-    TrainConfig,
     Trainer,
     cost_from_model,
-    default_callbacks,
-    default_monitors,
-    launch_train_with_config,
 )
 
 __all__ = [

@@ -1,149 +1,134 @@
-"""The tensorpack front-end (seed 003): epoch-scheduled trainers driven by callbacks.
+"""The tensorpack trainers (seed 003): `run_step` in epochs, on the engine's one outer loop.
 
-The base `Trainer` runs a double loop, ``max_epoch`` epochs of ``steps_per_epoch`` calls of
-`run_step`; an *epoch* is the callback period, not a pass over the data (the input repeats).
-Everything besides the step -- checkpoints, validation, schedules, monitors, progress -- is a
-`cadence.Callback`, the same class every front-end uses. The order of one training::
+A tensorpack `Trainer` is a `cadence.StandardTrainer` whose epochs have ``steps_per_epoch``
+steps, driven by a `cadence.Controller`: each epoch is one inner loop, and everything besides
+the step -- checkpoints, validation, schedules, monitors, progress -- is a `cadence.Callback`,
+the same class every front-end uses. Resume, preemption and checkpoints are the Controller's.
+The order of one training::
 
     on_train_begin                       (tensorpack: _before_train)
-    for epoch in starting_epoch .. max_epoch:
+    for each epoch from starting_epoch to max_epoch:      # one loop of the Controller
+        on_loop_begin
         on_epoch_begin                   (_before_epoch)
-        for local_step in range(steps_per_epoch):
+        steps_per_epoch times:
             on_step_begin                (_before_run; only if a callback overrides it)
             run_step()                   the override point: one logical step
             on_step_end                  (_after_run + _trigger_step)
+        epoch_logs() reach the host      (the epoch's one sync; into state.metrics)
         on_epoch_end                     (_after_epoch + _trigger_epoch: savers, inference...)
         on_loop_end(epoch's scalars)     monitors: JSON, TensorBoard, printer, progress bar
     on_train_end                         (_after_train; runs on every exit)
 
-`StopTraining` raised by `run_step` or a callback -- or ``state.request_stop`` -- ends training
-cleanly *after* that epoch's end callbacks run (tensorpack skipped them, so its final checkpoint
-and validation were lost). The global step counts logical steps: a GAN step that updates the
-discriminator twice and the generator once is one step (tensorpack counted session runs).
+`StopTraining` raised by `run_step` or any callback hook -- or ``state.request_stop`` -- ends
+training cleanly *after* that epoch's end callbacks run (tensorpack skipped them, so its final
+checkpoint and validation were lost). The global step counts logical steps: a GAN step that
+updates the discriminator twice and the generator once is one step (tensorpack counted session
+runs).
 
-`SingleCostTrainer` / `SimpleTrainer` train a `ModelDesc` (or any cost function) from an input
-source; `TrainConfig` and `launch_train_with_config` are the declarative entry point, and resume
-from the newest checkpoint in ``logdir`` -- model, optimizer, epoch, step, data position, random
-state and every callback's state.
+Checkpoints go to the directory of the run's `cadence.callbacks.ModelSaver`
+(``checkpoint_dir``, default ``<logdir>/checkpoints``), and a run resumes from the newest one
+there -- model, optimizer, epoch, step, data position, random state and every callback's state.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from cadence.callbacks.progress import ProgressBar
+from cadence.callbacks.logdir import resolve_directory
+from cadence.callbacks.savers import ModelSaver
 from cadence.core.callbacks import Callback, CallbackList, RunState
-from cadence.core.errors import Preempted
-from cadence.core.logs import humanize_duration, to_host
-from cadence.core.rank import process_rank
-from cadence.core.signals import stop_on_signals
+from cadence.core.checkpoint_dir import DEFAULT_MAX_TO_KEEP
+from cadence.core.controller import Controller
+from cadence.core.logs import humanize_duration
+from cadence.core.rank import is_chief
+from cadence.core.run_dir import RunDirectory
 from cadence.core.summary import import_writer
-from cadence.data.iterator import DataIterator
+from cadence.engine.checkpoint import CheckpointManager
 from cadence.engine.metrics import Mean
-from cadence.engine.module import Module
+from cadence.engine.runner import Output
+from cadence.engine.standard_runner import StandardTrainer
 
 logger = logging.getLogger("cadence")
 
-
-class StopTraining(Exception):
-    """Raise from `Trainer.run_step` or a callback to end training cleanly (after the current
-    epoch's end callbacks)."""
-
-
-class _Counters:
-    """The trainer's position, saved in checkpoints."""
-
-    def __init__(self) -> None:
-        self.global_step = 0
-        self.epoch_num = 0
-        self.epoch_steps_done = 0
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"global_step": self.global_step, "epoch_num": self.epoch_num,
-                "epoch_steps_done": self.epoch_steps_done}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.global_step = int(state["global_step"])
-        self.epoch_num = int(state["epoch_num"])
-        self.epoch_steps_done = int(state["epoch_steps_done"])
+def _model_savers(callbacks: Iterable[Callback]) -> list[ModelSaver]:
+    """The `ModelSaver` callbacks among `callbacks`, also inside scheduling wrappers."""
+    found = []
+    for callback in callbacks:
+        while not isinstance(callback, ModelSaver) and isinstance(
+                getattr(callback, "callback", None), Callback):
+            callback = callback.callback  # type: ignore[attr-defined]
+        if isinstance(callback, ModelSaver):
+            found.append(callback)
+    return found
 
 
-def default_callbacks() -> list[Callback]:
-    """tensorpack's ``DEFAULT_CALLBACKS``, in cadence: the progress bar (on a terminal)."""
-    return [ProgressBar()]
-
-
-def default_monitors() -> list[Callback]:
-    """tensorpack's ``DEFAULT_MONITORS``: TensorBoard, JSON lines and a printed line."""
-    from cadence.callbacks import JSONWriter, ScalarPrinter, TensorBoardWriter
-
-    return [TensorBoardWriter(), JSONWriter(), ScalarPrinter()]
-
-
-class Trainer(Module):
+class Trainer(StandardTrainer):
     """tensorpack's base trainer: `run_step` repeated over epochs, with callbacks.
 
-    Subclass it and override `run_step` (and `epoch_logs` to report per-epoch scalars).
-    Stateful attributes (models, optimizers, input iterators) are checkpointed automatically,
-    as for every `cadence.Module`.
+    Subclass it and override `run_step` (and `epoch_logs` to report per-epoch scalars). Its
+    public stateful attributes (models, optimizers, metrics) are checkpointed, as for every
+    `cadence.Module` (see `Module.checkpoint_items`).
 
     Args:
-        logdir: where callbacks write by default (checkpoints, summaries, ``stats.jsonl``) and
-            where training resumes from.
+        logdir: the run's directory (`cadence.core.run_dir.RunDirectory`): where callbacks
+            write by default (checkpoints, summaries, ``stats.jsonl``) and where training
+            resumes from.
+        name: the module name.
     """
 
-    _TRACKING_IGNORED = frozenset({"callbacks", "state", "logdir", "_setup_done", "_trained"})
+    _TRACKING_IGNORED = frozenset({"logdir", "_setup_done", "_trained", "_controller",
+                                   "_epoch_start"})
 
     def __init__(self, logdir: str | Path | None = None, name: str | None = None) -> None:
-        super().__init__(name=name)
+        StandardTrainer.__init__(self, None, name=name)
         self.logdir = Path(logdir) if logdir is not None else None
-        self.callbacks = CallbackList()
-        self.state = RunState(trainer=self)
-        self._counters = _Counters()
+        self.max_epoch = 0
         self._setup_done = False
         self._trained = False
-        self.steps_per_epoch = 0
-        self.max_epoch = 0
-        if self.logdir is not None and self.is_chief:
+        self._controller: Controller | None = None
+        self._epoch_start = 0.0
+        if self.logdir is not None and is_chief():
             import_writer()  # the default monitors write summaries there; not in epoch 1
 
-    def checkpoint_items(self) -> dict[str, Any]:
-        """The public stateful attributes (models, optimizers, ...) and the counters; the
-        callbacks are saved beside them, by the checkpoint manager."""
-        items = {k: v for k, v in super().checkpoint_items().items() if k != "callbacks"}
-        return {**items, "counters": self._counters}
-
-    # ------------------------------------------------------------------ counters
+    # ------------------------------------------------------------------ counters and state
 
     @property
     def is_chief(self) -> bool:
         """Whether this process is rank 0 (it alone writes summaries and exports)."""
-        return process_rank() == 0
-
-    @property
-    def global_step(self) -> int:
-        """Logical steps done (one per `run_step`)."""
-        return self._counters.global_step
+        return is_chief()
 
     @property
     def epoch_num(self) -> int:
         """The epoch running (the last one finished, before and after the loop)."""
-        return self._counters.epoch_num
+        return self.progress.epoch
 
     @property
     def local_step(self) -> int:
         """The index of the current step inside its epoch (from 0)."""
-        return self._counters.epoch_steps_done
+        return self.progress.epoch_step
+
+    @property
+    def callbacks(self) -> CallbackList:
+        """The registered callbacks (the Controller's, once training starts)."""
+        return self._callbacks
+
+    @property
+    def state(self) -> RunState:
+        """The run state callbacks see (the Controller's, once one drives this trainer)."""
+        return self._run_state
+
+    @property
+    def controller(self) -> Controller | None:
+        """The Controller driving this trainer, once `resume_or_initialize` built it."""
+        return self._controller
 
     # ------------------------------------------------------------------ callbacks
 
@@ -157,7 +142,7 @@ class Trainer(Module):
         if self._setup_done:
             raise RuntimeError("register_callback() must come before setup_callbacks().")
         for cb in [callback] if isinstance(callback, Callback) else list(callback):
-            self.callbacks.append(cb)
+            self._callbacks.append(cb)
         return True
 
     def setup_callbacks(self, callbacks: Iterable[Callback],
@@ -184,55 +169,112 @@ class Trainer(Module):
         cost), as tensors or numbers; reset them here."""
         return {}
 
+    def train_step(self, iterator: Any) -> None:
+        """The engine's step: `run_step`."""
+        self.run_step()
+
+    def train_loop_begin(self) -> None:
+        """A loop is an epoch: logs its start."""
+        self._epoch_start = time.perf_counter()
+        progress = self.progress
+        logger.info("Start Epoch %d ...", progress.epoch + 1 if progress.epoch_finished
+                    else progress.epoch)
+
+    def train_loop_end(self) -> Output:
+        """The epoch's logs: `epoch_logs`."""
+        logger.info("Epoch %d (global_step %d) finished, time: %s.", self.progress.epoch,
+                    self.global_step, humanize_duration(time.perf_counter() - self._epoch_start))
+        return self.epoch_logs()
+
     # ------------------------------------------------------------------ resume and init
 
     def checkpoint_dir(self) -> Path | None:
-        """Where `cadence.callbacks.ModelSaver` writes by default: ``<logdir>/checkpoints``."""
-        return self.logdir / "checkpoints" if self.logdir is not None else None
+        """Where checkpoints are saved and resumed from: the run's `ModelSaver` directory, else
+        ``<logdir>/checkpoints``; None without either.
+
+        Raises:
+            ValueError: if ModelSavers name different directories, or a ModelSaver has no
+                directory and there is no logdir.
+        """
+        savers = _model_savers(self._callbacks)
+        directories = {resolve_directory(self.state, saver.checkpoint_dir, "ModelSaver",
+                                         "checkpoints") for saver in savers}
+        if len(directories) > 1:
+            raise ValueError(f"ModelSavers write to {sorted(map(str, directories))}: a run "
+                             "saves and resumes in one checkpoint directory; give them one.")
+        if directories:
+            return directories.pop()
+        return RunDirectory(self.logdir).checkpoints if self.logdir is not None else None
 
     def resume_or_initialize(self, session_init: str | Path | None = None) -> str | None:
-        """Restores the newest checkpoint in `checkpoint_dir` (everything, callbacks included);
-        without one, loads the weights at `session_init` into ``self.model``.
+        """Builds the Controller that will drive this trainer, which restores the newest
+        checkpoint in `checkpoint_dir` (everything, callbacks included); without one, loads the
+        weights at `session_init` into ``self.model``.
 
         Returns:
             The restored checkpoint's path, or None.
+
+        Raises:
+            RuntimeError: if called twice.
         """
+        if self._controller is not None:
+            raise RuntimeError("resume_or_initialize() runs once per trainer.")
         directory = self.checkpoint_dir()
+        manager = None
         if directory is not None:
-            from cadence.callbacks.savers import checkpoint_manager_for
+            savers = _model_savers(self._callbacks)
+            keep = savers[0].max_to_keep if savers else DEFAULT_MAX_TO_KEEP
+            manager = CheckpointManager(self, directory, max_to_keep=keep,
+                                        init_fn=lambda: self._initialize(session_init))
+        self._controller = Controller(
+            trainer=self, steps_per_loop=lambda step: max(self.steps_per_epoch or 1, 1),
+            checkpoint_manager=manager, callbacks=self._callbacks)
+        if self.logdir is not None:
+            self._controller.state.run_dir = RunDirectory(self.logdir)
+        if manager is None:
+            self._initialize(session_init)
+            return None
+        latest = manager.latest_checkpoint if self.global_step or self.progress.epoch else None
+        if latest is not None:
+            logger.info("Resumed from %s: epoch %d, global step %d.", latest, self.epoch_num,
+                        self.global_step)
+            if session_init:
+                logger.info("Not loading session_init=%s: resuming instead.", session_init)
+        return latest
 
-            manager = checkpoint_manager_for(self.state, directory)
-            latest = manager.latest_checkpoint
-            if latest is not None:
-                manager.restore(latest)
-                logger.info("Resumed from %s: epoch %d, global step %d.", latest,
-                            self.epoch_num, self.global_step)
-                if session_init:
-                    logger.info("Not loading session_init=%s: resuming instead.", session_init)
-                return latest
-        if session_init:
-            from cadence.engine.exporter import load_weights
+    def _initialize(self, session_init: str | Path | None) -> None:
+        if not session_init:
+            return
+        from cadence.engine.exporter import load_weights
 
-            model = getattr(self, "model", None)
-            if not isinstance(model, nn.Module):
-                raise ValueError("session_init loads weights into `self.model`, which this "
-                                 "trainer does not have.")
-            load_weights(model, session_init)
-            logger.info("Initialized the model from %s.", session_init)
-        return None
+        model = getattr(self, "model", None)
+        if not isinstance(model, nn.Module):
+            raise ValueError("session_init loads weights into `self.model`, which this "
+                             "trainer does not have.")
+        load_weights(model, session_init)
+        logger.info("Initialized the model from %s.", session_init)
 
-    # ------------------------------------------------------------------ the loop
+    # ------------------------------------------------------------------ training
 
-    def train(self, callbacks: Iterable[Callback] = (), monitors: Iterable[Callback] = (),
-              session_init: str | Path | None = None, steps_per_epoch: int | None = None,
-              starting_epoch: int = 1, max_epoch: int = 9999999) -> None:
-        """`setup_callbacks`, `resume_or_initialize` (which may move `starting_epoch` on),
-        then `main_loop`."""
+    def train(  # tensorpack's train and Orbit's share the name
+        self, callbacks: Iterable[Callback] | int = (), monitors: Iterable[Callback] = (),
+        session_init: str | Path | None = None, steps_per_epoch: int | None = None,
+        starting_epoch: int = 1, max_epoch: int = 9999999,
+    ) -> Output | None:
+        """tensorpack's ``train``: `setup_callbacks`, `resume_or_initialize`, then `main_loop`.
+
+        Orbit's runner protocol has a ``train`` too: called with one int, as the Controller does
+        (``train(num_steps)``), this runs one inner loop of `StandardTrainer.train` instead.
+        """
+        if isinstance(callbacks, int):
+            return StandardTrainer.train(self, callbacks)
         if steps_per_epoch is None:
             raise ValueError("`steps_per_epoch` is required.")
+        self._check_schedule(steps_per_epoch, max_epoch)
         self.setup_callbacks(callbacks, monitors)
         self.resume_or_initialize(session_init)
         self.main_loop(steps_per_epoch, starting_epoch, max_epoch)
+        return None
 
     def train_with_defaults(self, *, callbacks: Iterable[Callback] | None = None,
                             monitors: Iterable[Callback] | None = None,
@@ -242,6 +284,8 @@ class Trainer(Module):
                             extra_callbacks: Iterable[Callback] | None = None) -> None:
         """`train` with tensorpack's defaults: `default_callbacks` appended to `callbacks` and
         `default_monitors` (those need a `logdir`; without one only the printer is used)."""
+        from cadence.tensorpack.launch import default_callbacks, default_monitors
+
         extra = list(extra_callbacks) if extra_callbacks is not None else default_callbacks()
         if monitors is None:
             from cadence.callbacks import ScalarPrinter
@@ -250,102 +294,48 @@ class Trainer(Module):
         self.train([*(callbacks or []), *extra], monitors, session_init, steps_per_epoch,
                    starting_epoch, max_epoch)
 
+    @staticmethod
+    def _check_schedule(steps_per_epoch: Any, max_epoch: Any) -> None:
+        for name, value in (("steps_per_epoch", steps_per_epoch), ("max_epoch", max_epoch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"`{name}` (got {value!r}) must be a non-negative int.")
+
     def main_loop(self, steps_per_epoch: int, starting_epoch: int = 1,
                   max_epoch: int = 9999999, handle_signals: bool = True) -> None:
-        """Runs the epochs; see the module docstring for the order of callbacks.
+        """Trains epochs `starting_epoch` .. `max_epoch` of `steps_per_epoch` steps with the
+        Controller; see the module docstring for the order of callbacks.
 
         A restored position wins over `starting_epoch`: a run resumed from a checkpoint taken
         at an epoch's end starts with the next epoch, one taken mid-epoch continues that epoch.
         SIGTERM or Ctrl-C stops after the current step; the epoch's end callbacks run, a
-        checkpoint is saved in `checkpoint_dir` (with a `logdir`), and `Preempted` is raised.
+        checkpoint is saved in `checkpoint_dir`, and `Preempted` is raised.
 
         Raises:
             ValueError: for negative `steps_per_epoch` or `max_epoch`.
             RuntimeError: if called twice.
             Preempted: after SIGTERM or SIGINT.
         """
-        for name, value in (("steps_per_epoch", steps_per_epoch), ("max_epoch", max_epoch)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"`{name}` (got {value!r}) must be a non-negative int.")
+        self._check_schedule(steps_per_epoch, max_epoch)
         if self._trained:
             raise RuntimeError("main_loop() can run once per trainer; create a new trainer.")
         self._trained = True
-        counters, state = self._counters, self.state
-        first_epoch, first_step = starting_epoch, 0
-        if counters.epoch_num > 0:  # restored
-            if counters.epoch_steps_done >= steps_per_epoch:
-                first_epoch = counters.epoch_num + 1
-            else:
-                first_epoch, first_step = counters.epoch_num, counters.epoch_steps_done
+        if self._controller is None:
+            self.resume_or_initialize()
+        controller = self._controller
+        assert controller is not None
+        progress = self.progress
+        if progress.global_step == 0 and progress.epoch == 0:  # a fresh run
+            progress.epoch = max(starting_epoch - 1, 0)
         self.steps_per_epoch, self.max_epoch = steps_per_epoch, max_epoch
-        remaining = max(max_epoch - first_epoch + 1, 0) * steps_per_epoch - first_step
-        state.target_step = counters.global_step + max(remaining, 0)
-        state.extra["last_epoch"] = max_epoch
-        state.epoch = first_epoch - 1
-        state.global_step = counters.global_step
-        if counters.global_step:
-            logger.info("Start training with global_step=%d.", counters.global_step)
-        self.callbacks.fire("on_train_begin", state)
-        step_hooks = self.callbacks if self.callbacks.has_step_hooks else None
-        signals = contextlib.ExitStack()
-        received = signals.enter_context(stop_on_signals(state, handle_signals))
-        try:
-            for epoch in range(first_epoch, max_epoch + 1):
-                if state.stop_requested:
-                    break
-                counters.epoch_num = state.epoch = epoch
-                if epoch != first_epoch or first_step == 0:
-                    counters.epoch_steps_done = 0
-                logger.info("Start Epoch %d ...", epoch)
-                self.callbacks.fire("on_epoch_begin", state)
-                start = time.perf_counter()
-                while counters.epoch_steps_done < steps_per_epoch and not state.stop_requested:
-                    if step_hooks is not None:
-                        state.global_step = counters.global_step
-                        step_hooks.fire("on_step_begin", state)
-                    try:
-                        self.run_step()
-                    except StopTraining as stop:
-                        state.request_stop(str(stop) or "StopTraining")
-                        break
-                    counters.global_step += 1
-                    counters.epoch_steps_done += 1
-                    if step_hooks is not None:
-                        state.global_step = counters.global_step
-                        step_hooks.fire("on_step_end", state)
-                state.global_step = counters.global_step
-                logger.info("Epoch %d (global_step %d) finished, time: %s.", epoch,
-                            counters.global_step, humanize_duration(time.perf_counter() - start))
-                logs = to_host(self.epoch_logs())  # once per epoch: the host reads the means
-                state.put_metrics(logs)
-                try:
-                    self.callbacks.fire("on_epoch_end", state)
-                except StopTraining as stop:
-                    state.request_stop(str(stop) or "StopTraining")
-                self.callbacks.fire("on_loop_end", state, logs)
-            if state.stop_requested:
-                logger.info("Training was stopped: %s.", state.stop_reason)
-            else:
-                logger.info("Training has finished!")
-            saved = None
-            directory = self.checkpoint_dir()
-            if received and directory is not None:
-                from cadence.callbacks.savers import checkpoint_manager_for
-
-                saved = checkpoint_manager_for(state, directory).save(
-                    counters.global_step)  # returns the existing one if a saver just wrote it
-        except KeyboardInterrupt:
-            logger.info("Detected Ctrl-C: training stops.")
-            raise
-        finally:
-            signals.close()
-            for callback in self.callbacks.hooked("on_train_end"):
-                try:
-                    callback.on_train_end(state)
-                except Exception:  # one failing teardown must not skip the others
-                    logger.exception("%s.on_train_end failed.", type(callback).__name__)
-        if received:
-            raise Preempted(received[0], saved)
+        controller.state.extra["last_epoch"] = max_epoch
+        controller.handle_signals = handle_signals
+        if self.global_step:
+            logger.info("Start training with global_step=%d.", self.global_step)
+        controller.train(epochs=max_epoch, checkpoint_at_completion=False)
+        if self.state.stop_requested:
+            logger.info("Training was stopped: %s.", self.state.stop_reason)
+        else:
+            logger.info("Training has finished!")
 
 
 class ModelDesc(nn.Module):
@@ -378,16 +368,6 @@ class SingleCostTrainer(Trainer):
         self._cost_fn: Callable[..., torch.Tensor] | None = None
         self.cost = Mean()
 
-    def checkpoint_items(self) -> dict[str, Any]:
-        items = super().checkpoint_items()
-        data = getattr(self, "_data", None)
-        return {**items, "data": data} if data is not None else items
-
-    @property
-    def examples_per_step(self) -> int | None:
-        data = getattr(self, "_data", None)
-        return data.batch_size if data is not None else None
-
     def setup_graph(self, inputs: Any, get_cost_fn: Callable[..., torch.Tensor],
                     get_opt_fn: Callable[..., torch.optim.Optimizer],
                     model: nn.Module | None = None) -> None:
@@ -417,7 +397,7 @@ class SingleCostTrainer(Trainer):
             raise ValueError("get_opt_fn takes parameters but there is no model: pass model=.")
         self.optimizer = get_opt_fn(model.parameters()) if takes_params and model is not None \
             else get_opt_fn()
-        self._data = DataIterator(inputs)
+        self.train_dataset = inputs
 
     def next_inputs(self) -> tuple[Any, ...]:
         """The next batch, as a tuple; a new pass starts when the input runs out.
@@ -425,12 +405,13 @@ class SingleCostTrainer(Trainer):
         Raises:
             ValueError: if a pass of the input yields no batch.
         """
+        data = self._train_data
         try:
-            batch = self._data.next_in_pass()
+            batch = data.next_in_pass()
         except StopIteration:  # the input repeats
-            batch = self._data.next_in_pass()
-        if self._data.batches == self._data.pass_length:  # a sized input: end the pass now
-            self._data.end_pass()
+            batch = data.next_in_pass()
+        if data.batches == data.pass_length:  # a sized input: end the pass now
+            data.end_pass()
         return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
 
     def run_step(self) -> None:
@@ -464,79 +445,3 @@ def cost_from_model(model: nn.Module,
 
 class SimpleTrainer(SingleCostTrainer):
     """The single-process `SingleCostTrainer` (tensorpack's ``SimpleTrainer``)."""
-
-
-@dataclass
-class TrainConfig:
-    """What `launch_train_with_config` trains, and how (tensorpack's ``TrainConfig``).
-
-    Attributes:
-        model: a `ModelDesc`.
-        dataflow: the input (a `DataFlow`, DataLoader, list of batches...); `data` is an alias.
-        callbacks: callbacks, in order.
-        extra_callbacks: appended to `callbacks`; None means `default_callbacks()`.
-        monitors: None means `default_monitors()` (with a `logdir`).
-        steps_per_epoch: steps per epoch; None: one pass over the input (its length).
-        starting_epoch: the first epoch of a fresh run.
-        max_epoch: the last epoch.
-        session_init: weights to start from (a ``.safetensors`` file, an export directory or
-            a checkpoint) when `logdir` has no checkpoint to resume.
-        logdir: where checkpoints, summaries and ``stats.jsonl`` go; training resumes from it.
-    """
-
-    model: ModelDesc | None = None
-    dataflow: Any = None
-    data: Any = None
-    callbacks: Sequence[Callback] = field(default_factory=list)
-    extra_callbacks: Sequence[Callback] | None = None
-    monitors: Sequence[Callback] | None = None
-    steps_per_epoch: int | None = None
-    starting_epoch: int = 1
-    max_epoch: int = 99999
-    session_init: str | Path | None = None
-    logdir: str | Path | None = None
-
-    def __post_init__(self) -> None:
-        if (self.dataflow is None) == (self.data is None):
-            raise ValueError("TrainConfig needs exactly one of `dataflow` and `data`.")
-        if self.model is not None and not isinstance(self.model, ModelDesc):
-            raise TypeError(f"`model` (got {type(self.model).__name__}) must be a "
-                            "cadence.tensorpack.ModelDesc.")
-        for name in ("callbacks", "extra_callbacks", "monitors"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, (list, tuple)):
-                raise TypeError(f"`{name}` must be a list of callbacks.")
-        if self.steps_per_epoch is None:
-            try:
-                self.steps_per_epoch = len(self.input)
-            except TypeError:
-                raise ValueError("The input has no length: set steps_per_epoch.") from None
-
-    @property
-    def input(self) -> Any:
-        """The input source."""
-        return self.dataflow if self.dataflow is not None else self.data
-
-
-def launch_train_with_config(config: TrainConfig, trainer: SingleCostTrainer) -> None:
-    """Sets up `trainer` with the config's model and input and trains it with the defaults;
-    resumes from the newest checkpoint in the config's `logdir`.
-
-    Raises:
-        TypeError: if `trainer` is not a `SingleCostTrainer` or the config has no model.
-    """
-    if not isinstance(trainer, SingleCostTrainer):
-        raise TypeError(f"`trainer` (got {type(trainer).__name__}) must be a SingleCostTrainer "
-                        "such as SimpleTrainer().")
-    if config.model is None:
-        raise TypeError("TrainConfig.model is required: a ModelDesc.")
-    if config.logdir is not None:
-        trainer.logdir = Path(config.logdir)
-    trainer.setup_graph(config.input, config.model.build_graph, config.model.optimizer,
-                        model=config.model)
-    trainer.train_with_defaults(
-        callbacks=list(config.callbacks), monitors=config.monitors,
-        session_init=config.session_init, steps_per_epoch=config.steps_per_epoch,
-        starting_epoch=config.starting_epoch, max_epoch=config.max_epoch,
-        extra_callbacks=config.extra_callbacks,
-    )

@@ -122,6 +122,6 @@ def test_a_runner_attribute_named_like_its_own_parts_is_refused():
             pass
 
     runner = Clash([1])
-    runner.progress = nn.Linear(1, 1)
-    with pytest.raises(ValueError, match=r"\['progress'\] of Clash collide"):
+    runner.train_data = nn.Linear(1, 1)
+    with pytest.raises(ValueError, match=r"\[.train_data.\] of Clash collide"):
         runner.checkpoint_items()

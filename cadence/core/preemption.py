@@ -1,0 +1,69 @@
+"""`Preemption`: SIGTERM and Ctrl-C become a clean stop, a checkpoint, and `Preempted`.
+
+Every front-end trains inside `Preemption.watch`: the first SIGTERM or SIGINT requests a stop
+through the run state (the loops end after the current step), and when training has wound down,
+`Preemption.finish` saves a checkpoint and raises `cadence.Preempted`, whose exit code (143 for
+SIGTERM, 130 for SIGINT) tells a scheduler to requeue. A second Ctrl-C stops at once, without
+saving. Handlers are installed only in the main thread, and the previous ones are put back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from cadence.core.callbacks import RunState
+from cadence.core.errors import Preempted
+
+logger = logging.getLogger("cadence")
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Preemption:
+    """Turns SIGTERM and SIGINT into a stop request, then into a save and `Preempted`.
+
+    Args:
+        enabled: install the handlers (only ever from the main thread).
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.received: int | None = None
+        """The signal that requested the stop, if one did."""
+
+    @contextlib.contextmanager
+    def watch(self, state: RunState) -> Iterator[Preemption]:
+        """While inside, a signal requests a stop through `state`."""
+        self.received = None
+        if not self.enabled or threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            if self.received is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now, without saving
+            self.received = signum
+            name = signal.Signals(signum).name
+            logger.warning("Received %s: stopping after this step and saving a checkpoint.", name)
+            state.request_stop(name)
+
+        previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
+        try:
+            yield self
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+    def finish(self, save: Callable[[], str | None]) -> None:
+        """After a signal: calls `save` and raises `Preempted` with the checkpoint it returns.
+
+        Raises:
+            Preempted: when a signal requested the stop.
+        """
+        if self.received is not None:
+            raise Preempted(self.received, save())

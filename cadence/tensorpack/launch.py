@@ -1,0 +1,101 @@
+"""The declarative entry point of the tensorpack front-end: `TrainConfig` and
+`launch_train_with_config`, with tensorpack's default callbacks and monitors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cadence.callbacks.progress import ProgressBar
+from cadence.core.callbacks import Callback
+from cadence.tensorpack.trainer import ModelDesc, SingleCostTrainer
+
+
+def default_callbacks() -> list[Callback]:
+    """tensorpack's ``DEFAULT_CALLBACKS``, in cadence: the progress bar (on a terminal)."""
+    return [ProgressBar()]
+
+
+def default_monitors() -> list[Callback]:
+    """tensorpack's ``DEFAULT_MONITORS``: TensorBoard, JSON lines and a printed line."""
+    from cadence.callbacks import JSONWriter, ScalarPrinter, TensorBoardWriter
+
+    return [TensorBoardWriter(), JSONWriter(), ScalarPrinter()]
+
+
+@dataclass
+class TrainConfig:
+    """What `launch_train_with_config` trains, and how (tensorpack's ``TrainConfig``).
+
+    Attributes:
+        model: a `ModelDesc`.
+        dataflow: the input (a `DataFlow`, DataLoader, list of batches...); `data` is an alias.
+        callbacks: callbacks, in order.
+        extra_callbacks: appended to `callbacks`; None means `default_callbacks()`.
+        monitors: None means `default_monitors()` (with a `logdir`).
+        steps_per_epoch: steps per epoch; None: one pass over the input (its length).
+        starting_epoch: the first epoch of a fresh run.
+        max_epoch: the last epoch.
+        session_init: weights to start from (a ``.safetensors`` file, an export directory or
+            a checkpoint) when there is no checkpoint to resume.
+        logdir: where checkpoints, summaries and ``stats.jsonl`` go; training resumes from it.
+    """
+
+    model: ModelDesc | None = None
+    dataflow: Any = None
+    data: Any = None
+    callbacks: Sequence[Callback] = field(default_factory=list)
+    extra_callbacks: Sequence[Callback] | None = None
+    monitors: Sequence[Callback] | None = None
+    steps_per_epoch: int | None = None
+    starting_epoch: int = 1
+    max_epoch: int = 99999
+    session_init: str | Path | None = None
+    logdir: str | Path | None = None
+
+    def __post_init__(self) -> None:
+        if (self.dataflow is None) == (self.data is None):
+            raise ValueError("TrainConfig needs exactly one of `dataflow` and `data`.")
+        if self.model is not None and not isinstance(self.model, ModelDesc):
+            raise TypeError(f"`model` (got {type(self.model).__name__}) must be a "
+                            "cadence.tensorpack.ModelDesc.")
+        for name in ("callbacks", "extra_callbacks", "monitors"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (list, tuple)):
+                raise TypeError(f"`{name}` must be a list of callbacks.")
+        if self.steps_per_epoch is None:
+            try:
+                self.steps_per_epoch = len(self.input)
+            except TypeError:
+                raise ValueError("The input has no length: set steps_per_epoch.") from None
+
+    @property
+    def input(self) -> Any:
+        """The input source."""
+        return self.dataflow if self.dataflow is not None else self.data
+
+
+def launch_train_with_config(config: TrainConfig, trainer: SingleCostTrainer) -> None:
+    """Sets up `trainer` with the config's model and input and trains it with the defaults;
+    resumes from the newest checkpoint of the run.
+
+    Raises:
+        TypeError: if `trainer` is not a `SingleCostTrainer` or the config has no model.
+    """
+    if not isinstance(trainer, SingleCostTrainer):
+        raise TypeError(f"`trainer` (got {type(trainer).__name__}) must be a SingleCostTrainer "
+                        "such as SimpleTrainer().")
+    if config.model is None:
+        raise TypeError("TrainConfig.model is required: a ModelDesc.")
+    if config.logdir is not None:
+        trainer.logdir = Path(config.logdir)
+    trainer.setup_graph(config.input, config.model.build_graph, config.model.optimizer,
+                        model=config.model)
+    trainer.train_with_defaults(
+        callbacks=list(config.callbacks), monitors=config.monitors,
+        session_init=config.session_init, steps_per_epoch=config.steps_per_epoch,
+        starting_epoch=config.starting_epoch, max_epoch=config.max_epoch,
+        extra_callbacks=config.extra_callbacks,
+    )
