@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from cadence.core.best import infer_smaller_is_better
+from cadence.core.best import BestTracker, check_mode, lookup
 from cadence.core.callbacks import Callback, RunState
 
 logger = logging.getLogger("cadence")
@@ -25,52 +25,60 @@ class EarlyStopping(Callback):
     training ends. The best value, the waiting count and the best weights are checkpointed.
 
     Args:
-        monitor: the metric in ``state.metrics``.
-        patience: triggers without improvement before stopping.
+        monitor: the metric in ``state.metrics``; a trigger without it is an error that lists
+            the metrics there are (early stopping that silently never happens is worse).
+        patience: triggers without improvement before stopping (a NaN is no improvement).
         min_delta: the smallest change that counts as an improvement.
         mode: ``"min"`` or ``"max"``; None infers it from the name (see
             `cadence.core.best.LARGER_IS_BETTER`).
         restore_best: restore the best weights at the end.
+
+    Raises:
+        ValueError: for a bad `mode` or `patience`.
     """
 
     def __init__(self, monitor: str, patience: int = 3, min_delta: float = 0.0,
                  mode: str | None = None, restore_best: bool = False) -> None:
-        if mode not in (None, "min", "max"):
-            raise ValueError(f"`mode` (got {mode!r}) must be 'min', 'max' or None.")
-        if patience < 1:
-            raise ValueError(f"`patience` (got {patience}) must be at least 1.")
+        check_mode(mode)
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+            raise ValueError(f"`patience` (got {patience!r}) must be a positive int.")
         self.monitor = monitor
         self.requires = (monitor,)
         self.patience = patience
-        self.min_delta = abs(min_delta)
-        self.mode = mode or ("min" if infer_smaller_is_better(monitor) else "max")
+        self.tracker = BestTracker(monitor, mode, min_delta)
         self.restore_best = restore_best
-        self.best: float | None = None
-        self.best_step: int | None = None
-        self.wait = 0
         self.best_weights: dict[str, torch.Tensor] | None = None
 
-    def _improved(self, value: float) -> bool:
-        if self.best is None:
-            return True
-        if self.mode == "min":
-            return value < self.best - self.min_delta
-        return value > self.best + self.min_delta
+    @property
+    def mode(self) -> str:
+        """``"min"`` or ``"max"``."""
+        return self.tracker.mode
+
+    @property
+    def best(self) -> float | None:
+        """The best value so far."""
+        return self.tracker.best
+
+    @property
+    def best_step(self) -> int | None:
+        """The global step of the best value."""
+        return self.tracker.best_step
+
+    @property
+    def wait(self) -> int:
+        """Triggers since the last improvement."""
+        return self.tracker.wait
 
     def trigger(self, state: RunState) -> None:
-        value = state.metrics.get(self.monitor)
-        if value is None or math.isnan(value):
-            logger.warning("EarlyStopping: no value of %r at step %d.", self.monitor,
-                           state.global_step)
+        value = lookup(state.metrics, self.monitor, "EarlyStopping")
+        if value is None:  # nothing measured yet
             return
-        if self._improved(value):
-            self.best, self.best_step, self.wait = value, state.global_step, 0
+        if self.tracker.update(value, state.global_step):
             if self.restore_best:
                 model = state.trainer.model
                 self.best_weights = {k: v.detach().to("cpu", copy=True)
                                      for k, v in model.state_dict().items()}
             return
-        self.wait += 1
         if self.wait >= self.patience:
             state.request_stop(f"early stopping: {self.monitor} did not improve for "
                                f"{self.wait} epochs (best {self.best:.6g} at step "
@@ -88,13 +96,10 @@ class EarlyStopping(Callback):
                         self.monitor, self.best)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "best_step": self.best_step, "wait": self.wait,
-                "best_weights": self.best_weights}
+        return {**self.tracker.state_dict(), "best_weights": self.best_weights}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.best = state_dict["best"]
-        self.best_step = state_dict["best_step"]
-        self.wait = int(state_dict["wait"])
+        self.tracker.load_state_dict(state_dict)
         self.best_weights = state_dict.get("best_weights")
 
 

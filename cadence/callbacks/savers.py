@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 
 from cadence.callbacks.logdir import resolve_directory
+from cadence.core.best import lookup
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.checkpoint_dir import DEFAULT_MAX_TO_KEEP
 from cadence.engine.exporter import BestCheckpointExporter
@@ -72,10 +73,8 @@ class _BestSaver(Callback):
                                                self.max_to_keep)
 
     def trigger(self, state: RunState) -> None:
-        if self.monitor_stat not in state.metrics:
-            logger.warning("%s: no %r yet at step %d; nothing to compare.", type(self).__name__,
-                           self.monitor_stat, state.global_step)
-            return
+        if lookup(state.metrics, self.monitor_stat, type(self).__name__) is None:
+            return  # nothing measured yet
         if self.exporter is None:
             self.on_train_begin(state)
         assert self.exporter is not None
@@ -93,7 +92,8 @@ class MinSaver(_BestSaver):
     """Exports the model's weights whenever `monitor_stat` reaches a new minimum.
 
     Args:
-        monitor_stat: the metric (in ``state.metrics``) to watch.
+        monitor_stat: the metric (in ``state.metrics``) to watch; a trigger without it is an
+            error that lists the metrics there are.
         export_dir: where; default ``<logdir>/minsaver-<stat>``.
         max_to_keep: keep the best K exports.
     """

@@ -6,14 +6,13 @@ Each measures per epoch (``on_epoch_begin`` / ``on_epoch_end``) and adds nothing
 from __future__ import annotations
 
 import logging
-import statistics
 import sys
 import time
-from collections import deque
 
 import torch
 
 from cadence.core.callbacks import Callback, RunState
+from cadence.core.eta import ETA
 from cadence.core.logs import humanize_duration
 
 logger = logging.getLogger("cadence")
@@ -21,7 +20,8 @@ logger = logging.getLogger("cadence")
 
 class EstimatedTimeLeft(Callback):
     """Estimates the time left from the median time per step of the last `last_k_epochs`
-    epochs (robust to one slow epoch) times the steps left to ``state.target_step``.
+    epochs (robust to one slow epoch) times the steps left to ``state.target_step``
+    (a `cadence.core.eta.ETA` over epochs).
 
     Records ``eta_seconds`` in ``state.metrics`` and logs it.
     """
@@ -29,20 +29,19 @@ class EstimatedTimeLeft(Callback):
     provides = ("eta_seconds",)
 
     def __init__(self, last_k_epochs: int = 5) -> None:
-        self._rates: deque[float] = deque(maxlen=last_k_epochs)
-        self._start = (0.0, 0)
+        self.eta = ETA(window=last_k_epochs)
 
     def on_epoch_begin(self, state: RunState) -> None:
-        self._start = (time.perf_counter(), state.global_step)
+        self.eta.start(state.global_step, time.perf_counter())
 
     def on_epoch_end(self, state: RunState) -> None:
-        started, step = self._start
-        steps = state.global_step - step
-        if steps > 0:
-            self._rates.append((time.perf_counter() - started) / steps)
-        if not self._rates or state.target_step is None:
+        now = time.perf_counter()
+        self.eta.record(state.global_step, now)
+        if state.target_step is None:
             return
-        eta = statistics.median(self._rates) * max(state.target_step - state.global_step, 0)
+        eta = self.eta.estimate(state.global_step, state.target_step, now)
+        if eta is None:
+            return
         state.metrics["eta_seconds"] = eta
         logger.info("Estimated time left: %s", humanize_duration(eta))
 

@@ -42,3 +42,11 @@ class StopTraining(Exception):
     """Raise from a training step or any callback hook to end training cleanly: the running
     epoch's end hooks still run, the final checkpoint is saved, and the train call returns
     (tensorpack's ``StopTraining``; every front-end honours it)."""
+
+
+class MissingMetricError(KeyError):
+    """A callback (early stopping, a best-weights saver, ...) monitors a metric the run does not
+    produce. The message lists the metrics there are."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

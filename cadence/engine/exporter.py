@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cadence.core.best import COMP_TO_MODE, is_better
 from cadence.core.checkpoint_dir import CheckpointDirectory, read_manifest, write_atomically
 from cadence.core.errors import CheckpointError, CheckpointMismatchError
 from cadence.core.logs import flatten, is_scalar
@@ -79,6 +80,8 @@ class BestCheckpointExporter:
         self.metric_name = metric_name
         self.metric_key = metric_name.replace("|", "/")
         self.metric_comp = metric_comp
+        self.mode = COMP_TO_MODE[metric_comp]
+        """The direction in the engine's words (``"max"`` for ``"higher"``)."""
         self.max_to_keep = max_to_keep
         self._entries: list[dict[str, Any]] = self._read_ledger()
 
@@ -135,7 +138,7 @@ class BestCheckpointExporter:
         return self.export_dir / self._entries[0]["path"] / WEIGHTS_FILE
 
     def _better(self, a: float, b: float) -> bool:
-        return a > b if self.metric_comp == "higher" else a < b
+        return is_better(a, b, self.mode)
 
     # ------------------------------------------------------------------ exporting
 

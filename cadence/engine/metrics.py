@@ -121,7 +121,7 @@ class Mean(Metric):
     """The (weighted) mean of every value seen since the last reset; a tensor value counts each
     of its elements."""
 
-    _SUMMED = ("total", "count")
+    _SUMMED: tuple[str, ...] = ("total", "count")
 
     def update(self, value: Any, weight: Any = 1.0) -> None:
         if isinstance(weight, (int, float)) and weight == 1.0:
@@ -148,6 +148,113 @@ class Mean(Metric):
             return torch.tensor(float("nan"))
         self._fold()
         return self._state["total"] / self._count()
+
+
+class Moments(Mean):
+    """The (weighted) mean, variance and standard deviation of every value seen since the last
+    reset -- the statistics `TrainLoop` prints as ``mean (±std)``.
+
+    Tensors stay on their device as for `Mean` (a 0-d value is only remembered; the others add
+    three sums), numbers are summed on the host, and both meet when a statistic is read. Sums are
+    kept in float64: a variance computed from sums of squares loses too much in float32.
+    """
+
+    _SUMMED: tuple[str, ...] = ("total", "square", "count")
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        super().__init__(device)
+        self._host_sums = [0.0, 0.0, 0.0]  # total, square, count of host numbers
+
+    def _accumulator(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        acc = self._state.get(name)
+        if acc is None:
+            acc = self._state[name] = torch.zeros((), dtype=torch.float64, device=like.device)
+        return acc
+
+    def update(self, value: Any, weight: Any = 1.0) -> None:
+        if isinstance(value, (int, float)) and isinstance(weight, (int, float)):
+            sums = self._host_sums
+            sums[0] += value * weight
+            sums[1] += value * value * weight
+            sums[2] += weight
+            return
+        if (isinstance(value, torch.Tensor) and value.dim() == 0 and "square" in self._state
+                and isinstance(weight, (int, float)) and weight == 1.0
+                and value.device == self._device):
+            self._remember("total", value.detach())  # the hot path: squared when folded
+            self._host_count += 1
+            return
+        value = self._tensor(value).double()
+        weight = self._tensor(weight).double() if not isinstance(weight, (int, float)) else weight
+        for name in ("total", "square", "count"):
+            self._accumulator(name, value)
+        weighted = value * weight
+        self._state["total"].add_(weighted.sum())
+        self._state["square"].add_((weighted * value).sum())
+        counts = (weight.expand_as(value).sum() if isinstance(weight, torch.Tensor)
+                  and weight.dim() else weight * value.numel())
+        self._state["count"].add_(counts)
+
+    def _fold(self) -> None:
+        remembered = self._remembered.get("total")
+        if remembered:
+            values = torch.stack(remembered).double()
+            self._state["square"].add_((values * values).sum())
+        super()._fold()
+
+    def reset(self) -> None:
+        super().reset()
+        self._host_sums = [0.0, 0.0, 0.0]
+
+    def _sums(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(total, square, count): the device sums plus the host ones (new tensors)."""
+        total, square, count = self._host_sums
+        if not self._state:
+            return (torch.tensor(total, dtype=torch.float64), torch.tensor(square,
+                    dtype=torch.float64), torch.tensor(count, dtype=torch.float64))
+        self._fold()
+        return (self._state["total"] + total, self._state["square"] + square,
+                self._state["count"] + count)
+
+    def result(self) -> torch.Tensor:
+        """The mean as a 0-d float64 tensor (NaN before any update); no host sync."""
+        total, _, count = self._sums()
+        return total / count
+
+    def variance(self) -> torch.Tensor:
+        """The population variance (NaN before any update; never negative); no host sync."""
+        total, square, count = self._sums()
+        mean = total / count
+        return (square / count - mean * mean).clamp_min(0.0)
+
+    def stddev(self) -> torch.Tensor:
+        """The population standard deviation."""
+        return self.variance().sqrt()
+
+    def weight(self) -> float:
+        """The total weight seen: elements times their weights (a host read)."""
+        return float(self._sums()[2])
+
+    def all_reduce(self) -> None:
+        """Adds the host sums to the device sums first, so that they are summed too."""
+        total, square, count = self._host_sums
+        if count and self._state:
+            self._fold()
+            for name, value in zip(("total", "square", "count"), (total, square, count)):
+                self._state[name].add_(value)
+            self._host_sums = [0.0, 0.0, 0.0]
+        super().all_reduce()
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["host"] = torch.tensor(self._host_sums, dtype=torch.float64)
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = dict(state_dict)
+        host = state.pop("host", None)
+        super().load_state_dict(state)
+        self._host_sums = host.tolist() if host is not None else [0.0, 0.0, 0.0]
 
 
 class Sum(Metric):

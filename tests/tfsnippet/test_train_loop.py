@@ -8,9 +8,11 @@ import torch
 from torch import nn
 
 import cadence
+from cadence.core.best import infer_smaller_is_better
+from cadence.core.logs import humanize_duration
 from cadence.data.dataflow import DataFlow
 from cadence.tfsnippet.events import EventKeys
-from cadence.tfsnippet.train_loop import TrainLoop, humanize_duration, infer_smaller_is_better
+from cadence.tfsnippet.train_loop import TrainLoop
 
 
 class FakeClock:
