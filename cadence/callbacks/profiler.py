@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from cadence.callbacks.logdir import run_directory
 from cadence.core.callbacks import Callback, RunState
 
 logger = logging.getLogger("cadence")
@@ -21,7 +22,8 @@ class Profiler(Callback):
     Args:
         start_step: the trace starts after this global step.
         end_step: and ends after this one.
-        directory: where; default ``<logdir>/profile``.
+        directory: where; default ``profile/`` in the run's directory (else the working
+            directory).
     """
 
     def __init__(self, start_step: int, end_step: int, directory: str | Path | None = None) -> None:
@@ -52,8 +54,9 @@ class Profiler(Callback):
     def _finish(self, state: RunState) -> None:
         profile, self._profile = self._profile, None
         profile.__exit__(None, None, None)
-        directory = Path(self.directory) if self.directory is not None else (
-            Path(getattr(state.trainer, "logdir", None) or ".") / "profile")
+        run = run_directory(state)
+        directory = (Path(self.directory) if self.directory is not None
+                     else run.subdir("profile") if run is not None else Path("profile"))
         directory.mkdir(parents=True, exist_ok=True)
         self.trace_path = directory / f"trace-{self.start_step}-{state.global_step}.json"
         profile.export_chrome_trace(str(self.trace_path))

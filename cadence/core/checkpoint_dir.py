@@ -20,7 +20,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -236,3 +236,27 @@ class CheckpointDirectory:
             shutil.rmtree(trash, ignore_errors=True)
             deleted.append(info.path)
         return deleted
+
+
+def new_checkpoints(listing: Callable[[], Sequence[CheckpointInfo]], timeout: float | None,
+                    poll_interval: float = 1.0) -> Iterator[CheckpointInfo]:
+    """Yields every complete checkpoint that `listing` shows, oldest first, as they appear --
+    each once -- until `timeout` seconds pass without a new one (None: forever).
+
+    `listing` is called again after each yielded checkpoint, so one deleted by retention
+    before it was read is never yielded.
+    """
+    seen: set[int] = set()
+    last_new = time.monotonic()
+    while True:
+        pending = [info for info in listing() if info.step not in seen]
+        if pending:
+            info = pending[0]
+            seen.add(info.step)
+            yield info
+            last_new = time.monotonic()
+            continue
+        if timeout is not None and time.monotonic() - last_new >= timeout:
+            logger.info("No new checkpoint for %.0fs: continuous evaluation ends.", timeout)
+            return
+        time.sleep(poll_interval)

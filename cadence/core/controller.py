@@ -27,18 +27,9 @@ The order of ``train`` (``train_and_evaluate`` adds evaluations between loops)::
     on_train_end
     [Preempted]                          # after SIGTERM / SIGINT, once the checkpoint is saved
 
-What it does differently from Orbit (see the docs' "coming from Orbit" page):
-
-- Every interval (checkpoint, summary, evaluation) fires exactly on multiples of the interval:
-  inner loops are cut short at the next boundary, so ``steps_per_loop`` need not divide them.
-- Intervals are validated at construction; a first loop does not trigger a stray checkpoint.
-- An explicit `save_checkpoint` saves whether or not the manager has an interval.
-- Each evaluation records the step and the checkpoint (if any) whose weights it ran on. In
-  `train_and_evaluate`, a checkpoint due at an evaluation's step is written right after that
-  evaluation (same weights), so that a restarted run knows which evaluations already ran.
-- A finished `train_and_evaluate` run restarted still runs its final evaluation if it never ran.
-- SIGTERM / SIGINT stop training at the next step boundary, save, and raise `Preempted`.
-- Training can also run to a number of epochs (``train(epochs=...)``).
+Where it differs from Orbit on purpose -- exact intervals, explicit saves that always save,
+evaluations that record the checkpoint they ran on, honest restarts, preemption, training to a
+number of epochs -- is listed in the README ("How cadence differs from Orbit").
 """
 
 from __future__ import annotations
@@ -51,8 +42,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from cadence.core.callbacks import Callback, CallbackList, RunState
-from cadence.core.errors import CheckpointError
-from cadence.core.intervals import Interval, check_interval, steps_until_boundary
+from cadence.core.evaluation import ControllerEvaluation
+from cadence.core.intervals import (
+    Interval,
+    check_count,
+    check_eval_steps,
+    check_interval,
+    check_steps_per_loop,
+    steps_until_boundary,
+)
 from cadence.core.logs import format_logs, to_host
 from cadence.core.preemption import Preemption
 from cadence.core.progress import Progress
@@ -62,7 +60,7 @@ from cadence.core.protocols import (
     SummaryManagerLike,
     Trainable,
 )
-from cadence.core.summary import SummaryManager
+from cadence.core.summary import RunSummaries
 
 logger = logging.getLogger("cadence")
 loop_logger = logging.getLogger("cadence.loop")
@@ -73,24 +71,7 @@ Action = Callable[[Mapping[str, Any]], None]
 """An Orbit action: called with a loop's (or an evaluation's) raw output."""
 
 
-def _check_steps_per_loop(value: Any) -> int | Callable[[int], int]:
-    if callable(value):
-        return value
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(
-            f"`steps_per_loop` (got {value!r}) must be a positive int, or a function of the global "
-            "step returning one. It is required when a trainer is given."
-        )
-    return value
-
-
-def _check_count(name: str, value: Any) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"`{name}` (got {value!r}) must be a non-negative int or None.")
-    return value
-
-
-class Controller:
+class Controller(ControllerEvaluation):
     """Drives a trainer and/or an evaluator: the outer loop of training.
 
     Args:
@@ -161,7 +142,7 @@ class Controller:
                 raise ValueError(
                     "`steps_per_loop` is required when a trainer is given, e.g. steps_per_loop=100."
                 )
-            self._steps_per_loop = _check_steps_per_loop(steps_per_loop)
+            self._steps_per_loop = check_steps_per_loop(steps_per_loop)
         self.trainer = trainer
         self.evaluator = evaluator
         self._global_step = global_step or self._find_global_step()
@@ -178,21 +159,12 @@ class Controller:
         self.eval_actions = tuple(eval_actions)
         self.handle_signals = handle_signals
 
-        # Managers the Controller builds are its own to close, at the end of every entry point
-        # (train, train_and_evaluate, evaluate, evaluate_continuously); injected ones are the
-        # caller's: flushed, never closed.
-        self._owned: list[SummaryManagerLike] = []
-        if summary_manager is None:
-            summary_manager = SummaryManager(summary_dir, self._global_step)
-            self._owned.append(summary_manager)
-        self.summary_manager: SummaryManagerLike = summary_manager
-        if eval_summary_manager is None:
-            if eval_summary_dir is None or eval_summary_dir == summary_dir:
-                eval_summary_manager = summary_manager
-            else:
-                eval_summary_manager = SummaryManager(eval_summary_dir, self._global_step)
-                self._owned.append(eval_summary_manager)
-        self.eval_summary_manager: SummaryManagerLike = eval_summary_manager
+        # Managers built here are closed at the end of every entry point (train,
+        # train_and_evaluate, evaluate, evaluate_continuously); injected ones are flushed.
+        self._summaries = RunSummaries(summary_dir, eval_summary_dir, summary_manager,
+                                       eval_summary_manager, self._global_step)
+        self.summary_manager = self._summaries.train
+        self.eval_summary_manager = self._summaries.eval
         self._depth = 0  # nesting of entry points: the outermost one closes the writers
 
         self.state = RunState(trainer=trainer, evaluator=evaluator, controller=self)
@@ -241,7 +213,7 @@ class Controller:
     def steps_per_loop(self) -> int | None:
         """Steps in the next inner loop (a callable `steps_per_loop` is evaluated now)."""
         if callable(self._steps_per_loop):
-            return _check_steps_per_loop(self._steps_per_loop(self.global_step))  # type: ignore[return-value]
+            return check_steps_per_loop(self._steps_per_loop(self.global_step))  # type: ignore[return-value]
         return self._steps_per_loop
 
     def _sync_state(self) -> None:
@@ -364,7 +336,7 @@ class Controller:
         self._require("trainer")
         self._require("evaluator")
         self._check_target(train_steps, None)
-        self._check_eval_steps(eval_steps)
+        check_eval_steps(eval_steps)
         interval = Interval(check_interval("eval_interval", eval_interval))
         self.state.target_step = train_steps
         output = None
@@ -391,8 +363,8 @@ class Controller:
         if steps is None and epochs is None:
             raise ValueError("Pass the global step to train to (`steps`) or a number of "
                              "`epochs`.")
-        _check_count("steps", steps)
-        _check_count("epochs", epochs)
+        check_count("steps", steps)
+        check_count("epochs", epochs)
         if epochs is not None and self.progress is None:
             raise TypeError(
                 f"train(epochs=...) needs a trainer that counts epochs (got "
@@ -425,15 +397,7 @@ class Controller:
         finally:
             self._depth -= 1
             if self._depth == 0:
-                self._release_writers()
-
-    def _release_writers(self) -> None:
-        managers = (self.summary_manager, self.eval_summary_manager)
-        for manager in {id(m): m for m in managers}.values():
-            if any(manager is owned for owned in self._owned):
-                manager.close()
-            else:
-                manager.flush()
+                self._summaries.release()
 
     @contextlib.contextmanager
     def _training(self) -> Iterator[None]:
@@ -540,135 +504,12 @@ class Controller:
         self.callbacks.fire("on_loop_end", self.state, logs)
         self.state.phase = ""
 
-    # ------------------------------------------------------------------ evaluation
-
-    def _check_eval_steps(self, steps: int) -> None:
-        if isinstance(steps, bool) or not isinstance(steps, int) or (steps <= 0 and steps != -1):
-            raise ValueError(
-                f"`steps` (got {steps!r}) must be a positive number of evaluation steps, or -1 "
-                "to evaluate until the data is exhausted."
-            )
-
-    def evaluate(self, steps: int = -1) -> dict[str, Any]:
-        """Runs one evaluation of `steps` steps (-1: until the data is exhausted).
-
-        The evaluation is recorded with the step and the checkpoint whose weights it used
-        (None when the weights in memory were not checkpointed): in the log line, in the
-        ``metrics.jsonl`` record, and in ``state.extra["last_eval"]``.
-
-        Returns:
-            The evaluator's logs on the host, plus ``steps_per_second`` when `steps` > 0.
-
-        Raises:
-            ValueError: without an evaluator, or if `steps` is neither positive nor -1.
-        """
-        self._require("evaluator")
-        self._check_eval_steps(steps)
-        with self._session():
-            return self._evaluate(steps)
-
-    def _evaluate(self, steps: int) -> dict[str, Any]:
-        assert self.evaluator is not None
-        step = self._global_step()
-        self._sync_state()
-        self.state.phase = "eval"
-        self.callbacks.fire("on_eval_begin", self.state)
-        start = time.perf_counter()
-        with self.eval_summary_manager.as_default():
-            output = self.evaluator.evaluate(steps)
-        output = output if output is not None else {}
-        for action in self.eval_actions:
-            action(output)
-        logs = to_host(output)
-        elapsed = time.perf_counter() - start
-        if steps > 0 and elapsed > 0:
-            logs["steps_per_second"] = steps / elapsed
-        record = {"step": step, "checkpoint": self._weights_checkpoint}
-        logger.info(
-            "eval | step: %d | checkpoint: %s | eval time: %.2fs | %s",
-            step, self._weights_checkpoint or "none (weights in memory)", elapsed,
-            format_logs(logs),
-        )
-        self.eval_summary_manager.write_summaries(
-            logs, step=step, extra={"checkpoint": self._weights_checkpoint}
-        )
-        self.eval_summary_manager.flush()
-        self._last_eval_step = step
-        self.state.extra["last_eval"] = record
-        self.state.put_metrics(logs, prefix="eval/")
-        self.callbacks.fire("on_eval_end", self.state, logs)
-        self.state.phase = ""
-        return logs
-
-    def evaluate_continuously(
-        self,
-        steps: int = -1,
-        timeout: float | None = None,
-        *,
-        stop_at_step: int | None = None,
-        poll_interval: float = 1.0,
-    ) -> dict[str, Any] | None:
-        """Evaluates every new checkpoint in the manager's directory, oldest first.
-
-        Unlike Orbit, which looks only at the newest checkpoint, every complete checkpoint that
-        appears is evaluated, and one deleted by retention before it was read is skipped.
-
-        Args:
-            steps: evaluation steps per checkpoint (-1: until the data is exhausted).
-            timeout: return after this many seconds without a new checkpoint; None waits forever.
-            stop_at_step: return once a checkpoint at this step or later was evaluated.
-            poll_interval: seconds between looks at the directory.
-
-        Returns:
-            The logs of the last evaluation, or None if none ran.
-
-        Raises:
-            ValueError: without an evaluator or a checkpoint manager.
-        """
-        self._require("evaluator")
-        self._check_eval_steps(steps)
-        if self.checkpoint_manager is None:
-            raise ValueError("evaluate_continuously() needs a checkpoint manager.")
-        with self._session():
-            return self._evaluate_new_checkpoints(steps, timeout, stop_at_step, poll_interval)
-
-    def _evaluate_new_checkpoints(self, steps: int, timeout: float | None,
-                                  stop_at_step: int | None,
-                                  poll_interval: float) -> dict[str, Any] | None:
-        assert self.checkpoint_manager is not None
-        evaluated: set[int] = set()
-        output = None
-        last_new = time.monotonic()
-        while True:
-            pending = [c for c in self.checkpoint_manager.checkpoints if c.step not in evaluated]
-            for info in pending:
-                evaluated.add(info.step)
-                try:
-                    self.restore_checkpoint(str(info.path))
-                except CheckpointError as error:
-                    logger.warning("Skipping checkpoint %s: %s", info.path, error)
-                    continue
-                output = self._evaluate(steps)
-                if stop_at_step is not None and info.step >= stop_at_step:
-                    return output
-            if pending:
-                last_new = time.monotonic()
-                continue
-            if timeout is not None and time.monotonic() - last_new >= timeout:
-                logger.info("No new checkpoint for %.0fs: continuous evaluation ends.", timeout)
-                return output
-            time.sleep(poll_interval)
-
     # ------------------------------------------------------------------ helpers
-
-    def _require(self, role: str) -> None:
-        if getattr(self, role) is None:
-            raise ValueError(f"This Controller has no {role}: pass Controller({role}=...).")
 
     def close(self) -> None:
         """Closes the summary writers the Controller opened and flushes injected ones. Every
         entry point does it when it returns; call it after using the writers directly."""
-        self._release_writers()
+        self._summaries.release()
 
     def __enter__(self) -> Controller:
         return self

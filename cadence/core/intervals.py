@@ -8,7 +8,9 @@ work lands exactly on multiples of the interval whatever ``steps_per_loop`` is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 def check_interval(name: str, value: int | None) -> int | None:
@@ -28,6 +30,47 @@ def check_interval(name: str, value: int | None) -> int | None:
             f"Pass None to turn it off instead."
         )
     return value
+
+
+def check_steps_per_loop(value: Any) -> int | Callable[[int], int]:
+    """Validates ``steps_per_loop``: a positive int, or a function of the global step.
+
+    Raises:
+        ValueError: for anything else.
+    """
+    if callable(value):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(
+            f"`steps_per_loop` (got {value!r}) must be a positive int, or a function of the global "
+            "step returning one. It is required when a trainer is given."
+        )
+    return value
+
+
+def check_count(name: str, value: Any) -> int | None:
+    """Validates an optional target (a global step, a number of epochs): None or an int >= 0.
+
+    Raises:
+        ValueError: for anything else.
+    """
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"`{name}` (got {value!r}) must be a non-negative int or None.")
+    return value
+
+
+def check_eval_steps(steps: Any) -> int:
+    """Validates a number of evaluation steps: positive, or -1 for all the data.
+
+    Raises:
+        ValueError: for anything else.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or (steps <= 0 and steps != -1):
+        raise ValueError(
+            f"`steps` (got {steps!r}) must be a positive number of evaluation steps, or -1 "
+            "to evaluate until the data is exhausted."
+        )
+    return steps
 
 
 @dataclass

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cadence.core.logs import Logs, iter_groups, to_host
-from cadence.core.protocols import MetricWriter
+from cadence.core.protocols import MetricWriter, SummaryManagerLike
 from cadence.core.rank import process_rank
 from cadence.core.scope import scoped
 
@@ -183,6 +183,46 @@ class SummaryManager:
             yield
         finally:
             _ACTIVE.reset(token)
+
+
+class RunSummaries:
+    """The train and evaluation summary managers of a run, and who closes them.
+
+    Managers it builds from directories are its own: `release` closes them (a later write opens
+    the files again). Injected ones are the caller's: `release` only flushes them.
+
+    Args:
+        summary_dir, eval_summary_dir: directories to build managers for (the eval one defaults
+            to the train one).
+        summary_manager, eval_summary_manager: managers to use instead (the eval one defaults to
+            the train one when no eval directory is given).
+        global_step: the default step of the managers built here.
+    """
+
+    def __init__(self, summary_dir: str | None, eval_summary_dir: str | None,
+                 summary_manager: SummaryManagerLike | None,
+                 eval_summary_manager: SummaryManagerLike | None,
+                 global_step: Callable[[], int]) -> None:
+        self._owned: list[SummaryManagerLike] = []
+        if summary_manager is None:
+            summary_manager = SummaryManager(summary_dir, global_step)
+            self._owned.append(summary_manager)
+        if eval_summary_manager is None:
+            if eval_summary_dir is None or eval_summary_dir == summary_dir:
+                eval_summary_manager = summary_manager
+            else:
+                eval_summary_manager = SummaryManager(eval_summary_dir, global_step)
+                self._owned.append(eval_summary_manager)
+        self.train: SummaryManagerLike = summary_manager
+        self.eval: SummaryManagerLike = eval_summary_manager
+
+    def release(self) -> None:
+        """Closes the managers built here and flushes the injected ones."""
+        for manager in {id(m): m for m in (self.train, self.eval)}.values():
+            if any(manager is owned for owned in self._owned):
+                manager.close()
+            else:
+                manager.flush()
 
 
 _ACTIVE: contextvars.ContextVar[

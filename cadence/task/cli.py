@@ -32,6 +32,7 @@ from typing import Any
 
 from cadence.core.checkpoint_dir import CheckpointDirectory
 from cadence.core.errors import CheckpointError, ConfigError, Preempted
+from cadence.core.run_dir import RunDirectory
 
 logger = logging.getLogger("cadence")
 
@@ -96,7 +97,7 @@ def _add_progress_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _latest_step(model_dir: Path) -> int | None:
-    latest = CheckpointDirectory(model_dir / "checkpoints", None).latest()
+    latest = CheckpointDirectory(RunDirectory(model_dir).checkpoints, None).latest()
     return latest.step if latest is not None else None
 
 
@@ -104,7 +105,7 @@ def _runs_of(experiment: str) -> list[Path]:
     if not RUNS_DIR.is_dir():
         return []
     return sorted((p for p in RUNS_DIR.glob(f"{experiment}-*")
-                   if (p / "params.yaml").is_file()), key=lambda p: p.name)
+                   if RunDirectory(p).params.is_file()), key=lambda p: p.name)
 
 
 def _train_dir(config: Any) -> Path:
@@ -115,7 +116,7 @@ def _train_dir(config: Any) -> Path:
     if runs:
         newest = runs[-1]
         try:
-            saved = load_config(config_files=[newest / "params.yaml"])
+            saved = load_config(config_files=[RunDirectory(newest).params])
         except ConfigError:
             saved = None
         step = _latest_step(newest)
@@ -162,18 +163,18 @@ def _load(args: argparse.Namespace, model_dir: Path | None) -> Any:
     from cadence.task.config_files import load_config
 
     files: list[Path | str] = list(args.config_file)
-    saved = model_dir / "params.yaml" if model_dir is not None else None
+    saved = RunDirectory(model_dir).params if model_dir is not None else None
     if args.command == "eval" and saved is not None and saved.is_file():
         files.insert(0, saved)  # evaluate a run with the config it was trained with
     return load_config(args.experiment, files, args.overrides)
 
 
-def _summary(model_dir: Path, logs: dict[str, Any]) -> None:
+def _summary(run: RunDirectory, logs: dict[str, Any]) -> None:
     from cadence.core.logs import format_logs
 
     if logs:
         print(f"Evaluation: {format_logs(logs)}")
-    ledger_path = model_dir / "best" / "info.json"
+    ledger_path = run.best / "info.json"
     if ledger_path.is_file():
         import json
 
@@ -183,11 +184,11 @@ def _summary(model_dir: Path, logs: dict[str, Any]) -> None:
             weights = ledger_path.parent / top["path"] / "model.safetensors"
             print(f"Best export: step {top['step']}, {ledger['metric']} = {top['value']:.6g}: "
                   f"{weights}")
-    print(f"Run directory: {model_dir}  (TensorBoard: tensorboard --logdir {model_dir})")
+    print(f"Run directory: {run.root}  (TensorBoard: tensorboard --logdir {run.root})")
 
 
 def _train(args: argparse.Namespace) -> int:
-    from cadence.task.train_lib import run_experiment
+    from cadence.task.train_lib import run_directory, run_experiment
 
     config = _load(args, args.model_dir)
     model_dir = args.model_dir or _train_dir(config)
@@ -197,12 +198,12 @@ def _train(args: argparse.Namespace) -> int:
     with _logging(progress):
         _, logs = run_experiment(config, args.mode, model_dir, progress_bar=progress,
                                  allow_config_change=args.allow_config_change)
-    _summary(model_dir, logs)
+    _summary(run_directory(config, model_dir), logs)
     return 0
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from cadence.task.train_lib import run_experiment
+    from cadence.task.train_lib import run_directory, run_experiment
 
     model_dir = args.model_dir
     if model_dir is None:
@@ -219,7 +220,7 @@ def _eval(args: argparse.Namespace) -> int:
     config = _load(args, model_dir)
     with _logging(False):
         _, logs = run_experiment(config, args.mode, model_dir, progress_bar=False)
-    _summary(model_dir, logs)
+    _summary(run_directory(config, model_dir), logs)
     return 0
 
 

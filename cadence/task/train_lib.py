@@ -1,6 +1,6 @@
 """`run_experiment`: builds the task, model, optimizer, Trainer and Controller, and runs a mode.
 
-The model directory of a run::
+The model directory of a run is a `cadence.core.run_dir.RunDirectory`::
 
     model_dir/
       params.yaml        the final config (written by training modes; reloads exactly)
@@ -29,7 +29,6 @@ import os
 import random
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,6 +42,7 @@ from cadence.core.callbacks import Callback
 from cadence.core.controller import Action, Controller
 from cadence.core.errors import ConfigError
 from cadence.core.rank import process_rank
+from cadence.core.run_dir import RunDirectory
 from cadence.engine.checkpoint import CheckpointManager
 from cadence.engine.exporter import BestCheckpointExporter
 from cadence.task.config import MODES, ExperimentConfig
@@ -53,9 +53,6 @@ from cadence.task.task import Task
 from cadence.task.trainer import Trainer
 
 logger = logging.getLogger("cadence")
-
-CONFIG_FILE = "params.yaml"
-
 
 def check_mode(mode: str) -> str:
     """Returns `mode` if it is one of `MODES`.
@@ -84,7 +81,15 @@ def setup_runtime(config: ExperimentConfig) -> None:
         dist.init_process_group(backend)
 
 
-def check_saved_config(config: ExperimentConfig, model_dir: Path,
+def run_directory(config: ExperimentConfig, model_dir: str | os.PathLike[str]) -> RunDirectory:
+    """The run directory of `config` in `model_dir` (the config names its eval and best
+    sub-directories)."""
+    trainer = config.trainer
+    return RunDirectory(model_dir, eval_subdir=trainer.validation_summary_subdir,
+                        best_subdir=trainer.best_checkpoint_export_subdir)
+
+
+def check_saved_config(config: ExperimentConfig, run: RunDirectory,
                        allow_config_change: bool = False) -> None:
     """Writes ``params.yaml``; refuses a config that differs from the one already there.
 
@@ -92,7 +97,7 @@ def check_saved_config(config: ExperimentConfig, model_dir: Path,
         ConfigError: listing the differences, when the directory holds another config and
             `allow_config_change` is False. Nothing is written in that case.
     """
-    path = model_dir / CONFIG_FILE
+    path, model_dir = run.params, run.root
     if path.is_file():
         saved = load_config(config_files=[path])
         differences = config_differences(saved, config)
@@ -126,14 +131,14 @@ def create_trainer(config: ExperimentConfig, task: Task, train: bool, evaluate: 
 
 
 def maybe_create_best_ckpt_exporter(config: ExperimentConfig,
-                                    model_dir: Path) -> BestCheckpointExporter | None:
+                                    run: RunDirectory) -> BestCheckpointExporter | None:
     """The exporter that ``trainer.best_checkpoint_*`` asks for, or None when either the
     sub-directory or the metric is empty."""
     trainer = config.trainer
     if not trainer.best_checkpoint_export_subdir or not trainer.best_checkpoint_eval_metric:
         return None
     return BestCheckpointExporter(
-        model_dir / trainer.best_checkpoint_export_subdir, trainer.best_checkpoint_eval_metric,
+        run.best, trainer.best_checkpoint_eval_metric,
         trainer.best_checkpoint_metric_comp, trainer.best_checkpoint_max_to_keep,
     )
 
@@ -172,18 +177,18 @@ def run_experiment(
     """
     check_mode(mode)
     config.validate()
-    model_dir = Path(model_dir)
+    run = run_directory(config, model_dir)
     trains = mode.startswith("train")
     evaluates = mode != "train"
     trainer_config = config.trainer
     if trains and trainer_config.train_steps <= 0:
         raise ValueError("trainer.train_steps is 0: set it, e.g. --set trainer.train_steps=1000.")
     if trains:
-        check_saved_config(config, model_dir, allow_config_change)
+        check_saved_config(config, run, allow_config_change)
     setup_runtime(config)
 
-    task = get_task(config.task, logging_dir=str(model_dir))
-    exporter = maybe_create_best_ckpt_exporter(config, model_dir) if evaluates else None
+    task = get_task(config.task, logging_dir=str(run.root))
+    exporter = maybe_create_best_ckpt_exporter(config, run) if evaluates else None
     trainer = create_trainer(config, task, train=trains, evaluate=evaluates,
                              checkpoint_exporter=exporter)
     if trains:
@@ -193,7 +198,7 @@ def run_experiment(
         if trainer.ema is not None:
             state["ema"] = trainer.ema
     manager = CheckpointManager(
-        state, model_dir / "checkpoints", max_to_keep=trainer_config.max_to_keep,
+        state, run.checkpoints, max_to_keep=trainer_config.max_to_keep,
         checkpoint_interval=trainer_config.checkpoint_interval, init_fn=trainer.initialize,
         strict=trains, read_only=not trains,
         async_save=trainer_config.async_checkpoints and trains,
@@ -209,13 +214,14 @@ def run_experiment(
         evaluator=trainer if evaluates else None,
         steps_per_loop=trainer_config.steps_per_loop if trains else None,
         checkpoint_manager=manager,
-        summary_dir=str(model_dir / "train"),
+        summary_dir=str(run.train),
         summary_interval=trainer_config.summary_interval,
-        eval_summary_dir=str(model_dir / trainer_config.validation_summary_subdir),
+        eval_summary_dir=str(run.eval),
         callbacks=[*builtin, *callbacks],
         train_actions=train_actions,
         eval_actions=eval_actions,
     )
+    controller.state.run_dir = run
     eval_logs: dict[str, Any] | None = None
     try:
         if mode == "train":

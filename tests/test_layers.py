@@ -1,0 +1,98 @@
+"""The layout shows the layers, and the arrows between them point one way.
+
+    core  <-  writers  <-  data  <-  engine  <-  callbacks  <-  task, tensorpack, tfsnippet
+
+A layer imports only the layers to its left (and itself); the front-ends import no other
+front-end; ``cadence/__init__.py`` re-exports from all. Checked from the source, imports inside
+functions and under TYPE_CHECKING included.
+"""
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+import cadence
+
+PACKAGE = Path(cadence.__file__).parent
+ORDER = ["core", "writers", "data", "engine", "callbacks"]
+FRONT_ENDS = ["task", "tensorpack", "tfsnippet"]
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return "api" if len(parts) == 1 or parts[1] == "__main__" else parts[1]
+
+
+def allowed(layer: str) -> set[str]:
+    if layer in ORDER:
+        return set(ORDER[: ORDER.index(layer) + 1])
+    return {*ORDER, layer}
+
+
+def modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(relative.parts).removesuffix(".__init__")
+        yield name, path
+
+
+def imports(path: Path, top_level_only: bool = False):
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+
+
+@pytest.mark.parametrize(("name", "path"), list(modules()), ids=[n for n, _ in modules()])
+def test_each_module_imports_only_the_layers_below_it(name, path):
+    layer = layer_of(name)
+    if layer == "api":
+        return
+    wrong = sorted({m for m in imports(path) if m.startswith("cadence.")
+                    and layer_of(m) not in allowed(layer)})
+    assert not wrong, f"{name} ({layer}) imports {wrong}"
+
+
+@pytest.mark.parametrize(("name", "path"), list(modules()), ids=[n for n, _ in modules()])
+def test_no_module_is_over_600_lines(name, path):
+    assert len(path.read_text().splitlines()) <= 600, name
+
+
+def test_the_torch_free_layers_never_import_torch():
+    for name, path in modules():
+        if layer_of(name) in ("core", "writers"):
+            assert not [m for m in imports(path) if m.split(".")[0] == "torch"], name
+
+
+def test_there_is_no_import_cycle():
+    graph = {name: {m for m in imports(path, top_level_only=True) if m.startswith("cadence.")}
+             for name, path in modules()}
+    for deps in graph.values():  # `from cadence.core import x` depends on cadence.core
+        deps.intersection_update(graph)
+    visiting, done = set(), set()
+
+    def visit(node, trail):
+        if node in done:
+            return
+        assert node not in visiting, " -> ".join([*trail, node])
+        visiting.add(node)
+        for dep in graph[node]:
+            visit(dep, [*trail, node])
+        visiting.discard(node)
+        done.add(node)
+
+    for node in graph:
+        visit(node, [])
+
+
+@pytest.mark.parametrize("namespace", ["cadence", "cadence.tensorpack", "cadence.callbacks",
+                                       "cadence.core"])
+def test_every_public_name_is_importable(namespace):
+    module = importlib.import_module(namespace)
+    missing = [name for name in module.__all__ if not hasattr(module, name)]
+    assert not missing
