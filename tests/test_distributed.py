@@ -2,6 +2,7 @@
 own RNG state, and only rank 0 writes summaries."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,7 @@ def test_checkpoints_across_two_ranks(tmp_path):
     ckpt = tmp_path / "ckpt"
     assert sorted(p.name for p in ckpt.iterdir()) == ["ckpt-3", "ckpt-6"]
     assert {p.name for p in (ckpt / "ckpt-6").iterdir()} == {
-        "manifest.json", "state.pt", "rng-0.pt", "rng-1.pt"}
+        "manifest.json", "state.pt", "rank-0.pt", "rank-1.pt"}
     lines = (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()
     steps = [int(line.split(",")[0].split(":")[1]) for line in lines]
     assert steps == [2, 3, 5, 6]  # loops cut at the checkpoint boundary; written by rank 0 only
@@ -60,5 +61,122 @@ def test_run_experiment_trains_data_parallel_across_two_ranks(tmp_path):
     assert abs(logs[0]["accuracy"] - logs[0]["single_process_accuracy"]) < 1e-6
     run = tmp_path / "run"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["ckpt-20", "ckpt-40"]
-    assert {p.name for p in (run / "checkpoints" / "ckpt-40").iterdir()} >= {"rng-0.pt", "rng-1.pt"}
+    files = {p.name for p in (run / "checkpoints" / "ckpt-40").iterdir()}
+    assert files >= {"rank-0.pt", "rank-1.pt"}
     assert (run / "params.yaml").is_file() and (run / "best" / "info.json").is_file()
+
+
+# ---------------------------------------------------------------------------- issue 12: a torchrun
+# trainer whose ranks agree (tests/distributed_resume_job.py)
+
+RESUME_JOB = Path(__file__).parent / "distributed_resume_job.py"
+
+
+def launch(directory, *args, nproc=2, check=True, timeout=240, examples=48):
+    runner = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if runner is None:
+        pytest.skip("torchrun is not installed next to this Python")
+    directory.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "CADENCE_TEST_EXAMPLES": str(examples)}
+    return subprocess.run([runner, "--standalone", f"--nproc_per_node={nproc}", str(RESUME_JOB),
+                           args[0], str(directory), *args[1:]],
+                          check=check, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def records(directory, mode, ranks=2):
+    return [json.loads((directory / f"{mode}-{rank}.json").read_text()) for rank in range(ranks)]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_sigterm_to_one_rank_mid_pass_stops_every_rank_and_resumes_bitwise(tmp_path):
+    launch(tmp_path / "straight", "train", "16")
+    launch(tmp_path / "resumed", "train", "16", "1:8")  # only rank 1 gets the SIGTERM...
+    first = records(tmp_path / "resumed", "train")
+    assert [r["code"] for r in first] == [143, 143]  # ...every rank saves and is Preempted
+    assert first[0]["step"] == first[1]["step"] < 16  # stopped together, mid-pass
+    saved = sorted(p.name for p in (tmp_path / "resumed" / "ckpt").iterdir())
+    assert f"ckpt-{first[0]['step']}" in saved
+    launch(tmp_path / "resumed", "train", "16")
+    for rank in (0, 1):
+        straight = torch.load(tmp_path / "straight" / f"weights-{rank}.pt", weights_only=True)
+        resumed = torch.load(tmp_path / "resumed" / f"weights-{rank}.pt", weights_only=True)
+        for key in straight:
+            assert torch.equal(straight[key], resumed[key]), key
+    # each rank saw its own shard's batches once each, before and after the resume
+    again = records(tmp_path / "resumed", "train")
+    straight_seen = records(tmp_path / "straight", "train")
+    for rank in (0, 1):
+        assert first[rank]["seen"] + again[rank]["seen"] == straight_seen[rank]["seen"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_twenty_sigterms_at_different_steps_on_each_rank_all_save_the_same_step(tmp_path):
+    launch(tmp_path, "trials", "20", timeout=600)
+    zero, one = (r["results"] for r in records(tmp_path, "trials"))
+    assert len(zero) == len(one) == 20
+    for a, b in zip(zero, one):
+        assert a["preempted"] is not None and a["preempted"] == b["preempted"], (a, b)
+        assert a["step"] == b["step"] and a["code"] == b["code"] == 143
+        files = {p.name for p in Path(a["preempted"]).iterdir()}
+        assert {"rank-0.pt", "rank-1.pt", "state.pt", "manifest.json"} <= files
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_stuck_rank_ends_the_job_within_the_collective_timeout(tmp_path):
+    import time
+
+    start = time.monotonic()
+    result = launch(tmp_path, "stuck", check=False, timeout=180)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0
+    assert "Another rank is probably dead or stuck" in result.stdout + result.stderr
+    assert elapsed < 120  # 5 s of collective timeout, then torchrun ends the stopped rank
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize(("before", "after", "stop_at"), [(2, 1, 2), (1, 2, 3)])
+def test_a_resume_at_another_world_size_covers_the_rest_of_the_pass_once(
+        tmp_path, before, after, stop_at):
+    launch(tmp_path, "train", str(stop_at), nproc=before)  # mid-pass: 6 or 12 batches a pass
+    first = records(tmp_path, "train", before)
+    launch(tmp_path, "epoch", nproc=after)
+    rest = records(tmp_path, "epoch", after)
+    seen = [i for r in first for i in r["seen"]] + [i for r in rest for i in r["seen"]]
+    assert sorted(seen) == list(range(48))  # every example of the pass exactly once
+    assert len({r["step"] for r in rest}) == 1  # the new ranks took equal numbers of steps
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_resume_that_cannot_cover_the_rest_once_is_refused_naming_both_world_sizes(tmp_path):
+    launch(tmp_path, "train", "3", nproc=1, examples=21)  # 9 examples left in the pass: 2 ranks
+    refused = launch(tmp_path, "epoch", nproc=2, check=False, examples=21)  # would take 2 and 1
+    assert refused.returncode != 0                                          # batches of 4
+    output = refused.stdout + refused.stderr
+    assert "taken in the middle of a pass by 1 processes and this job has 2" in output
+    assert "Resume with 1 processes" in output
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_nodes_given_different_run_directories_fail_clearly(tmp_path):
+    import socket
+
+    runner = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if runner is None:
+        pytest.skip("torchrun is not installed next to this Python")
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        port = probe.getsockname()[1]
+    nodes = [subprocess.Popen(
+        [runner, "--nnodes=2", "--nproc_per_node=1", f"--node_rank={node}",
+         "--rdzv_backend=c10d", f"--rdzv_endpoint=localhost:{port}", "--rdzv_id=cadence-test",
+         str(RESUME_JOB), "rundir", str(tmp_path / f"machine-{node}")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+    outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    assert all(node.returncode != 0 for node in nodes)
+    assert all("were given different run directories" in output for output in outputs)

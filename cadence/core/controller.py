@@ -60,6 +60,7 @@ from cadence.core.protocols import (
     SummaryManagerLike,
     Trainable,
 )
+from cadence.core.rank import world_size
 from cadence.core.summary import RunSummaries
 
 logger = logging.getLogger("cadence")
@@ -407,6 +408,7 @@ class Controller(ControllerEvaluation):
             self._sync_state()
             self.callbacks.fire("on_train_begin", self.state)
             try:
+                self._preemption = Preemption(self.handle_signals)
                 with self._preemption.watch(self.state):
                     yield
             finally:
@@ -416,6 +418,9 @@ class Controller(ControllerEvaluation):
 
     def _finish_training(self, save: bool) -> None:
         manager = self.checkpoint_manager
+        agree = getattr(self.trainer, "agree_to_stop", None)
+        if callable(agree):  # a signal to any rank preempts all: every rank saves the same step
+            self._preemption.agree(agree)
         if manager is not None:
             self._preemption.finish(
                 lambda: self._weights_checkpoint if self._saved_now() else self._save())
@@ -433,7 +438,8 @@ class Controller(ControllerEvaluation):
             assert steps_per_loop is not None
             num_steps = min(steps_per_loop, steps_until_boundary(
                 current, target, self._checkpoint_interval, self._summary_interval))
-            to_epoch_end = getattr(self.trainer, "steps_to_epoch_end", lambda: None)()
+            to_epoch_end = getattr(self.trainer, "max_steps_to_epoch_end" if epochs is not None
+                                   else "steps_to_epoch_end", lambda: None)()
             if to_epoch_end is not None:
                 num_steps = min(num_steps, to_epoch_end)
             progress = self.progress
@@ -456,6 +462,18 @@ class Controller(ControllerEvaluation):
             if (self._checkpoint_interval.crossed(after) and after != defer_save_at
                     and self.checkpoint_manager is not None):
                 self._save()
+            self._agree_on_stop()
+
+    def _agree_on_stop(self) -> None:
+        """Under torchrun, a stop requested on any rank -- by a callback after the loop, say --
+        is every rank's, so that all take the next loop or none does."""
+        agree = getattr(self.trainer, "agree_to_stop", None)
+        if not callable(agree):
+            return
+        if agree(self.state.stop_requested) and not self.state.stop_requested:
+            self.state.request_stop("a stop was requested on another rank")
+        if self.state.stop_requested:  # now the same on every rank: so is a preemption
+            self._preemption.agree(agree)
 
     def _record_if(self, step: int) -> bool:
         return self.summary_interval is None or step % self.summary_interval == 0
@@ -484,8 +502,8 @@ class Controller(ControllerEvaluation):
             self._weights_checkpoint = None
         rates: dict[str, float] = {"steps_per_second": max(done, 0) / elapsed if elapsed else 0.0}
         examples = getattr(self.trainer, "examples_per_step", None)
-        if examples:
-            rates["examples_per_second"] = rates["steps_per_second"] * examples
+        if examples:  # every replica's: a step of a distributed job is one step of each rank
+            rates["examples_per_second"] = rates["steps_per_second"] * examples * world_size()
         if loop_logger.isEnabledFor(logging.INFO):  # formatting is work: only when shown
             rate_text = " | ".join(f"{k.replace('_per_second', '/sec')}: {v:.1f}"
                                    for k, v in rates.items())

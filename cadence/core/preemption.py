@@ -59,6 +59,14 @@ class Preemption:
             for sig, old in previous.items():
                 signal.signal(sig, old)
 
+    def agree(self, any_rank: Callable[[bool], bool]) -> None:
+        """Makes a signal received by any rank of a distributed job this rank's too
+        (`any_rank` tells whether a flag is true on any rank): then every rank saves and raises
+        `Preempted`. Every rank must call it."""
+        if any_rank(self.received is not None) and self.received is None:
+            self.received = signal.SIGTERM
+            logger.warning("Another rank received a signal: stopping and saving a checkpoint.")
+
     def finish(self, save: Callable[[], str | None]) -> None:
         """After a signal: calls `save` and raises `Preempted` with the checkpoint it returns.
 

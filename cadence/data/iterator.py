@@ -33,8 +33,10 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, SequentialSampler
 
+from cadence.core.errors import CheckpointError
 from cadence.core.protocols import is_stateful
 from cadence.data.device import DeviceCopier
+from cadence.data.resharding import batches_per_rank, rest_of_pass, share
 
 
 class _RecordingSampler(Sampler[int]):
@@ -89,6 +91,10 @@ def _generator_of(obj: Any) -> torch.Generator | None:
 class DataIterator:
     """An iterator over `source` that counts passes (`epoch`) and batches, and checkpoints.
 
+    Its state is the rank's own (``rank_local``): in a distributed job every rank saves its
+    position in its shard, and a job resumed with another number of processes reshards the rest
+    of the pass (`load_resharded`).
+
     `next()` raises ``StopIteration`` at the end of each pass; call `end_pass` to go on with
     the next one.
 
@@ -102,6 +108,9 @@ class DataIterator:
     Raises:
         ValueError: for `prefetch_to` with a stateful loader.
     """
+
+    rank_local = True
+    """Each rank of a distributed job has its own position (see `cadence.engine.rank_state`)."""
 
     def __init__(self, source: Any, prefetch_to: torch.device | str | None = None) -> None:
         self.source = source
@@ -119,8 +128,10 @@ class DataIterator:
             self.pass_length: int | None = len(source)
         except TypeError:
             self.pass_length = None
-        """Batches in one pass, when the source knows; lets a pass end right after its last
-        batch instead of on the next, failing ``next()``."""
+        self._full_pass_length = self.pass_length
+        """Batches in the current pass, when the source knows (shorter for the rest of a pass
+        resharded after a resume); lets a pass end right after its last batch instead of on the
+        next, failing ``next()``."""
         if (not stateful and isinstance(source, DataLoader)
                 and not isinstance(source.dataset, IterableDataset)):
             batch_sampler = source.batch_sampler
@@ -151,6 +162,11 @@ class DataIterator:
         """The source's batch size, when it says."""
         size = getattr(self.source, "batch_size", None)
         return size if isinstance(size, int) else None
+
+    @property
+    def batches_left(self) -> int | None:
+        """Batches left in the current pass, when the source knows."""
+        return None if self.pass_length is None else max(self.pass_length - self.batches, 0)
 
     @property
     def at_pass_start(self) -> bool:
@@ -215,6 +231,7 @@ class DataIterator:
         """Counts the pass as done; the next `next()` starts a new one."""
         self.epoch += 1
         self.batches = 0
+        self.pass_length = self._full_pass_length
         self._iterator = None
         self._ahead = None
 
@@ -270,6 +287,56 @@ class DataIterator:
                 stacklevel=2,
             )
         return state
+
+    def load_resharded(self, states: list[dict[str, Any]], rank: int, world_size: int) -> str:
+        """Continues from the positions of the ranks of a job with another number of processes
+        (`states`, one per old rank): the rest of the pass is dealt to the new ranks, each
+        example once (see `cadence.data.resharding`). Returns what happened, in words.
+
+        Raises:
+            CheckpointError: when the rest of the pass cannot be covered exactly once by ranks
+                that take equal numbers of steps; the message names both world sizes.
+        """
+        saved = len(states)
+
+        def refuse(why: str) -> CheckpointError:
+            return CheckpointError(
+                f"The checkpoint was taken in the middle of a pass by {saved} processes and "
+                f"this job has {world_size}: {why}. Resume with {saved} processes, or from a "
+                "checkpoint taken at the end of a pass."
+            )
+
+        first = states[0]
+        if any(state.get("kind") != first.get("kind") or state.get("epoch") != first.get("epoch")
+               or state.get("batches") != first.get("batches") for state in states):
+            raise refuse("the old ranks' positions disagree")
+        batches = int(first["batches"])
+        epoch = int(first["epoch"])
+        if batches == 0:
+            self.load_state_dict({**first, "order": None})
+            return f"pass {epoch + 1} starts with the new sharding."
+        if self.kind == "sequence" and first["kind"] == "sequence":
+            self.load_state_dict(first)  # every rank reads the same batches
+            return f"every rank continues pass {epoch + 1} at batch {batches + 1}."
+        if self.kind != "loader" or first["kind"] != "loader":
+            raise refuse(f"a {self.kind!r} data source cannot be resharded")
+        assert self._recorder is not None
+        batch_size = int(self.source.batch_size or 1)
+        orders = [state["order"].tolist() if state.get("order") is not None
+                  else list(range(len(self._recorder))) for state in states]
+        rest = rest_of_pass(orders, batches * batch_size)
+        counts = batches_per_rank(len(rest), world_size, batch_size)
+        if len(set(counts)) > 1 or not counts[0]:
+            raise refuse(f"the {len(rest)} examples left do not split into equal numbers of "
+                         f"batches of {batch_size} over {world_size} ranks")
+        self.load_state_dict({**first, "batches": 0, "order": None})
+        self.epoch = epoch
+        self._recorder.resume = (share(rest, rank, world_size), 0)
+        self._resuming = True
+        self.pass_length = counts[rank]  # this pass is the rest of one
+        return (f"the {len(rest)} examples left in pass {epoch + 1} are dealt to the "
+                f"{world_size} ranks ({counts[0]} batches each); the next passes are sharded "
+                "as usual.")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from a saved position with the next batch.

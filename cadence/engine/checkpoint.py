@@ -35,8 +35,10 @@ from cadence.core.checkpoint_dir import (
 from cadence.core.errors import CheckpointError
 from cadence.core.intervals import check_interval
 from cadence.core.protocols import Stateful, is_stateful
+from cadence.engine.distributed import any_rank
 from cadence.engine.module import Module, load_stateful
-from cadence.engine.rng import capture_rng_state, restore_rng_state
+from cadence.engine.rank_state import rank_file, rank_payload, restore_rank_state
+from cadence.engine.rng import capture_rng_state
 
 logger = logging.getLogger("cadence")
 
@@ -242,8 +244,12 @@ class CheckpointManager:
         """Saves a checkpoint numbered `step` and applies retention; returns its path.
 
         If a complete checkpoint of `step` exists already, it is kept and its path returned.
-        Every rank of a distributed job must call this; only rank 0 writes the shared state,
-        each rank writes its own RNG states.
+        Every rank of a distributed job must call this; rank 0 writes the shared state, each rank
+        its own random state and rank-local parts (``rank-<r>.pt``: its data position).
+
+        Raises:
+            CheckpointError: read-only, or (distributed) a checkpoint directory that the ranks do
+                not all see.
         """
         if self.read_only:
             raise CheckpointError(
@@ -264,9 +270,10 @@ class CheckpointManager:
             "state": self._state.state_dict(),
             "tracked": {name: obj.state_dict() for name, obj in self._tracked.items()},
         }
-        rng = capture_rng_state()
+        rng = rank_payload(self._items(), capture_rng_state())
         if world == 1 and self.async_save:
             payload = self._snapshot.take(payload)  # the only part the training loop waits for
+            rng = self._snapshot.take(rng, "rank")
             self._pending = threading.Thread(target=self._write_in_background,
                                              args=(payload, rng, step),
                                              name=f"cadence-checkpoint-{step}")
@@ -279,12 +286,19 @@ class CheckpointManager:
             if rank == 0:
                 staging.mkdir(parents=True, exist_ok=True)
             dist.barrier()
-            torch.save(rng, staging / f"rng-{rank}.pt")
+            if any_rank(not staging.is_dir(), "checking the checkpoint directory"):
+                raise CheckpointError(
+                    f"Not every rank sees the checkpoint directory {str(self.directory)!r} "
+                    f"(rank {rank} {'does not' if not staging.is_dir() else 'does'}): the ranks "
+                    "of a job must share it. Put the run directory on a filesystem every node "
+                    "mounts (NFS, Lustre, a shared volume)."
+                )
+            torch.save(rng, rank_file(staging, rank))
             if rank == 0:
                 self.io.save(payload, staging)
             dist.barrier()
             if rank == 0:
-                self._directory.commit(staging, step)
+                self._directory.commit(staging, step, extra={"world_size": world})
             dist.barrier()
             if rank == 0:
                 self._prune()
@@ -294,7 +308,7 @@ class CheckpointManager:
         """Writes and commits the checkpoint of a single process, then applies retention."""
         with self._directory.staging(step) as staging:
             self.io.save(payload, staging)
-            torch.save(rng, staging / "rng-0.pt")
+            torch.save(rng, rank_file(staging, 0))
         self._prune()
 
     def _prune(self) -> None:
@@ -358,15 +372,15 @@ class CheckpointManager:
                 obj.load_state_dict(payload["tracked"][name])
             else:
                 logger.warning("Checkpoint %s has no state for %r: it starts fresh.", path, name)
-        rank, _ = _distributed()
-        rng_file = path / f"rng-{rank}.pt"
-        if not rng_file.is_file():
-            rng_file = path / "rng-0.pt"
-            if rank != 0:
-                logger.warning("Checkpoint %s has no RNG state for rank %d; using rank 0's.",
-                               path, rank)
-        restore_rng_state(_torch_load(rng_file))
+        restore_rank_state(path, self._items(), int(manifest.get("world_size", 1)),
+                           _torch_load)
         return int(manifest["step"])
+
+    def _items(self) -> dict[str, Any]:
+        """The stateful parts of `state`, by name."""
+        if isinstance(self._state, Module):
+            return self._state.checkpoint_items()
+        return self._state.objects  # type: ignore[attr-defined]
 
     def restore_or_initialize(self) -> str | None:
         """Restores the newest complete checkpoint; with none, calls `init_fn`.

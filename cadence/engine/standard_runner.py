@@ -47,6 +47,12 @@ from cadence.core.errors import StopTraining
 from cadence.core.progress import Progress
 from cadence.data.iterator import DataIterator
 from cadence.engine.compile import check_compile_options, compile_step
+from cadence.engine.distributed import (
+    StopAgreement,
+    any_rank,
+    collective_errors,
+    is_distributed,
+)
 from cadence.engine.module import Module
 from cadence.engine.runner import AbstractEvaluator, AbstractTrainer, Output
 
@@ -69,6 +75,9 @@ class StandardTrainerOptions:
             memory on a side stream). `train_step` then gets batches already on the device.
         steps_per_epoch: None: an epoch is a pass over the training data; N: an epoch is N
             steps, whatever the data's length (the default of `StandardTrainer.steps_per_epoch`).
+        stop_check_steps: under torchrun, the ranks agree on a stop requested on any of them
+            (a signal, a callback) every this many steps, inside a loop (and always at its end):
+            a stop is taken within twice this many steps, by every rank at the same step.
 
     Raises:
         ValueError: for an unknown `compile_mode`, or `cuda_graphs` without CUDA.
@@ -80,6 +89,7 @@ class StandardTrainerOptions:
     stop_at_end_of_data: bool = False
     prefetch_to_device: torch.device | str | None = None
     steps_per_epoch: int | None = None
+    stop_check_steps: int = 10
 
     def __post_init__(self) -> None:
         check_compile_options(self.compile_mode, self.cuda_graphs)
@@ -88,6 +98,9 @@ class StandardTrainerOptions:
                                   or value < 0):
             raise ValueError(f"`steps_per_epoch` (got {value!r}) must be a non-negative int or "
                              "None (an epoch is then a pass over the data).")
+        every = self.stop_check_steps
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"`stop_check_steps` (got {every!r}) must be a positive int.")
 
 
 @dataclass(frozen=True)
@@ -156,7 +169,7 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
 
     _TRACKING_IGNORED = frozenset(
         {"_callbacks", "_run_state", "_own_state", "_compiled_train_step", "_train_options",
-         "_epoch_end_pending"}
+         "_epoch_end_pending", "_agreement"}
     )
 
     def __init__(
@@ -175,6 +188,7 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         self._run_state = self._own_state
         self._compiled_train_step: Callable[[Iterator[Any]], Any] | None = None
         self._epoch_end_pending = False
+        self._agreement: StopAgreement | None = None
         self.steps_per_epoch: int | None = self._train_options.steps_per_epoch
 
     def checkpoint_items(self) -> dict[str, Any]:
@@ -235,6 +249,16 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
             return None
         return per_epoch if progress.epoch_finished else max(per_epoch - progress.epoch_step, 0)
 
+    def max_steps_to_epoch_end(self) -> int | None:
+        """At most how many steps until the running epoch ends: `steps_to_epoch_end`, or for an
+        epoch that is a pass over sized data, the batches left in it (a step takes at least one).
+        A Controller training to a number of epochs ends its loops there."""
+        exact = self.steps_to_epoch_end()
+        if exact is not None:
+            return exact
+        left = self._train_data.batches_left
+        return None if left is None else max(left, 1)
+
     def steps_to_epochs(self, epochs: int) -> int | None:
         """Steps until `epochs` epochs are completed, when epochs have `steps_per_epoch` steps;
         None otherwise."""
@@ -282,7 +306,8 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         if not driven:  # each call is a fresh start
             state.stop_requested, state.stop_reason = False, None
         self.train_loop_begin()
-        self.create_train_loop_fn()(self._train_data, num_steps)
+        with collective_errors("training") if is_distributed() else contextlib.nullcontext():
+            self.create_train_loop_fn()(self._train_data, num_steps)
         state.global_step = self._progress.global_step
         output = self.train_loop_end()
         if not driven:
@@ -320,9 +345,11 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
             progress.finish_epoch()
             self._epoch_end_pending = True
             return
+        # Several ranks stop together: a local request counts once the ranks agreed on it.
+        agreement = self._stop_agreement() if is_distributed() else None
         done = 0
         empty_pass = False
-        while done < num_steps and not state.stop_requested:
+        while done < num_steps and not (state.stop_requested and agreement is None):
             if not progress.epoch_open:
                 self._fire_epoch("on_epoch_begin")
             if hooks is not None:
@@ -363,8 +390,30 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
                 self._pass_ended(at_loop_end=done == num_steps)
             elif epoch_done:
                 self._close_epoch(at_loop_end=done == num_steps)
+            if agreement is not None and agreement.step(state.stop_requested):
+                self._stop_agreed()
+                break
+        if agreement is not None:
+            agreement.reset()
+            if any_rank(state.stop_requested):
+                self._stop_agreed()
         if state.stop_requested and progress.epoch_open:
             self._epoch_end_pending = True  # a stop ends the epoch; its hooks run after the loop
+
+    def _stop_agreement(self) -> StopAgreement:
+        if self._agreement is None:
+            self._agreement = StopAgreement(self._train_options.stop_check_steps)
+        return self._agreement
+
+    def _stop_agreed(self) -> None:
+        """Every rank stops: this one too, if the request came from another."""
+        if not self._run_state.stop_requested:
+            self._run_state.request_stop("a stop was requested on another rank")
+
+    def agree_to_stop(self, local: bool) -> bool:
+        """Whether any rank wants to stop (`local` in a single process); the Controller asks at
+        loop boundaries, so that every rank stops at the same step."""
+        return any_rank(local)
 
     def _pass_ended(self, at_loop_end: bool) -> None:
         """The training data ran out: the epoch (a pass) is finished."""

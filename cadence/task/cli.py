@@ -187,11 +187,24 @@ def _summary(run: RunDirectory, logs: dict[str, Any]) -> None:
     print(f"Run directory: {run.root}  (TensorBoard: tensorboard --logdir {run.root})")
 
 
+def _chosen_by_rank_zero(config: Any, choose: Any) -> Path:
+    """`choose(config)` on rank 0, the same path on every rank of a torchrun job (each rank
+    would otherwise name its own run directory)."""
+    from cadence.core.rank import process_rank, world_size
+
+    if world_size() == 1:
+        return Path(choose(config))
+    from cadence.engine.distributed import broadcast_object, init_distributed, local_device
+
+    init_distributed(config.runtime.collective_timeout, local_device(config.runtime.device))
+    return Path(broadcast_object(str(choose(config)) if process_rank() == 0 else None))
+
+
 def _train(args: argparse.Namespace) -> int:
     from cadence.task.train_lib import run_directory, run_experiment
 
     config = _load(args, args.model_dir)
-    model_dir = args.model_dir or _train_dir(config)
+    model_dir = args.model_dir or _chosen_by_rank_zero(config, _train_dir)
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
     print(f"Experiment {config.experiment or '(custom)'}, mode {args.mode}, "
           f"run directory {model_dir}", file=sys.stderr)

@@ -196,12 +196,20 @@ class RuntimeConfig:
 
     Attributes:
         device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1``, ...
+            Under torchrun ``cuda`` (and ``auto`` on a GPU machine) is ``cuda:<LOCAL_RANK>``:
+            every rank of a machine takes its own GPU, and the config stays the same on all.
         mixed_precision: None, ``bf16`` or ``fp16`` (``torch.autocast``; fp16 adds a gradient
             scaler).
         seed: seeds Python, NumPy and torch at the start of a fresh run (a resumed run restores
             its random state from the checkpoint instead); None: unseeded.
         deterministic: ``torch.use_deterministic_algorithms(True)``.
         num_threads: ``torch.set_num_threads``; None leaves torch's default.
+        strategy: how the model is spread over the ranks of a torchrun job: ``auto`` (DDP with
+            several ranks, else none), ``none``, ``ddp``, ``fsdp2`` (parameters, gradients and
+            optimizer state sharded with ``fully_shard``; checkpoints through
+            ``torch.distributed.checkpoint``).
+        collective_timeout: seconds a collective waits for the other ranks: a dead or stuck rank
+            ends the job after this long, with a message that says so.
     """
 
     device: str = "auto"
@@ -209,6 +217,8 @@ class RuntimeConfig:
     seed: int | None = None
     deterministic: bool = False
     num_threads: int | None = None
+    strategy: str = "auto"
+    collective_timeout: float = 600.0
 
 
 @dataclass
@@ -262,6 +272,8 @@ MODES = ("train", "train_and_eval", "train_and_post_eval", "eval", "continuous_e
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
 SCHEDULES = ("constant", "cosine", "linear", "step", "exponential")
 PRECISIONS = (None, "bf16", "fp16")
+STRATEGIES = ("auto", "none", "ddp", "fsdp2")
+"""``runtime.strategy``'s values (`cadence.engine.distributed.STRATEGIES`)."""
 
 
 def _problems(config: ExperimentConfig) -> Iterable[str]:
@@ -311,6 +323,12 @@ def _problems(config: ExperimentConfig) -> Iterable[str]:
     if trainer.compile_mode not in COMPILE_MODES:
         yield (f"trainer.compile_mode: unknown mode {trainer.compile_mode!r}; valid: null, "
                f"{', '.join(str(m) for m in COMPILE_MODES[1:])}.")
+    if config.runtime.strategy not in STRATEGIES:
+        yield (f"runtime.strategy: must be one of {', '.join(STRATEGIES)} "
+               f"(got {config.runtime.strategy!r}).")
+    if not config.runtime.collective_timeout > 0:
+        yield (f"runtime.collective_timeout: must be a positive number of seconds "
+               f"(got {config.runtime.collective_timeout}).")
     if config.runtime.mixed_precision not in PRECISIONS:
         yield (f"runtime.mixed_precision: must be null, 'bf16' or 'fp16' "
                f"(got {config.runtime.mixed_precision!r}).")

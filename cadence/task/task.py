@@ -35,6 +35,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -65,6 +66,32 @@ def aux_losses_of(model: Any) -> Any:
                 or "aux_losses" in model._buffers or "aux_losses" in model._modules):
             return None
     return getattr(model, "aux_losses", None)
+
+
+def merge_by_structure(values: list[Any]) -> Any:
+    """One value from several of the same structure (see `Task.merge_aggregated_logs`).
+
+    >>> merge_by_structure([{"ids": [1, 2], "n": 2}, {"ids": [3], "n": 1}])
+    {'ids': [1, 2, 3], 'n': 3}
+
+    Raises:
+        TypeError: for values of different or unknown kinds.
+    """
+    first = values[0]
+    if len(values) == 1:
+        return first
+    if isinstance(first, Mapping):
+        return {key: merge_by_structure([value[key] for value in values]) for key in first}
+    if isinstance(first, (list, tuple)):
+        return type(first)(item for value in values for item in value)
+    if isinstance(first, torch.Tensor):
+        return torch.cat([value.reshape(-1, *value.shape[1:]) for value in values])
+    if isinstance(first, np.ndarray):
+        return np.concatenate(values)
+    if isinstance(first, (int, float)) and not isinstance(first, bool):
+        return sum(values)
+    raise TypeError(f"Cannot merge the ranks' aggregated logs of kind {type(first).__name__}: "
+                    "override Task.merge_aggregated_logs.")
 
 
 def accepts_argument(fn: Callable[..., Any], name: str) -> bool:
@@ -204,6 +231,16 @@ class Task(Module):
         """Folds one evaluation step's logs into `state` on the host, for metrics that cannot
         be computed on the device. Returns the new state; the default keeps None."""
         return None
+
+    def merge_aggregated_logs(self, aggregated_logs: list[Any]) -> Any:
+        """Combines the aggregated states of the ranks of a distributed evaluation (each rank
+        folded its shard with `aggregate_logs`) into the one `reduce_aggregated_logs` gets.
+
+        The default merges by structure: mappings key by key, lists and tuples by
+        concatenation, arrays and tensors along their first axis, numbers by addition.
+        Override it for a state of another kind.
+        """
+        return merge_by_structure(aggregated_logs)
 
     def reduce_aggregated_logs(self, aggregated_logs: Any,
                                global_step: int | None = None) -> dict[str, Any]:

@@ -33,17 +33,17 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from cadence.callbacks.loss_guard import LossGuard
 from cadence.callbacks.progress import ProgressBar
 from cadence.core.callbacks import Callback
 from cadence.core.controller import Action, Controller
-from cadence.core.errors import ConfigError
+from cadence.core.errors import CheckpointError, ConfigError
 from cadence.core.rank import process_rank
 from cadence.core.run_dir import RunDirectory
 from cadence.engine.checkpoint import CheckpointManager
+from cadence.engine.distributed import gather_objects, init_distributed, local_device
 from cadence.engine.exporter import BestCheckpointExporter
 from cadence.task.config import MODES, ExperimentConfig
 from cadence.task.config_files import config_differences, load_config, save_config
@@ -76,9 +76,40 @@ def setup_runtime(config: ExperimentConfig) -> None:
         random.seed(runtime.seed)
         np.random.seed(runtime.seed)
         torch.manual_seed(runtime.seed)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() and runtime.device != "cpu" else "gloo"
-        dist.init_process_group(backend)
+    init_distributed(runtime.collective_timeout, local_device(runtime.device))
+
+
+def agree_on_run(run: RunDirectory) -> None:
+    """Checks that every rank of a distributed job works in the same run directory.
+
+    Raises:
+        ConfigError: naming the directories, when the ranks were given different ones.
+    """
+    roots = gather_objects(str(run.root.absolute()))
+    if len(set(roots)) > 1:
+        raise ConfigError(
+            "The ranks of this job were given different run directories ("
+            + ", ".join(f"rank {rank}: {root}" for rank, root in enumerate(roots))
+            + "). They must share one, on a filesystem every node mounts: pass the same "
+            "--model-dir to every node, or none (rank 0 then chooses it)."
+        )
+
+
+def agree_on_checkpoint(manager: CheckpointManager) -> None:
+    """Checks that every rank sees the same newest checkpoint before restoring it.
+
+    Raises:
+        CheckpointError: naming what each rank sees (the checkpoint directory is not shared,
+            or a rank sees a half-synchronized copy).
+    """
+    seen = gather_objects(manager.latest_checkpoint)
+    if len(set(seen)) > 1:
+        raise CheckpointError(
+            "The ranks see different newest checkpoints ("
+            + ", ".join(f"rank {rank}: {path or 'none'}" for rank, path in enumerate(seen))
+            + f") in {str(manager.directory)!r}: the run directory must be on a filesystem "
+            "every node mounts."
+        )
 
 
 def run_directory(config: ExperimentConfig, model_dir: str | os.PathLike[str]) -> RunDirectory:
@@ -183,9 +214,10 @@ def run_experiment(
     trainer_config = config.trainer
     if trains and trainer_config.train_steps <= 0:
         raise ValueError("trainer.train_steps is 0: set it, e.g. --set trainer.train_steps=1000.")
+    setup_runtime(config)
+    agree_on_run(run)
     if trains:
         check_saved_config(config, run, allow_config_change)
-    setup_runtime(config)
 
     task = get_task(config.task, logging_dir=str(run.root))
     exporter = maybe_create_best_ckpt_exporter(config, run) if evaluates else None
@@ -203,6 +235,7 @@ def run_experiment(
         strict=trains, read_only=not trains,
         async_save=trainer_config.async_checkpoints and trains,
     )
+    agree_on_checkpoint(manager)
     trainer.coordinator_for_async().add_waitable(manager)
     builtin: list[Callback] = [ProgressBar(enabled=progress_bar)] if trains else []
     if trains:

@@ -37,6 +37,12 @@ from torch import nn
 from cadence.data.device import to_device
 from cadence.data.sharding import InputContext
 from cadence.engine.compile import compile_step
+from cadence.engine.distributed import (
+    gather_objects,
+    is_distributed,
+    local_device,
+    prepare_model,
+)
 from cadence.engine.metrics import Mean
 from cadence.engine.runner import Output
 from cadence.engine.standard_runner import (
@@ -51,21 +57,6 @@ from cadence.task.task import Task, accepts_argument
 logger = logging.getLogger("cadence")
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    """``"auto"`` is CUDA when available, else CPU; anything else is passed to torch."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as error:
-        raise ValueError(f"runtime.device {name!r} is not a device: {error}. Use 'auto', 'cpu', "
-                         "'cuda' or 'cuda:<index>'.") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"runtime.device is {name!r} but CUDA is not available here: set "
-                         "runtime.device=auto (or cpu).")
-    return device
 
 
 class AsyncCoordinator:
@@ -151,20 +142,15 @@ class Trainer(StandardTrainer, StandardEvaluator):
                                  f"it, or pass the dataset to Trainer().")
         trainer_config, runtime = config.trainer, config.runtime
         self._config = config
-        self._device = resolve_device(runtime.device)
+        self._device = local_device(runtime.device)
         self._autocast_dtype = _AUTOCAST_DTYPES.get(runtime.mixed_precision or "")
         self._coordinator = AsyncCoordinator()
         self._checkpoint_exporter = checkpoint_exporter
         self.task = task
         self.model = model.to(self._device)
-        self._train_model: nn.Module = self.model
-        if (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-                and any(p.requires_grad for p in self.model.parameters())):
-            # Data parallel: gradients are averaged across processes during backward.
-            # Checkpoints and exports hold the plain model (no "module." prefix).
-            self._train_model = nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[self._device.index] if self._device.type == "cuda"
-                else None)
+        # DDP wraps the model (checkpoints and exports hold the plain one); FSDP2 shards it in
+        # place. Either way gradients are averaged across processes during backward.
+        self._train_model: nn.Module = prepare_model(self.model, runtime.strategy, self._device)
         self.optimizer = optimizer
         schedule = trainer_config.optimizer_config.learning_rate
         self.lr_scheduler = (  # none for a constant rate: no work per step that changes nothing
@@ -193,8 +179,9 @@ class Trainer(StandardTrainer, StandardEvaluator):
         self._accumulation = optimization.gradient_accumulation_steps
         self._clip_norm = optimization.gradient_clip_norm
         self._plain_forward = self._autocast_dtype is None and (
-            self._train_model is self.model or self._accumulation == 1)
-        """Whether a micro-batch runs without autocast or DDP's no_sync: no context to enter."""
+            self._accumulation == 1 or not is_distributed())
+        """Whether a micro-batch runs without autocast or a gradient-sync switch: nothing to
+        enter."""
         if train and train_dataset is None:
             train_dataset = self.distribute_dataset(task.build_inputs, config.task.train_data)
         if evaluate and validation_dataset is None:
@@ -349,12 +336,16 @@ class Trainer(StandardTrainer, StandardEvaluator):
             self.ema.update(self.global_step + 1)
 
     def _micro_batch_context(self, last: bool) -> contextlib.ExitStack:
-        """Autocast, and -- between micro-batches -- DDP's ``no_sync``: only the last
-        micro-batch of a step needs its gradients averaged across processes."""
+        """Autocast, and -- between micro-batches -- no gradient averaging (DDP's ``no_sync``,
+        FSDP2's ``set_requires_gradient_sync``): only the last micro-batch of a step needs its
+        gradients averaged across processes."""
         stack = contextlib.ExitStack()
         model = self._train_model
-        if not last and isinstance(model, nn.parallel.DistributedDataParallel):
-            stack.enter_context(model.no_sync())
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            if not last:
+                stack.enter_context(model.no_sync())
+        elif callable(getattr(model, "set_requires_gradient_sync", None)):  # FSDP2
+            model.set_requires_gradient_sync(last)  # type: ignore[operator]
         stack.enter_context(self._autocast())
         return stack
 
@@ -473,6 +464,9 @@ class Trainer(StandardTrainer, StandardEvaluator):
                                 for name, metric in self.validation_metrics.items()}
         if self._validation_loss_seen:
             logs["validation_loss"] = self.validation_loss.result()
+        if is_distributed():  # each rank aggregated its shard: the reduction sees them all
+            shards = [s for s in gather_objects(aggregated_logs) if s is not None]
+            aggregated_logs = self.task.merge_aggregated_logs(shards) if shards else None
         if aggregated_logs is not None:
             logs.update(self.task.reduce_aggregated_logs(aggregated_logs,
                                                          global_step=self.global_step))

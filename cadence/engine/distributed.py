@@ -1,0 +1,273 @@
+"""The distributed runtime, one for every front-end: joining a ``torchrun`` job, the device of
+each rank, bounded failures, agreed stops, and how a model is spread over the ranks.
+
+- `init_distributed` joins the job when ``torchrun`` started several processes: a process group
+  whose collectives time out after ``timeout`` seconds, so that a dead or stuck rank ends the
+  job in bounded time instead of hanging it; ranks other than 0 log warnings only.
+- `local_device` is this rank's device: ``cuda:<LOCAL_RANK>`` on a GPU machine.
+- `StopAgreement` makes a stop requested on any rank (a signal, a callback, a time limit) the
+  stop of every rank, at the same step, without a host-device sync per step.
+- `prepare_model` wraps a model for the strategy: none, DDP, or FSDP2 (``fully_shard``).
+- `gather_objects` brings every rank's host-side values to every rank.
+- `shutdown` destroys the process group `init_distributed` created.
+
+Which process this is (rank, world size) is answered by `cadence.core.rank`, for the
+torch-free engine too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from cadence.core.rank import local_rank, process_rank, world_size
+
+logger = logging.getLogger("cadence")
+
+STRATEGIES = ("auto", "none", "ddp", "fsdp2")
+"""How a model is spread over the ranks (``runtime.strategy``): ``auto`` is DDP when there are
+several ranks and the model trains, else none; ``fsdp2`` shards parameters, gradients and
+optimizer state with ``torch.distributed.fsdp.fully_shard``."""
+
+DEFAULT_TIMEOUT = 600.0
+"""Seconds a collective may wait for the other ranks before the job is ended."""
+
+_created_group = False
+_control_group: Any = None
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective operation did not complete in time: another rank is dead or stuck."""
+
+
+def is_distributed() -> bool:
+    """Whether a process group with more than one rank exists."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def local_device(name: str = "auto") -> torch.device:
+    """This rank's device for a device name: ``auto`` is CUDA when available, else the CPU;
+    under torchrun a CUDA device without an index is ``cuda:<LOCAL_RANK>``, so that every rank
+    of a machine takes its own GPU.
+
+    Raises:
+        ValueError: for a name that is not a device, or CUDA where there is none.
+    """
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise ValueError(f"runtime.device {name!r} is not a device: {error}. Use 'auto', 'cpu', "
+                         "'cuda' or 'cuda:<index>'.") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"runtime.device is {name!r} but CUDA is not available here: set "
+                             "runtime.device=auto (or cpu).")
+        if device.index is None:
+            device = torch.device("cuda", local_rank() % max(torch.cuda.device_count(), 1))
+    return device
+
+
+def init_distributed(timeout: float = DEFAULT_TIMEOUT, device: torch.device | None = None,
+                     backend: str | None = None) -> bool:
+    """Joins the ``torchrun`` job when there are several processes (``WORLD_SIZE`` > 1) and no
+    process group yet. Returns whether a group with several ranks exists now.
+
+    Collectives of the group time out after `timeout` seconds: a rank that died or stopped
+    makes the others fail with `CollectiveTimeout` instead of waiting forever. The backend is
+    NCCL for CUDA devices, else gloo. Ranks other than 0 log only warnings.
+
+    Raises:
+        ValueError: for a timeout that is not positive.
+    """
+    global _created_group
+    if not timeout or timeout <= 0:
+        raise ValueError(f"runtime.collective_timeout (got {timeout!r}) must be a positive number "
+                         "of seconds.")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available() and (
+            not dist.is_initialized()):
+        if backend is None:
+            backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
+        if device is not None and device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+        _created_group = True
+        atexit.register(shutdown)
+    if is_distributed() and process_rank() != 0:
+        cadence_logger = logging.getLogger("cadence")
+        if cadence_logger.getEffectiveLevel() < logging.WARNING:
+            cadence_logger.setLevel(logging.WARNING)
+    return is_distributed()
+
+
+def shutdown() -> None:
+    """Destroys the process group `init_distributed` created (a no-op otherwise)."""
+    global _created_group, _control_group
+    if _created_group and dist.is_initialized():
+        dist.destroy_process_group()
+    _created_group = False
+    _control_group = None
+
+
+def control_group() -> Any:
+    """A gloo group of all ranks for small host-side messages (stop flags, objects): its
+    collectives run on CPU tensors, so reading their result never waits for a GPU. Created on
+    first use -- a collective call, so every rank must reach it."""
+    global _control_group
+    if _control_group is None:
+        _control_group = (dist.group.WORLD if dist.get_backend() == "gloo"
+                          else dist.new_group(backend="gloo"))
+    return _control_group
+
+
+@contextlib.contextmanager
+def collective_errors(what: str) -> Iterator[None]:
+    """Turns a collective's timeout into `CollectiveTimeout` with a message that says what
+    probably happened and what to do."""
+    try:
+        yield
+    except RuntimeError as error:
+        text = str(error).lower()
+        if "timed out" in text or "timeout" in text or "connection closed" in text:
+            raise CollectiveTimeout(
+                f"{what}: a collective did not complete on rank {process_rank()} of "
+                f"{world_size()} ({error}). Another rank is probably dead or stuck; the job "
+                "ends. Check the other ranks' logs; raise runtime.collective_timeout if a rank "
+                "legitimately needs longer (e.g. a slow first compilation)."
+            ) from error
+        raise
+
+
+def any_rank(flag: bool, what: str = "agreeing on a stop") -> bool:
+    """Whether `flag` is true on any rank (an all-reduce on the control group; blocking)."""
+    if not is_distributed():
+        return flag
+    value = torch.tensor([int(flag)], dtype=torch.int32)
+    with collective_errors(what):
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=control_group())
+    return bool(value.item())  # a CPU tensor: no device sync
+
+
+class StopAgreement:
+    """Agrees across ranks on a stop requested on any of them, at the same step on every rank.
+
+    Every `every` steps each rank starts an all-reduce (MAX) of its stop flag on the CPU
+    control group, and reads the result of the previous one -- started `every` steps earlier,
+    so it is done by now: no rank waits for another, no GPU is synchronized. A stop requested on
+    any rank is taken by all within at most ``2 * every`` steps.
+
+    Args:
+        every: steps between two agreements.
+    """
+
+    def __init__(self, every: int = 10) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"`every` (got {every!r}) must be a positive int.")
+        self.every = every
+        self._steps = 0
+        self._pending: tuple[Any, torch.Tensor] | None = None
+
+    def reset(self) -> None:
+        """Forgets a pending agreement (at the end of a loop, where ranks agree at once)."""
+        if self._pending is not None:
+            with collective_errors("agreeing on a stop"):
+                self._pending[0].wait()
+        self._pending = None
+        self._steps = 0
+
+    def step(self, local: bool) -> bool:
+        """Called after every step with this rank's stop flag; True when the ranks agreed to
+        stop (then on every rank at this same step)."""
+        self._steps += 1
+        if self._steps % self.every:
+            return False
+        agreed = False
+        if self._pending is not None:
+            work, value = self._pending
+            with collective_errors("agreeing on a stop"):
+                work.wait()
+            agreed = bool(value.item())  # a CPU tensor: no device sync
+        value = torch.tensor([int(local)], dtype=torch.int32)
+        work = dist.all_reduce(value, op=dist.ReduceOp.MAX, group=control_group(),
+                               async_op=True)
+        self._pending = (work, value)
+        return agreed
+
+
+def broadcast_object(value: Any) -> Any:
+    """Rank 0's `value`, on every rank (`value` itself in a single process)."""
+    if not is_distributed():
+        return value
+    box = [value]
+    with collective_errors("receiving rank 0's choice"):
+        dist.broadcast_object_list(box, src=0, group=control_group())
+    return box[0]
+
+
+def gather_objects(value: Any) -> list[Any]:
+    """Every rank's `value`, in rank order (``[value]`` in a single process)."""
+    if not is_distributed():
+        return [value]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    with collective_errors("gathering host-side values"):
+        dist.all_gather_object(gathered, value, group=control_group())
+    return gathered
+
+
+def resolve_strategy(strategy: str, model: nn.Module) -> str:
+    """The strategy `auto` stands for here: DDP with several ranks and trainable parameters.
+
+    Raises:
+        ValueError: for an unknown strategy.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"runtime.strategy (got {strategy!r}) must be one of "
+                         f"{', '.join(STRATEGIES)}.")
+    if strategy == "auto":
+        trains = any(p.requires_grad for p in model.parameters())
+        return "ddp" if is_distributed() and trains else "none"
+    return strategy
+
+
+def prepare_model(model: nn.Module, strategy: str, device: torch.device) -> nn.Module:
+    """The module to train: `model` itself (``none``), a DDP wrapper around it (``ddp``:
+    gradients are averaged during backward; checkpoints hold the plain model), or `model`
+    sharded in place (``fsdp2``: ``fully_shard`` on each child that has parameters, then on the
+    root; its parameters become DTensors, which checkpoints save and load sharded).
+
+    Raises:
+        ValueError: for an unknown strategy, or DDP/FSDP2 without a process group.
+    """
+    strategy = resolve_strategy(strategy, model)
+    if strategy == "none":
+        return model
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(f"runtime.strategy={strategy!r} needs a process group: launch with "
+                         "torchrun (e.g. torchrun --nproc_per_node=2 -m cadence train).")
+    if strategy == "ddp":
+        return nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    from torch.distributed.fsdp import fully_shard
+
+    for child in model.children():
+        if any(True for _ in child.parameters()):
+            fully_shard(child)
+    fully_shard(model)
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether `model`'s parameters are sharded over the ranks (FSDP2: DTensors)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())

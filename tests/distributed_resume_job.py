@@ -1,0 +1,132 @@
+"""Run under torchrun (gloo): data-parallel training whose ranks must agree -- on when to stop,
+on what they save, and on where the rest of a pass goes after a resume.
+
+    job.py train DIR STEPS [RANK:STEP ...]           train to STEPS (SIGTERM to RANK at STEP)
+    job.py epoch DIR                                 train to the end of the running pass
+    job.py trials DIR N                              N runs, each SIGTERMed at random steps
+    job.py stuck DIR                                 rank 1 stops itself (SIGSTOP) at step 3
+    job.py rundir DIR                                run_experiment in DIR/node-<rank>
+
+Every rank writes what it saw to DIR/<mode>-<rank>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import cadence
+from cadence.engine.distributed import init_distributed, is_distributed
+
+N = int(os.environ.get("CADENCE_TEST_EXAMPLES", "48"))  # 6 batches a rank with 2, 12 with 1
+BATCH = 4
+
+
+class Indexed(cadence.StandardTrainer):
+    """A data-parallel regression that records the index of every example it trains on."""
+
+    def __init__(self) -> None:
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(N, 4, generator=generator)
+        dataset = TensorDataset(torch.arange(N), x, x.sum(1, keepdim=True))
+        world = dist.get_world_size() if is_distributed() else 1
+        rank = dist.get_rank() if is_distributed() else 0
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
+                                     seed=7)
+        super().__init__(DataLoader(dataset, batch_size=BATCH, sampler=sampler))
+        torch.manual_seed(0)
+        self.model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.2), nn.Linear(8, 1))
+        self._ddp = (nn.parallel.DistributedDataParallel(self.model) if is_distributed()
+                     else self.model)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
+        self.seen: list[int] = []
+
+    def train_step(self, iterator):
+        index, x, y = next(iterator)
+        self.seen.extend(index.tolist())
+        loss = nn.functional.mse_loss(self._ddp(x), y)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+
+
+class Kill(cadence.Callback):
+    """Sends `signum` to this process after global step `step`."""
+
+    def __init__(self, step: int, signum: int = signal.SIGTERM) -> None:
+        self.step, self.signum = step, signum
+
+    def on_step_end(self, state):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+def controller(directory: Path, callbacks=()) -> tuple[Indexed, cadence.Controller]:
+    trainer = Indexed()
+    manager = cadence.CheckpointManager(trainer, directory / "ckpt", checkpoint_interval=5,
+                                        max_to_keep=None)
+    return trainer, cadence.Controller(trainer=trainer, steps_per_loop=4,
+                                       checkpoint_manager=manager, callbacks=callbacks)
+
+
+def record(directory: Path, mode: str, **values) -> None:
+    rank = dist.get_rank() if is_distributed() else 0
+    (directory / f"{mode}-{rank}.json").write_text(json.dumps(values))
+
+
+def main() -> None:
+    mode, directory = sys.argv[1], Path(sys.argv[2])
+    timeout = 5.0 if mode == "stuck" else 60.0
+    init_distributed(timeout)
+    rank = dist.get_rank() if is_distributed() else 0
+    if mode == "train":
+        steps = int(sys.argv[3])
+        kills = dict(item.split(":") for item in sys.argv[4:])
+        callbacks = [Kill(int(kills[str(rank)]))] if str(rank) in kills else []
+        trainer, run = controller(directory, callbacks)
+        code = 0
+        try:
+            run.train(steps)
+        except cadence.Preempted as stopped:
+            code = stopped.code
+        torch.save(trainer.model.state_dict(), directory / f"weights-{rank}.pt")
+        record(directory, "train", step=trainer.global_step, seen=trainer.seen, code=code)
+    elif mode == "epoch":
+        trainer, run = controller(directory)
+        run.train(epochs=1)
+        record(directory, "epoch", step=trainer.global_step, seen=trainer.seen)
+    elif mode == "trials":
+        results = []
+        for trial in range(int(sys.argv[3])):
+            rng = random.Random(trial * 10 + rank)
+            trainer, run = controller(directory / f"trial-{trial}", [Kill(rng.randint(2, 9))])
+            try:
+                run.train(40)
+                results.append({"trial": trial, "preempted": None})
+            except cadence.Preempted as stopped:
+                results.append({"trial": trial, "preempted": stopped.checkpoint,
+                                "code": stopped.code, "step": trainer.global_step})
+        record(directory, "trials", results=results)
+    elif mode == "stuck":
+        signum = signal.SIGSTOP if rank == 1 else signal.SIGUSR1
+        trainer, run = controller(directory, [Kill(3, signum)] if rank == 1 else [])
+        run.train(40)  # rank 0 waits for rank 1 in a collective, until the timeout
+    elif mode == "rundir":
+        config = cadence.load_config("digits", overrides=["trainer.train_steps=4",
+                                                          "trainer.steps_per_loop=2"])
+        cadence.run_experiment(config, "train", directory / f"node-{rank}")
+    if is_distributed():
+        dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
