@@ -120,6 +120,33 @@ def main() -> None:
         signum = signal.SIGSTOP if rank == 1 else signal.SIGUSR1
         trainer, run = controller(directory, [Kill(3, signum)] if rank == 1 else [])
         run.train(40)  # rank 0 waits for rank 1 in a collective, until the timeout
+    elif mode == "tensorpack":  # each rank its own shard of the data: replicas stay equal
+        from cadence.tensorpack import SimpleTrainer
+
+        torch.manual_seed(rank)  # different initial weights: rank 0's must win
+        model = nn.Linear(4, 1)
+        x = torch.randn(32, 4, generator=torch.Generator().manual_seed(rank))
+        data = [(x[i:i + 8], x[i:i + 8].sum(1, keepdim=True)) for i in range(0, 32, 8)]
+        trainer = SimpleTrainer()
+        trainer.setup_graph(data, lambda a, b: nn.functional.mse_loss(model(a), b),
+                            lambda params: torch.optim.SGD(params, lr=0.1), model=model)
+        trainer.train(steps_per_epoch=4, max_epoch=2)
+        torch.save(model.state_dict(), directory / f"tensorpack-{rank}.pt")
+    elif mode == "trainloop":  # SIGTERM to rank 1 only: every rank saves the same step
+        model = nn.Linear(4, 1)
+        batches = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(6)]
+        code, step = 0, None
+        try:
+            with cadence.TrainLoop(model, max_epoch=3, checkpoint_dir=directory / "ckpt",
+                                   callbacks=[Kill(5)] if rank == 1 else [],
+                                   print_func=lambda line: None) as loop:
+                for _ in loop.iter_epochs():
+                    for _ in loop.iter_steps(batches):
+                        pass
+                    step = loop.step
+        except cadence.Preempted as stopped:
+            code, step = stopped.code, loop.step
+        record(directory, "trainloop", code=code, step=step)
     elif mode == "rundir":
         config = cadence.load_config("digits", overrides=["trainer.train_steps=4",
                                                           "trainer.steps_per_loop=2"])

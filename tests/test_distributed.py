@@ -180,3 +180,22 @@ def test_two_nodes_given_different_run_directories_fail_clearly(tmp_path):
     outputs = [node.communicate(timeout=240)[0] for node in nodes]
     assert all(node.returncode != 0 for node in nodes)
     assert all("were given different run directories" in output for output in outputs)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_tensorpack_simple_trainer_is_data_parallel_under_torchrun(tmp_path):
+    launch(tmp_path, "tensorpack")
+    zero, one = (torch.load(tmp_path / f"tensorpack-{r}.pt", weights_only=True) for r in (0, 1))
+    for key in zero:  # rank 0's start and averaged gradients: the replicas never diverge
+        assert torch.equal(zero[key], one[key]), key
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_train_loop_stops_every_rank_at_the_same_step_on_a_sigterm_to_one(tmp_path):
+    launch(tmp_path, "trainloop")
+    zero, one = records(tmp_path, "trainloop")
+    assert zero["code"] == one["code"] == 143
+    assert zero["step"] == one["step"]
+    assert (tmp_path / "ckpt" / f"ckpt-{zero['step']}").is_dir()

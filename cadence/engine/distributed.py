@@ -224,6 +224,33 @@ def gather_objects(value: Any) -> list[Any]:
     return gathered
 
 
+def broadcast_module(module: nn.Module) -> None:
+    """Makes every rank's parameters and buffers rank 0's (replicas start equal, as DDP's do)."""
+    if not is_distributed():
+        return
+    with collective_errors("broadcasting the model"), torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor, src=0)
+
+
+def average_gradients(parameters: Any) -> None:
+    """Averages the gradients of `parameters` over the ranks, in one all-reduce of their
+    concatenation (for a step that is not a DDP module's: tensorpack's SimpleTrainer)."""
+    if not is_distributed():
+        return
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    with collective_errors("averaging gradients"):
+        dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
+
+
 def resolve_strategy(strategy: str, model: nn.Module) -> str:
     """The strategy `auto` stands for here: DDP with several ranks and trainable parameters.
 

@@ -52,6 +52,7 @@ from cadence.core.rank import is_chief
 from cadence.core.run_dir import RunDirectory
 from cadence.core.summary import import_writer
 from cadence.engine.checkpoint import CheckpointManager
+from cadence.engine.distributed import average_gradients, broadcast_module, is_distributed
 from cadence.engine.metrics import Mean
 from cadence.engine.runner import Output
 from cadence.engine.standard_runner import StandardTrainer
@@ -358,7 +359,9 @@ class SingleCostTrainer(Trainer):
 
     Each step takes the next batch from the input (starting a new pass when one ends: the input
     repeats), computes ``cost = get_cost_fn(*batch)``, and updates with the optimizer. The mean
-    cost of each epoch is reported as ``cost``.
+    cost of each epoch is reported as ``cost``. Under torchrun it is data-parallel (tensorpack's
+    ``SyncMultiGPUTrainer``): the model starts as rank 0's on every rank and gradients are
+    averaged over the ranks before each update; give each rank its own share of the input.
     """
 
     _TRACKING_IGNORED = frozenset({"_cost_fn"})
@@ -398,6 +401,8 @@ class SingleCostTrainer(Trainer):
         self.optimizer = get_opt_fn(model.parameters()) if takes_params and model is not None \
             else get_opt_fn()
         self.train_dataset = inputs
+        if model is not None:  # under torchrun: data-parallel, replicas start equal
+            broadcast_module(model)
 
     def next_inputs(self) -> tuple[Any, ...]:
         """The next batch, as a tuple; a new pass starts when the input runs out.
@@ -423,6 +428,8 @@ class SingleCostTrainer(Trainer):
                              f"{getattr(cost, 'shape', type(cost).__name__)}.")
         self.optimizer.zero_grad(set_to_none=True)
         cost.backward()
+        if is_distributed():  # every rank's gradient counts: replicas stay equal
+            average_gradients(p for group in self.optimizer.param_groups for p in group["params"])
         self.optimizer.step()
         self.cost.update(cost.detach())
 

@@ -49,6 +49,7 @@ from cadence.core.rank import is_chief
 from cadence.core.summary import SummaryManager, import_writer
 from cadence.data.iterator import DataIterator
 from cadence.engine.checkpoint import CheckpointManager
+from cadence.engine.distributed import StopAgreement, any_rank, is_distributed
 from cadence.tfsnippet.events import EventKeys, EventSource
 from cadence.tfsnippet.formatting import (
     DefaultMetricFormatter,
@@ -289,6 +290,8 @@ class TrainLoop(LoopReporting):
         try:
             self._events.reverse_fire(EventKeys.EXIT_LOOP, self)
             self._callbacks.fire_teardown("on_train_end", self._state)
+            if exc_type is None:  # a signal to any rank preempts all: every rank saves
+                self._preemption.agree(any_rank)
             if (self._preemption.received is not None and exc_type is None
                     and self._manager is not None):
                 saved = self.make_checkpoint()
@@ -305,6 +308,10 @@ class TrainLoop(LoopReporting):
                     self._summary_writer.flush()
         if exc_type is None:
             self._preemption.finish(lambda: saved)
+
+    def _stop_agreed(self) -> None:
+        if not self._state.stop_requested:
+            self._state.request_stop("a stop was requested on another rank")
 
     # ------------------------------------------------------------------ state
 
@@ -362,6 +369,8 @@ class TrainLoop(LoopReporting):
                 self._events.reverse_fire(EventKeys.AFTER_EPOCH, self)
                 self._callbacks.fire("on_epoch_end", state)
                 progress.end_epoch()
+                if is_distributed() and any_rank(state.stop_requested):
+                    self._stop_agreed()  # an epoch-end callback's stop, on every rank
                 if "epoch_time" not in self._committed:
                     self._collect_time("epoch_time", self._clock() - self._epoch_start)
                 self._within_epoch = False
@@ -401,8 +410,10 @@ class TrainLoop(LoopReporting):
         data = self._data_iterator(data_generator) if data_generator is not None else None
         progress, state = self._progress, self._state
         step_hooks = self._callbacks if self._callbacks.has_step_hooks else None
+        # Several ranks stop together: a local request counts once the ranks agreed on it.
+        agreement = StopAgreement() if is_distributed() else None
         try:
-            while not state.stop_requested:
+            while not (state.stop_requested and agreement is None):
                 if self.max_step is not None and progress.global_step >= self.max_step:
                     break
                 batch = None
@@ -434,6 +445,13 @@ class TrainLoop(LoopReporting):
                 if data is not None and data.batches == data.pass_length:
                     data.end_pass()  # the last batch of a sized source: the pass ends now
                     break
+                if agreement is not None and agreement.step(state.stop_requested):
+                    self._stop_agreed()
+                    break
+            if agreement is not None:
+                agreement.reset()
+                if any_rank(state.stop_requested):
+                    self._stop_agreed()
         finally:
             self._within_step = False
             self._step_data = None
