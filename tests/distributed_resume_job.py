@@ -147,6 +147,31 @@ def main() -> None:
         except cadence.Preempted as stopped:
             code, step = stopped.code, loop.step
         record(directory, "trainloop", code=code, step=step)
+    elif mode in ("fsdp2", "fsdp2restore"):  # sharded training and DCP checkpoints
+        from cadence.engine.sharded import full_model_state
+        from cadence.task.registry import get_task
+        from cadence.task.train_lib import create_trainer
+
+        strategy = "fsdp2" if is_distributed() else "none"
+        config = cadence.load_config("digits", overrides=[
+            "trainer.train_steps=20", "trainer.steps_per_loop=10",
+            "trainer.checkpoint_interval=10", "trainer.validation_interval=10",
+            "task.model.hidden_sizes=[32]", f"runtime.strategy={strategy}",
+            "trainer.optimizer_config.learning_rate.warmup_steps=0"])
+        world = dist.get_world_size() if is_distributed() else 1
+        if mode == "fsdp2":
+            model, logs = cadence.run_experiment(config, "train_and_eval", directory / "run")
+            name, extra = "full.pt", {"accuracy": logs["accuracy"]}
+        else:
+            trainer = create_trainer(config, get_task(config.task), train=True, evaluate=False)
+            manager = cadence.CheckpointManager(trainer, directory / "run" / "checkpoints")
+            manager.restore_or_initialize()
+            model, name = trainer.model, f"restored-{world}.pt"
+            extra = {"step": trainer.global_step}
+        state = full_model_state(model)  # a collective: every rank gathers
+        if rank == 0:
+            torch.save(state, directory / name)
+        record(directory, mode, **extra)
     elif mode == "rundir":
         config = cadence.load_config("digits", overrides=["trainer.train_steps=4",
                                                           "trainer.steps_per_loop=2"])

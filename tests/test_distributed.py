@@ -199,3 +199,21 @@ def test_a_train_loop_stops_every_rank_at_the_same_step_on_a_sigterm_to_one(tmp_
     assert zero["code"] == one["code"] == 143
     assert zero["step"] == one["step"]
     assert (tmp_path / "ckpt" / f"ckpt-{zero['step']}").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp2_trains_checkpoints_with_dcp_and_resumes_on_one_or_two_processes(tmp_path):
+    launch(tmp_path, "fsdp2")
+    assert records(tmp_path, "fsdp2")[0]["accuracy"] > 0.2  # trained (chance: 0.1), evaluated
+    checkpoint = tmp_path / "run" / "checkpoints" / "ckpt-20"
+    shards = {p.name for p in (checkpoint / "sharded").iterdir()}
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= shards  # each rank its shards
+    full = torch.load(tmp_path / "full.pt", weights_only=True)
+    for nproc in (1, 2):
+        launch(tmp_path, "fsdp2restore", nproc=nproc)
+        assert records(tmp_path, "fsdp2restore", nproc)[0]["step"] == 20
+        restored = torch.load(tmp_path / f"restored-{nproc}.pt", weights_only=True)
+        assert set(restored) == set(full)
+        for key, value in full.items():  # the same weights, resharded to 1 or 2 processes
+            assert torch.equal(restored[key], value), (nproc, key)

@@ -264,6 +264,7 @@ class DataIterator:
         state: dict[str, Any] = {"kind": self.kind, "epoch": self.epoch, "batches": self.batches}
         if self.kind == "loader":
             assert self._recorder is not None
+            state["batch_size"] = int(self.source.batch_size or 1)
             state["order"] = self._recorder.order_tensor() if self.batches else None
             state["generators"] = {
                 name: gen.get_state()
@@ -321,10 +322,11 @@ class DataIterator:
         if self.kind != "loader" or first["kind"] != "loader":
             raise refuse(f"a {self.kind!r} data source cannot be resharded")
         assert self._recorder is not None
+        saved_batch = int(first.get("batch_size") or self.source.batch_size or 1)
         batch_size = int(self.source.batch_size or 1)
         orders = [state["order"].tolist() if state.get("order") is not None
                   else list(range(len(self._recorder))) for state in states]
-        rest = rest_of_pass(orders, batches * batch_size)
+        rest = rest_of_pass(orders, batches * saved_batch)
         counts = batches_per_rank(len(rest), world_size, batch_size)
         if len(set(counts)) > 1 or not counts[0]:
             raise refuse(f"the {len(rest)} examples left do not split into equal numbers of "

@@ -32,13 +32,14 @@ from cadence.core.checkpoint_dir import (
     CheckpointInfo,
     read_manifest,
 )
-from cadence.core.errors import CheckpointError
+from cadence.core.errors import CheckpointError, CheckpointMismatchError
 from cadence.core.intervals import check_interval
 from cadence.core.protocols import Stateful, is_stateful
 from cadence.engine.distributed import any_rank
 from cadence.engine.module import Module, load_stateful
 from cadence.engine.rank_state import rank_file, rank_payload, restore_rank_state
 from cadence.engine.rng import capture_rng_state
+from cadence.engine.sharded import dcp_parts, load_sharded, save_sharded, sharded_names, uses_dcp
 
 logger = logging.getLogger("cadence")
 
@@ -265,13 +266,16 @@ class CheckpointManager:
                 return str(final)
             except CheckpointError:
                 pass  # an unreadable leftover of another run: written anew below
+        items = self._items()
+        sharded = dcp_parts(items) if uses_dcp(items) else {}  # FSDP2: every rank its shards
         payload = {
             "step": step,
-            "state": self._state.state_dict(),
+            "state": ({name: obj.state_dict() for name, obj in items.items() if name not in sharded}
+                      if sharded else self._state.state_dict()),
             "tracked": {name: obj.state_dict() for name, obj in self._tracked.items()},
         }
-        rng = rank_payload(self._items(), capture_rng_state())
-        if world == 1 and self.async_save:
+        rng = rank_payload(items, capture_rng_state())
+        if world == 1 and self.async_save and not sharded:
             payload = self._snapshot.take(payload)  # the only part the training loop waits for
             rng = self._snapshot.take(rng, "rank")
             self._pending = threading.Thread(target=self._write_in_background,
@@ -280,7 +284,7 @@ class CheckpointManager:
             self._pending.start()
             return str(final)
         if world == 1:
-            self._write(payload, rng, step)
+            self._write(payload, rng, step, sharded)
         else:
             staging = self._directory.temp_path(step, unique=False)
             if rank == 0:
@@ -294,6 +298,8 @@ class CheckpointManager:
                     "mounts (NFS, Lustre, a shared volume)."
                 )
             torch.save(rng, rank_file(staging, rank))
+            if sharded:
+                save_sharded(sharded, staging)
             if rank == 0:
                 self.io.save(payload, staging)
             dist.barrier()
@@ -304,11 +310,14 @@ class CheckpointManager:
                 self._prune()
         return str(final)
 
-    def _write(self, payload: dict[str, Any], rng: dict[str, Any], step: int) -> None:
+    def _write(self, payload: dict[str, Any], rng: dict[str, Any], step: int,
+               sharded: dict[str, Any] | None = None) -> None:
         """Writes and commits the checkpoint of a single process, then applies retention."""
         with self._directory.staging(step) as staging:
             self.io.save(payload, staging)
             torch.save(rng, rank_file(staging, 0))
+            if sharded:
+                save_sharded(sharded, staging)
         self._prune()
 
     def _prune(self) -> None:
@@ -362,11 +371,20 @@ class CheckpointManager:
                 raise CheckpointError(f"{str(path)!r} has no {key!r} section: not a cadence "
                                       "checkpoint, or written by an incompatible version.")
         state = payload["state"]
+        items = self._items()
         if not self.strict:
-            wanted = (self._state.checkpoint_items() if isinstance(self._state, Module)
-                      else self._state.objects)  # type: ignore[attr-defined]
-            state = {path: value for path, value in state.items() if path in wanted}
-        self._state.load_state_dict(state)
+            state = {name: value for name, value in state.items() if name in items}
+        in_shards = sharded_names(path) & set(items)  # written through DCP: loaded resharded
+        load_stateful({n: o for n, o in items.items() if n not in in_shards}, state,
+                      type(self._state).__name__ if isinstance(self._state, Module) else "state")
+        if in_shards:
+            parts = dcp_parts({n: o for n, o in items.items() if n in in_shards})
+            missing = sorted(in_shards - set(parts))
+            if missing:
+                raise CheckpointMismatchError(
+                    f"{str(path)!r} holds sharded state for {missing}, which is not a model or "
+                    "an optimizer here.")
+            load_sharded(parts, path)
         for name, obj in self._tracked.items():
             if name in payload["tracked"]:
                 obj.load_state_dict(payload["tracked"][name])

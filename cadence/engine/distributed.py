@@ -266,11 +266,13 @@ def resolve_strategy(strategy: str, model: nn.Module) -> str:
     return strategy
 
 
-def prepare_model(model: nn.Module, strategy: str, device: torch.device) -> nn.Module:
+def prepare_model(model: nn.Module, strategy: str, device: torch.device,
+                  optimizers: Any = ()) -> nn.Module:
     """The module to train: `model` itself (``none``), a DDP wrapper around it (``ddp``:
     gradients are averaged during backward; checkpoints hold the plain model), or `model`
     sharded in place (``fsdp2``: ``fully_shard`` on each child that has parameters, then on the
-    root; its parameters become DTensors, which checkpoints save and load sharded).
+    root; its parameters become DTensors, which checkpoints save and load sharded). Sharding
+    replaces the parameters: the `optimizers` built over the old ones are pointed at the new.
 
     Raises:
         ValueError: for an unknown strategy, or DDP/FSDP2 without a process group.
@@ -286,10 +288,15 @@ def prepare_model(model: nn.Module, strategy: str, device: torch.device) -> nn.M
             model, device_ids=[device.index] if device.type == "cuda" else None)
     from torch.distributed.fsdp import fully_shard
 
+    names = {id(param): name for name, param in model.named_parameters()}
     for child in model.children():
         if any(True for _ in child.parameters()):
             fully_shard(child)
     fully_shard(model)
+    sharded = dict(model.named_parameters())
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["params"] = [sharded.get(names.get(id(p), ""), p) for p in group["params"]]
     return model
 
 

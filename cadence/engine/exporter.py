@@ -30,6 +30,7 @@ from cadence.core.checkpoint_dir import CheckpointDirectory, read_manifest, writ
 from cadence.core.errors import CheckpointError, CheckpointMismatchError
 from cadence.core.logs import flatten, is_scalar
 from cadence.core.rank import process_rank
+from cadence.engine.sharded import read_sharded, sharded_names
 
 logger = logging.getLogger("cadence")
 
@@ -249,6 +250,8 @@ def read_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
 
     state = TorchSaveIO().load(location).get("state", {})
     model = state.get("model") if isinstance(state, dict) else None
+    if model is None and "model" in sharded_names(location):  # written sharded (FSDP2)
+        model = read_sharded(location, "model")
     if not isinstance(model, dict):
         raise CheckpointError(
             f"Checkpoint {str(location)!r} has no 'model' entry (it has "

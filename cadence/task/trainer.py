@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import copy
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -42,9 +43,11 @@ from cadence.engine.distributed import (
     is_distributed,
     local_device,
     prepare_model,
+    resolve_strategy,
 )
 from cadence.engine.metrics import Mean
 from cadence.engine.runner import Output
+from cadence.engine.sharded import full_model_state
 from cadence.engine.standard_runner import (
     StandardEvaluator,
     StandardEvaluatorOptions,
@@ -116,7 +119,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
 
     _TRACKING_IGNORED = frozenset(
         {"_config", "_checkpoint_exporter", "_coordinator", "_device", "_autocast_dtype",
-         "_eval_model", "_train_model", "_task_train_step", "_task_validation_step"}
+         "_eval_model", "_train_model", "_task_train_step", "_task_validation_step",
+         "_full_copy"}
     )
 
     def __init__(
@@ -148,9 +152,18 @@ class Trainer(StandardTrainer, StandardEvaluator):
         self._checkpoint_exporter = checkpoint_exporter
         self.task = task
         self.model = model.to(self._device)
+        sharded = resolve_strategy(runtime.strategy, self.model) == "fsdp2"
+        if sharded and trainer_config.ema.enabled:
+            raise ValueError("trainer.ema.enabled with runtime.strategy=fsdp2 is not supported: "
+                             "the average would be sharded too. Use runtime.strategy=ddp, or "
+                             "turn the EMA off.")
+        # FSDP2 evaluates (and exports) a full copy of the weights, gathered at each evaluation.
+        self._full_copy = copy.deepcopy(self.model) if sharded and evaluate else None
         # DDP wraps the model (checkpoints and exports hold the plain one); FSDP2 shards it in
         # place. Either way gradients are averaged across processes during backward.
-        self._train_model: nn.Module = prepare_model(self.model, runtime.strategy, self._device)
+        self._train_model: nn.Module = prepare_model(
+            self.model, runtime.strategy, self._device,
+            optimizers=[optimizer] if optimizer is not None else [])
         self.optimizer = optimizer
         schedule = trainer_config.optimizer_config.learning_rate
         self.lr_scheduler = (  # none for a constant rate: no work per step that changes nothing
@@ -237,8 +250,11 @@ class Trainer(StandardTrainer, StandardEvaluator):
 
     @property
     def eval_model(self) -> nn.Module:
-        """The weights evaluations and exports use: the EMA average when enabled."""
-        return self.ema.average if self.ema is not None else self.model
+        """The weights evaluations and exports use: the EMA average when enabled; with FSDP2, a
+        full copy of the weights (gathered from every rank when an evaluation begins)."""
+        if self.ema is not None:
+            return self.ema.average
+        return self._full_copy if self._full_copy is not None else self.model
 
     # ------------------------------------------------------------------ seed 002 utilities
 
@@ -420,6 +436,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
         for metric in (self.validation_loss, *self.validation_metrics.values()):
             metric.reset()
         self._validation_loss_seen = False
+        if self._full_copy is not None:  # a collective: every rank gathers the shards
+            self._full_copy.load_state_dict(full_model_state(self.model))
         self._eval_model = self.eval_model
         self._eval_model.eval()
         return None

@@ -1,0 +1,142 @@
+"""Sharded state: models and optimizers whose tensors are split over the ranks (FSDP2), saved
+and loaded through ``torch.distributed.checkpoint`` (DCP).
+
+When a checkpointed model's parameters are DTensors, every rank writes its own shards of the
+models and optimizers into the checkpoint's ``sharded/`` folder, and nothing is gathered on one
+rank. DCP reshards on load: a checkpoint written by 2 processes loads into 2 processes, into 1
+(a plain model: the full tensors), or into 4. The other parts of the state (counters, data
+positions, schedules, callbacks) are saved as usual. Model state is keyed by parameter name and
+optimizer state by the name of its parameter (``torch.distributed.checkpoint.state_dict``), so
+that both load into a model sharded differently, or not at all.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+SHARDED_DIR = "sharded"
+"""The folder of a checkpoint that DCP writes into."""
+
+
+def is_sharded_module(module: Any) -> bool:
+    """Whether `module`'s parameters are DTensors (sharded with FSDP2)."""
+    if not isinstance(module, nn.Module):
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+class _ModelPart:
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.module)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(self.module, state)
+
+
+class _OptimizerPart:
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.module, self.optimizer = module, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.module, self.optimizer)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.module, self.optimizer, state)
+
+
+def dcp_parts(items: dict[str, Any]) -> dict[str, Any]:
+    """The parts of `items` that go through DCP -- every ``nn.Module``, and every optimizer
+    paired with the module that owns its parameters -- as DCP-friendly views of them."""
+    modules = {name: obj for name, obj in items.items() if isinstance(obj, nn.Module)}
+    parts: dict[str, Any] = {name: _ModelPart(module) for name, module in modules.items()}
+    for name, obj in items.items():
+        if isinstance(obj, torch.optim.Optimizer):
+            params = {id(p) for group in obj.param_groups for p in group["params"]}
+            owner = next((m for m in modules.values()
+                          if params & {id(p) for p in m.parameters()}), None)
+            if owner is not None:
+                parts[name] = _OptimizerPart(owner, obj)
+    return parts
+
+
+def uses_dcp(items: dict[str, Any]) -> bool:
+    """Whether a checkpoint of `items` is sharded: some model's parameters are DTensors."""
+    return any(is_sharded_module(obj) for obj in items.values())
+
+
+def save_sharded(parts: dict[str, Any], directory: Path) -> None:
+    """Every rank writes its shards of `parts` into ``directory/sharded`` (a collective)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({name: part.state_dict() for name, part in parts.items()},
+             checkpoint_id=str(directory / SHARDED_DIR))
+
+
+def load_sharded(parts: dict[str, Any], directory: Path) -> None:
+    """Loads ``directory/sharded`` into `parts`, resharded to this job (a collective under
+    torchrun; a single process reads the full tensors)."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {name: part.state_dict() for name, part in parts.items()}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        dcp.load(state, checkpoint_id=str(directory / SHARDED_DIR))
+    for name, part in parts.items():
+        part.load_state_dict(state[name])
+
+
+def sharded_names(directory: Path) -> set[str]:
+    """The top-level names saved in a checkpoint's ``sharded/`` folder (none without one)."""
+    folder = directory / SHARDED_DIR
+    if not folder.is_dir():
+        return set()
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata = FileSystemReader(str(folder)).read_metadata()
+    return {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
+
+
+def full_model_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """`module`'s whole state on every rank, gathered when it is sharded (a collective: every
+    rank must call it); its own state dict otherwise."""
+    if not is_sharded_module(module):
+        return module.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
+    return {name: value for name, value in state.items() if isinstance(value, torch.Tensor)}
+
+
+def read_sharded(directory: Path, name: str) -> dict[str, torch.Tensor]:
+    """The full tensors of part `name` of a checkpoint's ``sharded/`` folder, read in this
+    process (to load the weights of a sharded run into a plain model)."""
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as scratch:
+        target = Path(scratch) / "full.pt"
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+            dcp_to_torch_save(str(directory / SHARDED_DIR), str(target))
+        state = torch.load(target, map_location="cpu", weights_only=True)
+    part = state.get(name, {})
+    return {key: value for key, value in part.items() if isinstance(value, torch.Tensor)}
