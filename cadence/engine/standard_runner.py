@@ -374,7 +374,8 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
                 state.request_stop(str(stop) or "StopTraining")
                 break
             empty_pass = False
-            progress.count_step()
+            progress.global_step += 1  # Progress.count_step, inlined: this is the hot loop
+            progress.epoch_step += 1
             done += 1
             # Counted before the step hooks run, so that a checkpoint taken there is exact.
             pass_done = data.batches == pass_length  # the last batch of a sized source
