@@ -6,6 +6,7 @@
     repeat num_steps times:                 # ends early if a stop is requested
         [on_epoch_begin]                    # at the first step of an epoch
         on_step_begin                       # hooks only if some callback overrides them
+        [stop requested: the step does not start]
         train_step(iterator)                # the iterator persists across calls
         global_step += 1
         on_step_end
@@ -328,6 +329,8 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
             if hooks is not None:
                 state.global_step = progress.global_step
                 hooks.fire("on_step_begin", state)
+            if state.stop_requested:  # asked before the step started: it does not start
+                break
             try:
                 step_fn(data)
             except StopIteration:
