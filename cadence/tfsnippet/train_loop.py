@@ -199,6 +199,11 @@ class TrainLoop(LoopReporting):
         return self._var_groups
 
     @property
+    def progress(self) -> Progress:
+        """The step and epoch counters (what callbacks see in `RunState`)."""
+        return self._progress
+
+    @property
     def events(self) -> EventSource:
         """The `EventSource` that fires `EventKeys`."""
         return self._events
