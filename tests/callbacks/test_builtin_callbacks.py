@@ -125,6 +125,25 @@ def test_periodic_callback_and_enable_if_gate_a_callback():
     assert late.seen == [4, 5]
 
 
+def test_tensorpack_enable_callback_if_decides_once_per_step():
+    """The predicate is evaluated when the step begins, and the step's end follows that
+    decision (tensorpack evaluates it in ``before_run`` only): a callback never gets the begin
+    of one step and the end of another."""
+    calls = []
+
+    class Steps(cadence.Callback):
+        def on_step_begin(self, state):
+            calls.append(("begin", state.global_step))
+
+        def on_step_end(self, state):
+            calls.append(("end", state.global_step))
+
+    trainer, _ = make_trainer()
+    even = EnableCallbackIf(Steps(), lambda state: state.global_step % 2 == 0)
+    trainer.train(callbacks=[even], steps_per_epoch=4, max_epoch=1)
+    assert calls == [("begin", 0), ("end", 1), ("begin", 2), ("end", 3)]  # steps 1 and 3
+
+
 def test_wrappers_validate_their_schedules():
     with pytest.raises(ValueError, match="needs a schedule"):
         PeriodicTrigger(Trigger())
