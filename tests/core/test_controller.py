@@ -195,6 +195,29 @@ def test_evaluate_continuously_evaluates_every_checkpoint_not_only_the_newest():
     assert controller.evaluator.evaluated_at == [10, 20, 30]
 
 
+def test_orbit_evaluate_continuously_calls_timeout_fn_and_ends_when_it_returns_true():
+    """Orbit's `timeout_fn`: called each time `timeout` seconds pass without a new checkpoint;
+    False keeps waiting, True ends the evaluation loop."""
+    controller, trainer, manager = make(10, 10, evaluator=True)
+    controller.train(20)
+    calls = []
+
+    def timeout_fn():
+        calls.append(sorted(manager.saved))
+        if len(calls) == 1:  # the trainer writes one more checkpoint while we wait
+            trainer.global_step = 30
+            manager.save(30)
+            return False
+        return True
+
+    logs = controller.evaluate_continuously(timeout=0, timeout_fn=timeout_fn, poll_interval=0)
+    assert controller.evaluator.evaluated_at == [10, 20, 30]
+    assert calls == [[10, 20], [10, 20, 30]]
+    assert logs == {"accuracy": 0.5}
+    with pytest.raises(TypeError, match="timeout_fn"):
+        controller.evaluate_continuously(timeout=0, timeout_fn=True)
+
+
 def test_a_wrong_step_count_is_reported(caplog):
     class CountsUpdates(CountingTrainer):  # a GAN that wrongly counts two updates per step
         def train(self, num_steps):
