@@ -34,6 +34,7 @@ _EXPORTS = {
     "DataConfig": "cadence.task.config",
     "DataFlow": "cadence.data.dataflow",
     "DataIterator": "cadence.data.iterator",
+    "DivergenceError": "cadence.core.errors",
     "EventKeys": "cadence.tfsnippet.events",
     "EventSource": "cadence.tfsnippet.events",
     "EMAConfig": "cadence.task.config",
@@ -45,6 +46,7 @@ _EXPORTS = {
     "Mean": "cadence.engine.metrics",
     "Metric": "cadence.engine.metrics",
     "Module": "cadence.engine.module",
+    "NotRegisteredError": "cadence.core.errors",
     "OptimizationConfig": "cadence.task.config",
     "OptimizerConfig": "cadence.task.config",
     "Output": "cadence.engine.runner",
@@ -92,6 +94,7 @@ __all__ = [
     "DataConfig",
     "DataFlow",
     "DataIterator",
+    "DivergenceError",
     "EMAConfig",
     "EventKeys",
     "EventSource",
@@ -104,6 +107,7 @@ __all__ = [
     "Metric",
     "ModelDesc",
     "Module",
+    "NotRegisteredError",
     "OptimizationConfig",
     "OptimizerConfig",
     "Output",
@@ -152,7 +156,14 @@ if TYPE_CHECKING:
     from cadence.core import summary as summary
     from cadence.core.callbacks import Callback, RunState
     from cadence.core.controller import Action, Controller
-    from cadence.core.errors import CheckpointError, CheckpointMismatchError, ConfigError, Preempted
+    from cadence.core.errors import (
+        CheckpointError,
+        CheckpointMismatchError,
+        ConfigError,
+        DivergenceError,
+        NotRegisteredError,
+        Preempted,
+    )
     from cadence.core.summary import SummaryManager
     from cadence.data.dataflow import DataFlow
     from cadence.data.iterator import DataIterator

@@ -173,7 +173,8 @@ def run_experiment(
         ValueError: for an unknown mode, or ``trainer.train_steps`` = 0 in a training mode.
         ConfigError: if `model_dir` holds a run with another config.
         Preempted: after SIGTERM or Ctrl-C, once a checkpoint is saved.
-        FloatingPointError: when the loss diverges and the recovery policy says to stop.
+        DivergenceError: (a `FloatingPointError` and a `RuntimeError`) when the loss diverges
+            and the recovery policy says to stop.
     """
     check_mode(mode)
     config.validate()

@@ -145,6 +145,15 @@ def test_a_nan_loss_stops_training_before_the_bad_weights_are_saved(tmp_path):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ckpt-20"]
 
 
+def test_tfm_divergence_raises_a_runtime_error(tmp_path):
+    """TF Model Garden raises RuntimeError when the loss diverges; cadence's error is that and a
+    FloatingPointError, with cadence's message."""
+    with pytest.raises(RuntimeError, match=r"diverged at step 30: training_loss is nan") as error:
+        run_experiment(exploding(), "train", tmp_path)
+    assert isinstance(error.value, FloatingPointError)
+    assert isinstance(error.value, cadence.DivergenceError)
+
+
 def test_recovery_restores_the_last_checkpoint_and_skips_the_bad_batches(tmp_path, caplog):
     model, _ = run_experiment(exploding("trainer.recovery_max_trials=2"), "train", tmp_path)
     assert "restored" in caplog.text and "skipping the batches" in caplog.text
