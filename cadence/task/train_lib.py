@@ -157,7 +157,8 @@ def run_experiment(
     """Runs `mode` of the experiment `config` in `model_dir` (see the module docstring).
 
     Args:
-        config: the final config (see `cadence.load_config`).
+        config: the final config (see `cadence.load_config`); it is locked (see
+            `cadence.task.config.Config.lock`) -- use ``config.replace()`` for a changed copy.
         mode: one of `MODES`.
         model_dir: the run's directory; training in it again resumes.
         callbacks: more callbacks for the Controller (after the built-in ones).
@@ -178,6 +179,7 @@ def run_experiment(
     """
     check_mode(mode)
     config.validate()
+    config.lock()  # as TF Model Garden: nothing changes the config of a running experiment
     run = run_directory(config, model_dir)
     trains = mode.startswith("train")
     evaluates = mode != "train"

@@ -92,6 +92,21 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path):
                                    rtol=0, atol=0)
 
 
+def test_tfm_run_experiment_locks_the_config_it_runs(tmp_path):
+    refused = []
+
+    class ChangeTheConfig(cadence.Callback):
+        def on_train_begin(self, state):
+            try:
+                state.trainer.config.trainer.train_steps = 1000
+            except cadence.ConfigError as error:
+                refused.append(str(error))
+
+    config = digits("trainer.train_steps=20")
+    run_experiment(config, "train", tmp_path, callbacks=[ChangeTheConfig()])
+    assert config.locked and len(refused) == 1 and "locked" in refused[0]
+
+
 def test_a_different_config_in_the_same_directory_is_refused_before_anything_is_written(
         tmp_path):
     run_experiment(digits(), "train", tmp_path)
