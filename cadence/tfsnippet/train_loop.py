@@ -174,6 +174,7 @@ class TrainLoop(LoopReporting):
         self._progress = Progress()
         self._entered = self._exited = False
         self._within_epoch = self._within_step = False
+        self._epoch_closed = self._step_closed = False  # by print_logs (see get_progress)
         self._step_data: Any = None
         self._committed: set[str] = set()
         self._epoch_start = self._step_start = 0.0
@@ -354,7 +355,7 @@ class TrainLoop(LoopReporting):
                     if self.max_step is not None and progress.global_step >= self.max_step:
                         break
                 progress.begin_epoch()
-                self._within_epoch = True
+                self._within_epoch, self._epoch_closed = True, False
                 self._epoch_start = self._clock()
                 self._committed.discard("epoch_time")
                 self._sync_state()
@@ -423,7 +424,7 @@ class TrainLoop(LoopReporting):
                 # made in it holds it.
                 progress.count_step()
                 self._steps_in_epochs += 1
-                self._within_step = True
+                self._within_step, self._step_closed = True, False
                 self._step_data = batch
                 self._committed.discard("step_time")
                 self._step_start = self._clock()

@@ -272,6 +272,64 @@ def test_progress_and_eta_follow_the_limits():
         assert loop.get_progress() is None and loop.get_eta() is None
 
 
+class ManualClock:
+    """A clock that moves only when told."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_tfsnippet_progress_and_eta_are_right_inside_every_epoch_with_only_max_epoch():
+    """tfsnippet's README configuration (only `max_epoch`): three epochs of two 1-second steps.
+    Progress counts finished steps against max_epoch x the steps of a finished epoch."""
+    clock, lines, progress = ManualClock(), [], []
+    with TrainLoop(nn.Linear(2, 1), max_epoch=3, print_func=lines.append, clock=clock) as loop:
+        for _ in loop.iter_epochs():
+            for _ in loop.iter_steps([1, 2]):
+                progress.append(loop.get_progress())
+                clock.now += 1.0
+            progress.append(loop.get_progress())
+            loop.print_logs()
+    # In epoch 1 nothing says how long an epoch is: progress is 0 until it ends.
+    assert progress == pytest.approx([0, 0, 0, 2 / 6, 3 / 6, 4 / 6, 4 / 6, 5 / 6, 1.0])
+    assert [line.split("]")[0] for line in lines] == [
+        "[Epoch 1/3, Step 2, ETA 4s", "[Epoch 2/3, Step 4, ETA 2s", "[Epoch 3/3, Step 6, ETA 0s"]
+
+
+def test_tfsnippet_print_logs_eta_counts_the_step_it_just_closed():
+    clock, lines = ManualClock(), []
+    with TrainLoop(nn.Linear(2, 1), max_step=4, max_epoch=1, print_func=lines.append,
+                   clock=clock) as loop:
+        for _ in loop.iter_epochs():
+            for _ in loop.iter_steps([1, 2, 3, 4]):
+                clock.now += 1.0
+                loop.print_logs()
+    assert [line.split("]")[0] for line in lines] == [
+        "[Step 1/4, ETA 3s", "[Step 2/4, ETA 2s", "[Step 3/4, ETA 1s", "[Step 4/4, ETA 0s"]
+
+
+def test_tfsnippet_misuse_of_timeit_metric_collector_and_println_with_tag_is_an_error():
+    """tfsnippet requires an open epoch or step for `timeit` and `metric_collector`, and for
+    `println(with_tag=True)` (its tag names them)."""
+    with make_loop(max_epoch=1) as loop:
+        with pytest.raises(RuntimeError, match="inside an epoch or a step"):
+            with loop.timeit("valid_time"):
+                pass
+        with pytest.raises(RuntimeError, match="inside an epoch or a step"):
+            with loop.metric_collector("valid_loss"):
+                pass
+        with pytest.raises(RuntimeError, match="inside an epoch or a step"):
+            loop.println("hello", with_tag=True)
+        loop.println("hello")  # without the tag: anywhere
+        for _ in loop.iter_epochs():
+            with loop.timeit("valid_time"), loop.metric_collector("valid_loss") as collector:
+                collector.collect(1.0)
+            loop.println("hello", with_tag=True)
+
+
 # ---------------------------------------------------------------------------- exact resume
 
 
