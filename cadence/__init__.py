@@ -17,6 +17,7 @@ _EXPORTS = {
     "TrainConfig": "cadence.tensorpack",
     "StopTraining": "cadence.core.errors",
     "SingleCostTrainer": "cadence.tensorpack",
+    "SlidingWindow": "cadence.data.flows",
     "SimpleTrainer": "cadence.tensorpack",
     "ModelDesc": "cadence.tensorpack",
     "AbstractEvaluator": "cadence.engine.runner",
@@ -117,6 +118,7 @@ __all__ = [
     "RuntimeConfig",
     "SimpleTrainer",
     "SingleCostTrainer",
+    "SlidingWindow",
     "StandardEvaluator",
     "StandardEvaluatorOptions",
     "StandardTrainer",
@@ -166,6 +168,7 @@ if TYPE_CHECKING:
     )
     from cadence.core.summary import SummaryManager
     from cadence.data.dataflow import DataFlow
+    from cadence.data.flows import SlidingWindow
     from cadence.data.iterator import DataIterator
     from cadence.data.sharding import InputContext, build_dataloader
     from cadence.engine import debug as debug

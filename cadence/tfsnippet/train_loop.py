@@ -302,6 +302,7 @@ class TrainLoop(LoopReporting):
             self._signals.close()
             self._exited = True
             self._within_epoch = self._within_step = False
+            self._data = None  # ends the data's running pass: a DataFlow is not reentrant
             if self._early_stopping:
                 self._restore_best_params(exc_type)
             if self._summary_writer is not None:

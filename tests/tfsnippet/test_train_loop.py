@@ -330,6 +330,18 @@ def test_tfsnippet_misuse_of_timeit_metric_collector_and_println_with_tag_is_an_
             loop.println("hello", with_tag=True)
 
 
+def test_a_flow_left_mid_pass_by_a_finished_loop_can_be_used_again():
+    flow = DataFlow.arrays([np.arange(6)], 2)
+    with make_loop(max_step=1) as first:  # stops after one of three batches
+        for _ in first.iter_epochs():
+            for _ in first.iter_steps(flow):
+                pass
+    with make_loop(max_epoch=1) as second:  # `first` is still alive: its pass ended on exit
+        for _ in second.iter_epochs():
+            steps = [batch[0].tolist() for _, batch in second.iter_steps(flow)]
+    assert steps == [[0, 1], [2, 3], [4, 5]]
+
+
 # ---------------------------------------------------------------------------- exact resume
 
 
