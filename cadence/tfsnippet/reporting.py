@@ -25,8 +25,7 @@ from cadence.tfsnippet.events import EventKeys, EventSource
 from cadence.tfsnippet.formatting import (
     environment_lines,
     is_time_metric,
-    parameter_groups,
-    parameter_table,
+    parameter_summary,
 )
 from cadence.tfsnippet.metric_log import MetricLog
 from cadence.tfsnippet.params import TrainedParameters
@@ -280,9 +279,8 @@ class LoopReporting:
         self._callbacks.fire("on_loop_end", self._state, means)
 
     def print_training_summary(self) -> None:
-        """Prints the environment and a table of the trained parameters (name, shape, count),
-        split by `var_groups`."""
-        lines = environment_lines()
-        for title, members in parameter_groups(self._params.named(), self._var_groups):
-            lines += [*parameter_table(title, members), ""]
+        """Prints the environment and a table of the trained parameters (name, shape, count) in
+        the order of ``param_vars``, one per group of `var_groups` with its total, and -- with
+        groups -- the grand total (tfsnippet's ``summarize_variables``)."""
+        lines = environment_lines() + parameter_summary(self._params.named(), self._var_groups)
         self._print_func("\n".join(lines).rstrip())

@@ -258,6 +258,46 @@ def test_the_training_summary_lists_parameters_by_group():
     assert "weight  (3, 2)  6" in text
 
 
+def test_tfsnippet_print_training_summary_keeps_the_order_with_group_and_grand_totals():
+    """tfsnippet's ``summarize_variables``: parameters in their own order (not sorted), a
+    table per variable group with its total, and the grand total above the groups."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = nn.Linear(2, 3)  # weight (6) then bias (3): not alphabetical
+            self.decoder = nn.Linear(3, 1)
+            self.scale = nn.Parameter(torch.ones(2))
+
+    lines = []
+    with TrainLoop(Net(), var_groups=["model.encoder"], print_func=lines.append) as loop:
+        loop.print_training_summary()
+    tables = lines[0].split("Trainable Parameters (15 in total)\n", 1)[1]
+    assert tables.splitlines() == [
+        "==================================",
+        "",
+        "Trainable Parameters (model.encoder) (9 in total)",
+        "-------------------------------------------------",
+        "weight  (3, 2)  6",
+        "bias    (3,)    3",
+        "",
+        "Other Trainable Parameters (6 in total)",
+        "---------------------------------------",
+        "model.scale           (2,)    2",  # torch's order: a module's own parameters first
+        "model.decoder.weight  (1, 3)  3",
+        "model.decoder.bias    (1,)    1",
+    ]
+    lines.clear()
+    with TrainLoop([torch.zeros(3, requires_grad=True), nn.Linear(1, 1)],
+                   print_func=lines.append) as loop:  # a loose tensor, then a module
+        loop.print_training_summary()
+    assert lines[0].splitlines()[-5:] == ["Trainable Parameters (5 in total)",
+                                          "---------------------------------",
+                                          "0         (3,)    3",
+                                          "1.weight  (1, 1)  1",
+                                          "1.bias    (1,)    1"]
+
+
 def test_progress_and_eta_follow_the_limits():
     with TrainLoop(nn.Linear(1, 1), max_step=10, print_func=lambda line: None,
                    clock=FakeClock()) as loop:
