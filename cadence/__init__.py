@@ -17,6 +17,7 @@ _EXPORTS = {
     "TrainConfig": "cadence.tensorpack",
     "StopTraining": "cadence.core.errors",
     "SingleCostTrainer": "cadence.tensorpack",
+    "SlidingWindow": "cadence.data.flows",
     "SimpleTrainer": "cadence.tensorpack",
     "ModelDesc": "cadence.tensorpack",
     "AbstractEvaluator": "cadence.engine.runner",
@@ -34,6 +35,7 @@ _EXPORTS = {
     "DataConfig": "cadence.task.config",
     "DataFlow": "cadence.data.dataflow",
     "DataIterator": "cadence.data.iterator",
+    "DivergenceError": "cadence.core.errors",
     "EventKeys": "cadence.tfsnippet.events",
     "EventSource": "cadence.tfsnippet.events",
     "EMAConfig": "cadence.task.config",
@@ -45,6 +47,7 @@ _EXPORTS = {
     "Mean": "cadence.engine.metrics",
     "Metric": "cadence.engine.metrics",
     "Module": "cadence.engine.module",
+    "NotRegisteredError": "cadence.core.errors",
     "OptimizationConfig": "cadence.task.config",
     "OptimizerConfig": "cadence.task.config",
     "Output": "cadence.engine.runner",
@@ -92,6 +95,7 @@ __all__ = [
     "DataConfig",
     "DataFlow",
     "DataIterator",
+    "DivergenceError",
     "EMAConfig",
     "EventKeys",
     "EventSource",
@@ -104,6 +108,7 @@ __all__ = [
     "Metric",
     "ModelDesc",
     "Module",
+    "NotRegisteredError",
     "OptimizationConfig",
     "OptimizerConfig",
     "Output",
@@ -113,6 +118,7 @@ __all__ = [
     "RuntimeConfig",
     "SimpleTrainer",
     "SingleCostTrainer",
+    "SlidingWindow",
     "StandardEvaluator",
     "StandardEvaluatorOptions",
     "StandardTrainer",
@@ -152,9 +158,17 @@ if TYPE_CHECKING:
     from cadence.core import summary as summary
     from cadence.core.callbacks import Callback, RunState
     from cadence.core.controller import Action, Controller
-    from cadence.core.errors import CheckpointError, CheckpointMismatchError, ConfigError, Preempted
+    from cadence.core.errors import (
+        CheckpointError,
+        CheckpointMismatchError,
+        ConfigError,
+        DivergenceError,
+        NotRegisteredError,
+        Preempted,
+    )
     from cadence.core.summary import SummaryManager
     from cadence.data.dataflow import DataFlow
+    from cadence.data.flows import SlidingWindow
     from cadence.data.iterator import DataIterator
     from cadence.data.sharding import InputContext, build_dataloader
     from cadence.engine import debug as debug

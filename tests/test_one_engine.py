@@ -91,7 +91,7 @@ def test_a_schedule_by_epoch_acts_in_the_same_epoch_in_every_front_end(front_end
     _, epochs = front_end(lambda optimizer: [
         ScheduledHyperParamSetter("learning_rate", [(2, 0.01)], optimizer=optimizer),
         Epochs(optimizer)])
-    assert epochs.rates == [0.1, 0.01, 0.01]
+    assert epochs.rates == [0.1, 0.1, 0.01]  # (2, 0.01): after epoch 2 completes
 
 
 def test_model_saver_checkpoint_dir_is_where_a_run_saves_and_resumes(tmp_path):

@@ -1,12 +1,15 @@
 """Hyper-parameter schedules applied to an optimizer (tensorpack's ``HyperParamSetter``s).
 
-The value is a function of the absolute epoch (or step), computed again at the start of training,
-so a resumed run sets the same value as an uninterrupted one (tensorpack #473, #1081). Any key of
-the optimizer's parameter groups can be scheduled; ``learning_rate`` means ``lr``::
+The value is a function of the number of *finished* epochs (or of completed steps), as in
+tensorpack: a schedule point ``(e, value)`` takes effect after epoch ``e`` completes, i.e. from
+epoch ``e + 1`` on (``(0, value)``: before the first epoch). It is computed again at the start of
+training, so a resumed run sets the same value as an uninterrupted one (tensorpack #473, #1081).
+Any key of the optimizer's parameter groups can be scheduled; ``learning_rate`` means ``lr``::
 
     ScheduledHyperParamSetter("learning_rate", [(1, 0.1), (30, 0.01), (60, 0.001)])
     ScheduledHyperParamSetter("learning_rate", [(0, 0.0), (5, 0.1)], interp="linear")
-    HyperParamSetterWithFunc("momentum", lambda epoch, value: 0.9 if epoch > 2 else 0.5)
+    HyperParamSetterWithFunc("momentum", lambda finished, value: 0.9 if finished >= 2 else 0.5)
+    HyperParamSetterWithFunc("learning_rate", lambda finished, value: value * 0.9)
     HyperParamSetterWithFunc("learning_rate", cosine_schedule(0.1, 0.0, total=90))
 """
 
@@ -20,6 +23,7 @@ from typing import Any
 import torch
 
 from cadence.core.callbacks import Callback, RunState
+from cadence.core.progress import Progress
 
 
 def cosine_schedule(start: float, end: float, total: int) -> Callable[[int, Any], float]:
@@ -33,8 +37,17 @@ def cosine_schedule(start: float, end: float, total: int) -> Callable[[int, Any]
     return value
 
 
+def _epochs_finished(state: RunState) -> int:
+    """Epochs completed, also when training resumes inside an epoch (which is then running)."""
+    progress = getattr(state.trainer, "progress", None)
+    if isinstance(progress, Progress):
+        return progress.epochs_completed
+    return state.epoch
+
+
 class HyperParamSetter(Callback):
-    """Sets ``param`` of every parameter group of the optimizer before each epoch (or step).
+    """Sets ``param`` of every parameter group of the optimizer when training starts and before
+    each epoch (or step), to `value_at` the number of finished epochs (or completed steps).
 
     Args:
         param: ``learning_rate`` (= ``lr``) or another parameter-group key.
@@ -53,7 +66,8 @@ class HyperParamSetter(Callback):
                                        "on_step_begin" if step_based else "on_epoch_begin"})
 
     def value_at(self, t: int, current: Any) -> Any:
-        """The value at epoch (or step) `t`; None keeps the current one."""
+        """The value once `t` epochs are finished (or `t` steps completed); None keeps the
+        current one."""
         raise NotImplementedError
 
     def _optimizer(self, state: RunState) -> torch.optim.Optimizer:
@@ -79,20 +93,26 @@ class HyperParamSetter(Callback):
             state.metrics[self.param] = float(current)
 
     def on_train_begin(self, state: RunState) -> None:
-        # Resume-safe: the value of the epoch/step training continues from.
-        self._apply(state, state.global_step if self.step_based else state.epoch + 1)
+        # Resume-safe: the value for where training continues from.
+        self._apply(state, state.global_step if self.step_based else _epochs_finished(state))
 
     def on_epoch_begin(self, state: RunState) -> None:
-        self._apply(state, state.epoch)
+        self._apply(state, state.epoch - 1)  # the epochs before the one starting are finished
 
     def on_step_begin(self, state: RunState) -> None:
         self._apply(state, state.global_step)
 
 
 class ScheduledHyperParamSetter(HyperParamSetter):
-    """Sets the value from a schedule of ``(epoch or step, value)`` points: piecewise constant
-    (a value holds from its point until the next), or linearly interpolated with
-    ``interp="linear"``. Before the first point the value is left as it is."""
+    """Sets the value from a schedule of ``(epoch or step, value)`` points.
+
+    A point ``(e, value)`` takes effect after epoch ``e`` completes (tensorpack's rule): with
+    ``[(0, 0.1), (30, 0.01)]`` epochs 1-30 run with 0.1 and epoch 31 on with 0.01. Step-based,
+    ``(s, value)`` takes effect once `s` steps are completed. Piecewise constant (a value holds
+    from its point until the next; unlike tensorpack, which sets a value only at its point, so
+    that a resumed run gets the same value), or linearly interpolated with ``interp="linear"``.
+    Before the first point the value is left as it is.
+    """
 
     def __init__(self, param: str, schedule: Sequence[tuple[int, float]],
                  interp: str | None = None, step_based: bool = False,
@@ -118,12 +138,34 @@ class ScheduledHyperParamSetter(HyperParamSetter):
 
 
 class HyperParamSetterWithFunc(HyperParamSetter):
-    """Sets the value to ``func(epoch or step, current value)``."""
+    """Sets the value to ``func(finished, current value)``, where `finished` is the number of
+    finished epochs (or completed steps), as tensorpack does.
+
+    `func` is called once for each value of `finished` -- at the start of training, then before
+    each epoch (or step) -- and never twice for the same one, also across a resume (the last
+    one is saved in checkpoints): a multiplicative schedule such as ``lambda e, x: x * 0.9``
+    compounds exactly once per epoch.
+    """
 
     def __init__(self, param: str, func: Callable[[int, Any], Any], step_based: bool = False,
                  optimizer: torch.optim.Optimizer | None = None) -> None:
         super().__init__(param, step_based, optimizer)
         self.func = func
+        self.last_applied: int | None = None
+        """The `finished` count `func` was last called with."""
 
     def value_at(self, t: int, current: Any) -> Any:
         return self.func(t, current)
+
+    def _apply(self, state: RunState, t: int) -> None:
+        if t == self.last_applied:  # this epoch's (or step's) value is set already
+            return
+        self.last_applied = t
+        super()._apply(state, t)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_applied": self.last_applied}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        last = state_dict.get("last_applied")
+        self.last_applied = None if last is None else int(last)

@@ -4,7 +4,8 @@ It reads the loop's mean loss once per loop, from logs the Controller has alread
 host, so it adds no device sync. Policies (``trainer.recovery_max_trials``):
 
 * ``-1``: log a warning and go on;
-* ``0`` (default): stop training with `FloatingPointError` *before* the bad weights are saved;
+* ``0`` (default): stop training with `cadence.DivergenceError` (a `FloatingPointError` and a
+  `RuntimeError`) *before* the bad weights are saved;
 * ``k > 0``: restore the newest checkpoint -- weights, optimizer, schedule and step -- but keep
   the data position and random state where they are, so the batches that blew up are skipped
   rather than replayed identically; after ``k`` blow-ups in a row, fail as with ``0``.
@@ -20,6 +21,7 @@ import math
 from typing import Any
 
 from cadence.core.callbacks import Callback, RunState
+from cadence.core.errors import DivergenceError
 from cadence.engine.rng import capture_rng_state, restore_rng_state
 
 logger = logging.getLogger("cadence")
@@ -66,7 +68,7 @@ class LossGuard(Callback):
             return
         self.failures_in_a_row += 1
         if self.failures_in_a_row > self.max_trials:
-            raise FloatingPointError(
+            raise DivergenceError(
                 f"Training diverged at step {state.global_step}: {problem}. The weights of this "
                 "loop were not saved. Lower the learning rate, set "
                 "trainer.optimizer_config.gradient_clip_norm, or set "
@@ -74,7 +76,7 @@ class LossGuard(Callback):
             )
         controller, trainer = state.controller, state.trainer
         if controller is None or controller.checkpoint_manager is None:
-            raise FloatingPointError(f"Training diverged at step {state.global_step}: {problem}, "
+            raise DivergenceError(f"Training diverged at step {state.global_step}: {problem}, "
                                      "and there is no checkpoint manager to restore from.")
         data = getattr(trainer, "_train_data", None)
         data_state = data.state_dict() if data is not None else None
@@ -82,7 +84,7 @@ class LossGuard(Callback):
         bad_step = state.global_step
         path = controller.restore_checkpoint()
         if path is None:
-            raise FloatingPointError(
+            raise DivergenceError(
                 f"Training diverged at step {bad_step}: {problem}, and no checkpoint exists yet "
                 "to restore. Set a smaller trainer.checkpoint_interval."
             )

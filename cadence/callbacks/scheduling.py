@@ -169,21 +169,41 @@ class PeriodicTrigger(_Wrapper):
 
 
 class EnableCallbackIf(_Wrapper):
-    """Forwards the epoch, step and loop hooks of `callback` only while ``predicate(state)`` is
-    true; training begin/end and checkpoint hooks always pass."""
+    """Forwards the epoch, step, loop and evaluation hooks of `callback` only while
+    ``predicate(state)`` is true; training begin/end and checkpoint hooks always pass.
 
-    _GATED = frozenset({"on_epoch_begin", "on_epoch_end", "on_step_begin", "on_step_end",
-                        "on_loop_begin", "on_loop_end", "on_eval_begin", "on_eval_end"})
+    The predicate decides once per step (and once per epoch, loop and evaluation): when
+    `callback` handles a begin hook, the predicate is evaluated there and the matching end hook
+    follows that decision, as tensorpack's ``before_run``/``after_run`` do -- so a callback never
+    gets the begin of one step and the end of another. A callback with only the end hook is
+    gated where that hook runs.
+    """
+
+    _PAIRS = {"on_epoch_begin": "on_epoch_end", "on_step_begin": "on_step_end",
+              "on_loop_begin": "on_loop_end", "on_eval_begin": "on_eval_end"}
+    _GATED = frozenset(_PAIRS) | frozenset(_PAIRS.values())
 
     def __init__(self, callback: Callback, predicate: Callable[[RunState], bool]) -> None:
         super().__init__(callback)
         self.predicate = predicate
         self._wrapped_hooks = overridden_hooks(callback)
         self.active_hooks = self._wrapped_hooks
+        self._decided = {begin: end for begin, end in self._PAIRS.items()
+                         if begin in self._wrapped_hooks and end in self._wrapped_hooks}
+        """The end hooks that follow their begin hook's decision."""
+        self._enabled: dict[str, bool] = {}
 
     def _forward(self, hook: str, state: RunState, *args: Any) -> None:
-        if hook in self._GATED and not self.predicate(state):
-            return
+        if hook in self._GATED:
+            if hook in self._decided.values():
+                enabled = self._enabled.pop(hook, False)  # the decision of its begin hook
+            else:
+                enabled = bool(self.predicate(state))
+                end = self._decided.get(hook)
+                if end is not None:
+                    self._enabled[end] = enabled
+            if not enabled:
+                return
         super()._forward(hook, state, *args)
 
 

@@ -90,7 +90,10 @@ class RunState:
                 self.metrics[prefix + name] = float(value)
 
     def request_stop(self, reason: str) -> None:
-        """Asks the runner to stop training cleanly after the current step."""
+        """Asks the runner to stop training cleanly: a step that is running finishes, no other
+        step starts, and the running epoch's end hooks still run. Asked in ``on_step_begin``
+        or ``on_epoch_begin`` of a `cadence.StandardTrainer` (every front-end but `TrainLoop`,
+        whose batch is already taken then), the step about to start does not run."""
         self.stop_requested = True
         self.stop_reason = reason
 

@@ -239,10 +239,13 @@ class CheckpointDirectory:
 
 
 def new_checkpoints(listing: Callable[[], Sequence[CheckpointInfo]], timeout: float | None,
-                    poll_interval: float = 1.0) -> Iterator[CheckpointInfo]:
+                    poll_interval: float = 1.0,
+                    timeout_fn: Callable[[], bool] | None = None) -> Iterator[CheckpointInfo]:
     """Yields every complete checkpoint that `listing` shows, oldest first, as they appear --
     each once -- until `timeout` seconds pass without a new one (None: forever).
 
+    When the timeout expires, `timeout_fn` is called (TensorFlow's ``checkpoints_iterator``):
+    True ends the iteration, False waits another `timeout`; without one the iteration ends.
     `listing` is called again after each yielded checkpoint, so one deleted by retention
     before it was read is never yielded.
     """
@@ -257,6 +260,9 @@ def new_checkpoints(listing: Callable[[], Sequence[CheckpointInfo]], timeout: fl
             last_new = time.monotonic()
             continue
         if timeout is not None and time.monotonic() - last_new >= timeout:
-            logger.info("No new checkpoint for %.0fs: continuous evaluation ends.", timeout)
-            return
+            if timeout_fn is None or timeout_fn():
+                logger.info("No new checkpoint for %.0fs: continuous evaluation ends.", timeout)
+                return
+            last_new = time.monotonic()
+            continue  # timeout_fn may have waited for, or made, a new checkpoint: look again
         time.sleep(poll_interval)

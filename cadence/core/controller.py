@@ -307,9 +307,13 @@ class Controller(ControllerEvaluation):
             epochs: the number of completed epochs to train to (needs a trainer that counts
                 epochs, such as a `StandardTrainer`).
 
+        Returns when the checkpoints it saved are committed, also when the manager writes them
+        in the background (``CheckpointManager(async_save=True)``), as Orbit does.
+
         Raises:
             ValueError: without a trainer, without a target, or for a negative target.
             TypeError: for `epochs` with a trainer that does not count epochs.
+            CheckpointError: if writing a checkpoint in the background failed.
             Preempted: after SIGTERM or SIGINT, once the checkpoint is saved.
         """
         self._require("trainer")
@@ -325,13 +329,15 @@ class Controller(ControllerEvaluation):
         """Trains to `train_steps`, evaluating every `eval_interval` steps and at the end.
 
         Evaluations happen exactly at multiples of `eval_interval` and once at the end. A run
-        restarted after it finished runs its final evaluation if it had not run yet.
+        restarted after it finished runs its final evaluation if it had not run yet. Returns
+        when the checkpoints it saved are committed (see `train`).
 
         Returns:
             The logs of the last evaluation, or None if none ran.
 
         Raises:
             ValueError: without both a trainer and an evaluator, or on a bad interval.
+            CheckpointError: if writing a checkpoint in the background failed.
             Preempted: after SIGTERM or SIGINT, once the checkpoint is saved.
         """
         self._require("trainer")
@@ -411,6 +417,9 @@ class Controller(ControllerEvaluation):
                 self._preemption = Preemption(self.handle_signals)
                 with self._preemption.watch(self.state):
                     yield
+            except BaseException:
+                self._wait_for_checkpoints(quiet=True)  # commit what was saved; keep the error
+                raise
             finally:
                 self.state.phase = ""
                 self.callbacks.fire_teardown("on_train_end", self.state)
@@ -422,12 +431,31 @@ class Controller(ControllerEvaluation):
         if callable(agree):  # a signal to any rank preempts all: every rank saves the same step
             self._preemption.agree(agree)
         if manager is not None:
-            self._preemption.finish(
-                lambda: self._weights_checkpoint if self._saved_now() else self._save())
+            def save_now() -> str | None:
+                path = self._weights_checkpoint if self._saved_now() else self._save()
+                self._wait_for_checkpoints()
+                return path
+
+            self._preemption.finish(save_now)
         else:
             self._preemption.finish(lambda: None)
         if save and manager is not None and not self._saved_now():
             self._save()
+        self._wait_for_checkpoints()
+
+    def _wait_for_checkpoints(self, quiet: bool = False) -> None:
+        """Waits until the checkpoints saved so far are committed (a manager that writes in the
+        background has ``wait()``), as Orbit syncs asynchronous checkpointing before `train`
+        returns. Raises the error of a failed write, or only logs it when `quiet`."""
+        wait = getattr(self.checkpoint_manager, "wait", None)
+        if not callable(wait):
+            return
+        try:
+            wait()
+        except Exception:
+            if not quiet:
+                raise
+            logger.exception("A checkpoint write failed while training was ending on an error.")
 
     def _train_until(self, steps: int | None, epochs: int | None,
                      defer_save_at: int | None = None) -> None:

@@ -38,6 +38,25 @@ class ConfigError(ValueError):
     """
 
 
+class NotRegisteredError(ConfigError, KeyError):
+    """A registry has no entry of that name (an experiment) or type (a task config).
+
+    It is a `ConfigError` and, as TF Model Garden's registries raise, a `KeyError`. The message
+    lists what is registered and says how to register.
+    """
+
+    def __str__(self) -> str:  # KeyError would show the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class DivergenceError(FloatingPointError, RuntimeError):
+    """The training loss diverged (NaN, infinity, or above the configured upper bound) and the
+    recovery policy says to stop.
+
+    A `FloatingPointError` and, as TF Model Garden raises for a NaN loss, a `RuntimeError`.
+    """
+
+
 class StopTraining(Exception):
     """Raise from a training step or any callback hook to end training cleanly: the running
     epoch's end hooks still run, the final checkpoint is saved, and the train call returns

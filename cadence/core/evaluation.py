@@ -111,6 +111,7 @@ class ControllerEvaluation:
         self,
         steps: int = -1,
         timeout: float | None = None,
+        timeout_fn: Callable[[], bool] | None = None,
         *,
         stop_at_step: int | None = None,
         poll_interval: float = 1.0,
@@ -122,7 +123,11 @@ class ControllerEvaluation:
 
         Args:
             steps: evaluation steps per checkpoint (-1: until the data is exhausted).
-            timeout: return after this many seconds without a new checkpoint; None waits forever.
+            timeout: seconds without a new checkpoint after which `timeout_fn` is asked whether
+                to end; None waits forever.
+            timeout_fn: called when `timeout` expires (Orbit's argument): True ends the
+                evaluation loop, False waits another `timeout`. None: the loop ends at the
+                first timeout.
             stop_at_step: return once a checkpoint at this step or later was evaluated.
             poll_interval: seconds between looks at the directory.
 
@@ -131,21 +136,28 @@ class ControllerEvaluation:
 
         Raises:
             ValueError: without an evaluator or a checkpoint manager.
+            TypeError: if `timeout_fn` is not callable.
         """
         self._require("evaluator")
         check_eval_steps(steps)
         if self.checkpoint_manager is None:
             raise ValueError("evaluate_continuously() needs a checkpoint manager.")
+        if timeout_fn is not None and not callable(timeout_fn):
+            raise TypeError(f"`timeout_fn` (got {type(timeout_fn).__name__}) must be a function "
+                            "with no arguments that returns True to stop, or None.")
         with self._session():
-            return self._evaluate_new_checkpoints(steps, timeout, stop_at_step, poll_interval)
+            return self._evaluate_new_checkpoints(steps, timeout, timeout_fn, stop_at_step,
+                                                  poll_interval)
 
     def _evaluate_new_checkpoints(self, steps: int, timeout: float | None,
+                                  timeout_fn: Callable[[], bool] | None,
                                   stop_at_step: int | None,
                                   poll_interval: float) -> dict[str, Any] | None:
         assert self.checkpoint_manager is not None
         manager = self.checkpoint_manager
         output = None
-        for info in new_checkpoints(lambda: manager.checkpoints, timeout, poll_interval):
+        for info in new_checkpoints(lambda: manager.checkpoints, timeout, poll_interval,
+                                    timeout_fn):
             try:
                 self.restore_checkpoint(str(info.path))
             except CheckpointError as error:

@@ -2,10 +2,16 @@
 
 tfsnippet's (and tensorpack's) data flows for PyTorch. ``DataFlow.arrays`` batches numpy arrays
 or tensors that already sit in memory by indexing them -- no per-example collation as a
-``DataLoader`` does -- and shuffles with its own ``torch.Generator``. Each iteration is one pass.
-Every flow has ``state_dict``/``load_state_dict``: the order of the current pass, how many batches
-were taken, and the generator, so a run resumed mid-epoch continues with the next batch and
-later passes shuffle exactly as in an uninterrupted run.
+``DataLoader`` does -- and shuffles with its own ``torch.Generator``. Each iteration is one pass,
+and a flow is not reentrant (a second pass inside a running one is an error). Every flow has
+``state_dict``/``load_state_dict``: the order of the current pass, how many batches were taken,
+and the generator, so a run resumed mid-epoch continues with the next batch and later passes
+shuffle exactly as in an uninterrupted run.
+
+What a tfsnippet user reaches for: the factories ``DataFlow.arrays``, ``seq``, ``gather``,
+``iterator_factory``; the transforms ``map``, ``select``, ``threaded``; reading with
+``next_batch`` / ``current_batch``, ``get_arrays`` and ``to_arrays_flow``; and
+`cadence.data.flows.SlidingWindow`.
 
 >>> import numpy as np
 >>> flow = DataFlow.arrays([np.arange(5), np.arange(5) * 10], batch_size=2)
@@ -18,23 +24,42 @@ later passes shuffle exactly as in an uninterrupted run.
 
 from __future__ import annotations
 
-import queue
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
-
-from cadence.data.device import DeviceCopier
 
 Batch = tuple[Any, ...]
 
 
 class DataFlow:
-    """Base class: an iterable of mini-batches (tuples of arrays), one pass per ``iter``."""
+    """Base class: an iterable of mini-batches (tuples of arrays), one pass per ``iter``.
+
+    A flow is not reentrant, as in tfsnippet and tensorpack: iterating it while one of its
+    passes is running raises `RuntimeError` instead of corrupting that pass (a pass ends when
+    its iterator is exhausted or dropped). Subclasses implement `_iterate` (one pass).
+    """
+
+    _iterating = False
+    _implicit: Iterator[Batch] | None = None
+    _current: Batch | None = None
+
+    def _iterate(self) -> Iterator[Batch]:
+        """One pass over the mini-batches (what subclasses implement)."""
+        raise NotImplementedError
 
     def __iter__(self) -> Iterator[Batch]:
-        raise NotImplementedError
+        if self._iterating:
+            raise RuntimeError(
+                f"This {type(self).__name__} is already being iterated: a DataFlow is not "
+                "reentrant, and a second pass inside the running one would corrupt it. Finish "
+                "(or drop) the running pass first, or iterate two flows.")
+        self._iterating = True
+        try:
+            yield from self._iterate()
+        finally:
+            self._iterating = False
 
     def __len__(self) -> int:
         """Batches per pass."""
@@ -48,24 +73,133 @@ class DataFlow:
         """Continues from `state` on the next ``iter``."""
         raise NotImplementedError
 
+    # ------------------------------------------------------------------ reading
+
+    def next_batch(self) -> Batch:
+        """The next mini-batch of an implicit iterator (tfsnippet's ``next_batch``).
+
+        Raises:
+            StopIteration: once at the end of each pass; the next call starts a new pass.
+        """
+        if self._implicit is None:
+            self._implicit = iter(self)
+        try:
+            self._current = next(self._implicit)
+        except StopIteration:
+            self._implicit = self._current = None
+            raise
+        return self._current
+
+    @property
+    def current_batch(self) -> Batch | None:
+        """The last batch `next_batch` returned in the running pass (None between passes)."""
+        return self._current
+
+    def get_arrays(self) -> tuple[Any, ...]:
+        """One pass of the flow, concatenated: a tuple of whole arrays (numpy arrays, or
+        tensors when the batches hold tensors).
+
+        Raises:
+            ValueError: if the flow yields no batch.
+        """
+        columns: list[list[Any]] | None = None
+        for batch in self:
+            if columns is None:
+                columns = [[array] for array in batch]
+            else:
+                for column, array in zip(columns, batch):
+                    column.append(array)
+        if columns is None:
+            raise ValueError(f"{type(self).__name__} yielded no batch: there are no arrays to get.")
+        return tuple(torch.cat(column) if isinstance(column[0], torch.Tensor)
+                     else np.concatenate(column) for column in columns)
+
+    def to_arrays_flow(self, batch_size: int, shuffle: bool = False,
+                       skip_incomplete: bool = False,
+                       random_state: int | torch.Generator | None = None) -> ArrayFlow:
+        """An `ArrayFlow` over `get_arrays` (one pass of this flow, held in memory)."""
+        return ArrayFlow(self.get_arrays(), batch_size, shuffle, skip_incomplete, random_state)
+
+    # ------------------------------------------------------------------ transforming
+
     def map(self, mapper: Callable[..., Any],
-            array_indices: Sequence[int] | None = None) -> DataFlow:
-        """A flow of ``mapper(*batch)``; with `array_indices`, only those arrays are passed and
-        replaced by what `mapper` returns."""
+            array_indices: int | Sequence[int] | None = None) -> DataFlow:
+        """A flow of ``mapper(*batch)``, which must return a tuple or a list of arrays; with
+        `array_indices` (an index or several), only those arrays are passed and replaced by
+        what `mapper` returns (as many as it was given)."""
         return MapFlow(self, mapper, array_indices)
+
+    def select(self, indices: Sequence[int]) -> DataFlow:
+        """A flow of the arrays at `indices` of each batch, in that order
+        (``flow.select([0, 2, 0])`` gives ``(x, z, x)`` from ``(x, y, z)``)."""
+        chosen = tuple(_check_index(i, "indices") for i in indices)
+        return MapFlow(self, lambda *arrays: tuple(arrays[i] for i in chosen))
 
     def threaded(self, prefetch: int = 2,
                  device: torch.device | str | None = None) -> DataFlow:
-        """A flow that prepares up to `prefetch` batches ahead in a background thread and, with
-        a `device`, also moves them there (on CUDA: from pinned memory, on a side stream)."""
+        """A flow that prepares up to `prefetch` batches ahead in a background thread -- also
+        across the end of a pass -- and, with a `device`, also moves them there (on CUDA: from
+        pinned memory, on a side stream). See `cadence.data.threading_flow.ThreadingFlow`."""
+        from cadence.data.threading_flow import ThreadingFlow
+
         return ThreadingFlow(self, prefetch, device)
+
+    # ------------------------------------------------------------------ factories
 
     @staticmethod
     def arrays(arrays: Sequence[Any], batch_size: int, shuffle: bool = False,
                skip_incomplete: bool = False,
                random_state: int | torch.Generator | None = None) -> ArrayFlow:
-        """Mini-batches of `arrays` (numpy arrays or tensors with the same first dimension)."""
+        """Mini-batches of `arrays` (numpy arrays or tensors, at least 1-d, with the same first
+        dimension)."""
         return ArrayFlow(arrays, batch_size, shuffle, skip_incomplete, random_state)
+
+    @staticmethod
+    def seq(start: int, stop: int, step: int = 1, batch_size: int | None = None,
+            shuffle: bool = False, skip_incomplete: bool = False, dtype: Any = np.int32,
+            random_state: int | torch.Generator | None = None) -> ArrayFlow:
+        """Mini-batches of the numbers ``start, start + step, ...`` below `stop` (tfsnippet's
+        ``SeqFlow``): indices to fetch data by, with `map`.
+
+        Raises:
+            ValueError: without a `batch_size`.
+        """
+        if batch_size is None:
+            raise ValueError("`batch_size` is required, e.g. DataFlow.seq(0, 100, batch_size=32).")
+        return ArrayFlow([np.arange(start, stop, step, dtype=dtype)], batch_size, shuffle,
+                         skip_incomplete, random_state)
+
+    @staticmethod
+    def gather(flows: Iterable[DataFlow]) -> DataFlow:
+        """A flow whose batches join the arrays of the batches of `flows`, taken together
+        (stops with the shortest). See `cadence.data.flows.GatherFlow`."""
+        from cadence.data.flows import GatherFlow
+
+        return GatherFlow(flows)
+
+    @staticmethod
+    def iterator_factory(factory: Callable[[], Iterable[Batch]]) -> DataFlow:
+        """A flow whose passes are ``factory()``'s iterables. See
+        `cadence.data.flows.IteratorFactoryFlow`."""
+        from cadence.data.flows import IteratorFactoryFlow
+
+        return IteratorFactoryFlow(factory)
+
+
+def _check_index(index: Any, name: str) -> int:
+    if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+        raise TypeError(f"`{name}` must hold integer array indices (got {index!r}).")
+    return int(index)
+
+
+def _check_array(array: Any, index: int) -> Any:
+    if not hasattr(array, "shape") or not hasattr(array, "__getitem__"):
+        raise ValueError(f"`arrays[{index}]` (got {type(array).__name__}) must be a numpy array "
+                         "or a tensor; convert it with np.asarray(...).")
+    if len(array.shape) < 1:
+        raise ValueError(f"`arrays[{index}]` is 0-d; arrays must be at least 1-d, with the "
+                         "examples along the first dimension.")
+    return array
 
 
 class ArrayFlow(DataFlow):
@@ -86,7 +220,10 @@ class ArrayFlow(DataFlow):
     def __init__(self, arrays: Sequence[Any], batch_size: int, shuffle: bool = False,
                  skip_incomplete: bool = False,
                  random_state: int | torch.Generator | None = None) -> None:
-        arrays = list(arrays)
+        if hasattr(arrays, "shape"):
+            raise TypeError("`arrays` must be a list of arrays, e.g. [x, y] (got a single "
+                            f"{type(arrays).__name__}; for one array pass [x]).")
+        arrays = [_check_array(array, i) for i, array in enumerate(arrays)]
         if not arrays:
             raise ValueError("`arrays` must hold at least one array.")
         lengths = {len(a) for a in arrays}
@@ -120,12 +257,22 @@ class ArrayFlow(DataFlow):
         """How many arrays each batch holds."""
         return len(self.source_arrays)
 
+    @property
+    def data_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The shape of one example of each array (without the batch dimension)."""
+        return tuple(tuple(a.shape[1:]) for a in self.source_arrays)
+
+    @property
+    def is_shuffled(self) -> bool:
+        """Whether each pass has a new random order."""
+        return self.shuffle
+
     def _take(self, array: Any, index: torch.Tensor | slice) -> Any:
         if isinstance(index, slice) or isinstance(array, torch.Tensor):
             return array[index]
         return array[index.numpy()]
 
-    def __iter__(self) -> Iterator[Batch]:
+    def _iterate(self) -> Iterator[Batch]:
         if not (self._resume and self._in_pass and self._position < len(self)):
             self._order = (torch.randperm(self.data_length, generator=self.generator)
                            if self.shuffle else None)
@@ -155,23 +302,41 @@ class ArrayFlow(DataFlow):
 
 
 class MapFlow(DataFlow):
-    """Applies a function to each batch of another flow; its position is the source's."""
+    """Applies a function to each batch of another flow; its position is the source's.
+
+    Raises:
+        TypeError: for `array_indices` that are not integers, and -- from iteration -- when the
+            mapper returns anything but a tuple or a list (a bare array is an error, as in
+            tfsnippet: return ``(array,)``).
+        ValueError: from iteration, when with `array_indices` the mapper returns another number
+            of arrays than it was given.
+    """
 
     def __init__(self, source: DataFlow, mapper: Callable[..., Any],
-                 array_indices: Sequence[int] | None = None) -> None:
+                 array_indices: int | Sequence[int] | None = None) -> None:
         self.source = source
         self.mapper = mapper
-        self.array_indices = list(array_indices) if array_indices is not None else None
+        if array_indices is None:
+            self.array_indices: list[int] | None = None
+        elif isinstance(array_indices, (int, np.integer)):
+            self.array_indices = [_check_index(array_indices, "array_indices")]
+        else:
+            self.array_indices = [_check_index(i, "array_indices") for i in array_indices]
 
     def __len__(self) -> int:
         return len(self.source)
 
+    def _outputs(self, out: Any) -> Batch:
+        if not isinstance(out, (tuple, list)):
+            raise TypeError(
+                f"The mapper must return a tuple or a list of arrays, got a "
+                f"{type(out).__name__}: return (array,) for a single one.")
+        return tuple(out)
+
     def _apply(self, batch: Batch) -> Batch:
         if self.array_indices is None:
-            out = self.mapper(*batch)
-            return tuple(out) if isinstance(out, (tuple, list)) else (out,)
-        out = self.mapper(*(batch[i] for i in self.array_indices))
-        out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            return self._outputs(self.mapper(*batch))
+        out = self._outputs(self.mapper(*(batch[i] for i in self.array_indices)))
         if len(out) != len(self.array_indices):
             raise ValueError(f"The mapper returned {len(out)} arrays for array_indices "
                              f"{self.array_indices}; it must return one per index.")
@@ -180,7 +345,7 @@ class MapFlow(DataFlow):
             result[i] = value
         return tuple(result)
 
-    def __iter__(self) -> Iterator[Batch]:
+    def _iterate(self) -> Iterator[Batch]:
         for batch in self.source:
             yield self._apply(batch)
 
@@ -189,101 +354,3 @@ class MapFlow(DataFlow):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.source.load_state_dict(state)
-
-
-_END = object()
-
-
-class ThreadingFlow(DataFlow):
-    """Prepares the next batches of `source` in a background thread, so that loading overlaps
-    the training step. An error in the thread is raised in the consumer, with its traceback.
-
-    With a `device`, arrays become tensors on that device. On CUDA the thread copies each batch
-    from pinned memory on its own stream, and the consumer's stream waits for that copy only
-    when the batch is used: host-to-device copies overlap compute (tensorpack's
-    ``StagingInput``).
-
-    Its position is that of the last batch *consumed*: batches prepared ahead but not used are
-    prepared again after a resume.
-    """
-
-    def __init__(self, source: DataFlow, prefetch: int = 2,
-                 device: torch.device | str | None = None) -> None:
-        if prefetch < 1:
-            raise ValueError(f"`prefetch` (got {prefetch}) must be at least 1.")
-        self.source = source
-        self.prefetch = prefetch
-        self.device = torch.device(device) if device is not None else None
-        self._copier = DeviceCopier(self.device, pin=True) if self.device is not None else None
-        self._consumed_state: dict[str, Any] | None = None
-        self._stop: threading.Event | None = None
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def _work(self, items: queue.Queue[Any], stop: threading.Event) -> None:
-        def put(item: Any) -> bool:
-            while not stop.is_set():
-                try:
-                    items.put(item, timeout=0.1)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        try:
-            for batch in self.source:
-                batch, ready = self._to_device(batch)
-                if not put((batch, ready, self.source.state_dict())):
-                    return
-        except BaseException as error:  # handed to the consumer, raised there
-            put(error)
-            return
-        put(_END)
-
-    def __iter__(self) -> Iterator[Batch]:
-        self.close()
-        self._consumed_state = self.source.state_dict()
-        items: queue.Queue[Any] = queue.Queue(self.prefetch)
-        stop = self._stop = threading.Event()
-        worker = threading.Thread(target=self._work, args=(items, stop), daemon=True,
-                                  name="cadence-dataflow")
-        worker.start()
-        try:
-            while True:
-                item = items.get()
-                if item is _END:
-                    self._consumed_state = None
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                batch, ready, state = item
-                if self._copier is not None:  # CUDA: wait for the side-stream copy
-                    batch = self._copier.use(batch, ready)
-                self._consumed_state = state
-                yield batch
-        finally:
-            stop.set()
-
-    def _to_device(self, batch: Batch) -> tuple[Batch, Any]:
-        if self._copier is None:
-            return batch, None
-        moved, ready = self._copier.start(tuple(torch.as_tensor(a) for a in batch))
-        return tuple(moved), ready
-
-    def close(self) -> None:
-        """Stops the background thread of an unfinished pass."""
-        if self._stop is not None:
-            self._stop.set()
-            self._stop = None
-
-    def state_dict(self) -> dict[str, Any]:
-        if self._consumed_state is not None:
-            return self._consumed_state
-        return self.source.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.close()
-        self._consumed_state = None
-        self.source.load_state_dict(state)
-

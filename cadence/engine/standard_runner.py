@@ -6,6 +6,7 @@
     repeat num_steps times:                 # ends early if a stop is requested
         [on_epoch_begin]                    # at the first step of an epoch
         on_step_begin                       # hooks only if some callback overrides them
+        [stop requested: the step does not start]
         train_step(iterator)                # the iterator persists across calls
         global_step += 1
         on_step_end
@@ -19,6 +20,9 @@ An epoch is a pass over the training data -- when a finite dataset (a DataLoader
 exhausted, the trainer ends the epoch and starts the next pass, or, with
 ``StandardTrainerOptions(stop_at_end_of_data=True)``, ends training cleanly -- or, with
 ``steps_per_epoch=N``, N steps over data that repeats.
+
+Both runners also take a mapping (possibly nested) of datasets, as Orbit takes a nest of them,
+and hand the step the same mapping of iterators (see `cadence.data.nested`).
 
 `StandardEvaluator.evaluate(num_steps)` runs::
 
@@ -46,6 +50,7 @@ from cadence.core.callbacks import CallbackList, RunState
 from cadence.core.errors import StopTraining
 from cadence.core.progress import Progress
 from cadence.data.iterator import DataIterator
+from cadence.data.nested import NestedIterators, is_nested, iterate_nested
 from cadence.engine.compile import check_compile_options, compile_step
 from cadence.engine.distributed import (
     StopAgreement,
@@ -158,9 +163,13 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
     Args:
         train_dataset: what the iterator passed to `train_step` iterates: a DataLoader, a list
             of batches, or any iterable; None when the step reads its own input. Its position is
-            checkpointed (see `cadence.data.iterator`).
+            checkpointed (see `cadence.data.iterator`). A mapping of datasets gives the step a
+            mapping of iterators, each repeating on its own (see `cadence.data.nested`).
         options: a `StandardTrainerOptions`.
         name: the module name.
+
+    Raises:
+        ValueError: for ``stop_at_end_of_data`` with a mapping of datasets (which one's end?).
 
     Attributes:
         steps_per_epoch: None: an epoch is a pass over the training data; N: an epoch is N
@@ -180,8 +189,7 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
     ) -> None:
         Module.__init__(self, name=name)  # not super(): a class may also be a StandardEvaluator
         self._train_options = _check_options(options, StandardTrainerOptions)
-        self._train_data = DataIterator(train_dataset,
-                                        prefetch_to=self._train_options.prefetch_to_device)
+        self._train_data = self._data_iterator(train_dataset)
         self._progress = Progress()
         self._callbacks = CallbackList()
         self._own_state = RunState(trainer=self)
@@ -214,8 +222,17 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
 
     @train_dataset.setter
     def train_dataset(self, dataset: Any) -> None:
-        self._train_data = DataIterator(dataset,
-                                        prefetch_to=self._train_options.prefetch_to_device)
+        self._train_data = self._data_iterator(dataset)
+
+    def _data_iterator(self, dataset: Any) -> DataIterator | NestedIterators:
+        options = self._train_options
+        if not is_nested(dataset):
+            return DataIterator(dataset, prefetch_to=options.prefetch_to_device)
+        if options.stop_at_end_of_data:
+            raise ValueError("StandardTrainerOptions(stop_at_end_of_data=True) needs one "
+                             "training dataset; with a mapping of datasets each repeats on its "
+                             "own: train to a number of steps, or set steps_per_epoch.")
+        return NestedIterators(dataset, prefetch_to=options.prefetch_to_device)
 
     @property
     def progress(self) -> Progress:
@@ -323,18 +340,18 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
             self._epoch_end_pending = False
             self._fire_epoch("on_epoch_end")
 
-    def create_train_loop_fn(self) -> Callable[[DataIterator, int], None]:
+    def create_train_loop_fn(self) -> Callable[[Any, int], None]:
         """The inner loop that `train` runs: ``loop_fn(iterator, num_steps)`` calls the (compiled,
         with ``compile_step``) `train_step` `num_steps` times, counting steps and epochs and
         firing step and epoch hooks."""
         step_fn = self._train_step_fn()
 
-        def loop_fn(iterator: DataIterator, num_steps: int) -> None:
+        def loop_fn(iterator: Any, num_steps: int) -> None:
             self._run_steps(step_fn, iterator, num_steps)
 
         return loop_fn
 
-    def _run_steps(self, step_fn: Callable[[Iterator[Any]], Any], data: DataIterator,
+    def _run_steps(self, step_fn: Callable[[Any], Any], data: DataIterator | NestedIterators,
                    num_steps: int) -> None:
         state, progress = self._run_state, self._progress
         per_epoch, pass_length = self.steps_per_epoch, data.pass_length
@@ -355,6 +372,8 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
             if hooks is not None:
                 state.global_step = progress.global_step
                 hooks.fire("on_step_begin", state)
+            if state.stop_requested:  # asked before the step started: it does not start
+                break
             try:
                 step_fn(data)
             except StopIteration:
@@ -456,7 +475,9 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
     `eval_end`.
 
     Args:
-        eval_dataset: what the iterator passed to `eval_step` iterates.
+        eval_dataset: what the iterator passed to `eval_step` iterates. A mapping of datasets
+            gives the step a mapping of iterators (see `cadence.data.nested`); an evaluation
+            until the data is exhausted ends when a step's ``next`` finds one exhausted.
         options: a `StandardEvaluatorOptions`.
         name: the module name.
     """
@@ -474,7 +495,7 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
         Module.__init__(self, name=name)  # not super(): a class may also be a StandardTrainer
         self._eval_options = _check_options(options, StandardEvaluatorOptions)
         self._eval_dataset = eval_dataset
-        self._eval_iterator: Iterator[Any] | None = None
+        self._eval_iterator: Any = None  # an iterator, or a mapping of them
         self._compiled_eval_step: Callable[[Iterator[Any]], Any] | None = None
 
     @property
@@ -515,7 +536,7 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
         num_steps = _check_num_steps(num_steps, allow_all=True)
         state = self.eval_begin()
         if self._eval_iterator is None or self._eval_options.recreate_iterator_for_each_eval:
-            self._eval_iterator = iter(self._eval_dataset)
+            self._eval_iterator = iterate_nested(self._eval_dataset)
         loop_fn = self.create_eval_loop_fn(has_state=state is not None)
         with torch.no_grad() if self._eval_options.no_grad else contextlib.nullcontext():
             state = loop_fn(self._eval_iterator, num_steps, state=state,

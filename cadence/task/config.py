@@ -12,18 +12,99 @@ Experiments subclass `TaskConfig` for their own fields (a model size, a dataset 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from cadence.core.errors import ConfigError
 from cadence.engine.compile import COMPILE_MODES
+
+C = TypeVar("C", bound="Config")
+
+# ---------------------------------------------------------------------------- locking
+
+
+class Config:
+    """The base of every config dataclass: a config can be locked (TF Model Garden locks the
+    config it parsed), after which assigning to any of its fields -- or to those of the configs
+    nested in it that derive from `Config` -- raises `ConfigError`. `cadence.run_experiment`
+    locks the config it runs, so that nothing changes it under a running experiment.
+
+    Lists and dicts held by a locked config are not frozen; the lock covers assignments.
+
+    >>> config = ExperimentConfig()
+    >>> config.lock()
+    >>> config.trainer.train_steps = 10
+    Traceback (most recent call last):
+    ...
+    cadence.core.errors.ConfigError: Cannot set trainer.train_steps...: the config is locked...
+    """
+
+    def lock(self) -> None:
+        """Locks this config and every `Config` nested in it."""
+        for value in _nested_configs(self):
+            value.lock()
+        object.__setattr__(self, "_locked", True)
+
+    @property
+    def locked(self) -> bool:
+        """Whether assignments are refused."""
+        return bool(self.__dict__.get("_locked", False))
+
+    def replace(self: C, **changes: Any) -> C:
+        """An unlocked deep copy, with `changes` to its top-level fields (TF Model Garden's
+        ``Config.replace``)."""
+        clone = copy.deepcopy(self)
+        _unlock(clone)
+        for name, value in changes.items():
+            setattr(clone, name, value)
+        return clone
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_locked", False):
+            path = _PATHS.get(type(self).__name__, type(self).__name__)
+            raise ConfigError(
+                f"Cannot set {path}.{name} (got {value!r}): the config is locked (run_experiment "
+                "locks the config it runs). Change it before running, or make a changed copy "
+                f"with config.replace(...)."
+            )
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if self.__dict__.get("_locked", False):
+            raise ConfigError(f"Cannot delete {name!r}: the config is locked.")
+        object.__delattr__(self, name)
+
+
+_PATHS = {"ExperimentConfig": "config", "TrainerConfig": "trainer", "RuntimeConfig": "runtime",
+          "OptimizationConfig": "trainer.optimizer_config",
+          "OptimizerConfig": "trainer.optimizer_config.optimizer",
+          "LearningRateConfig": "trainer.optimizer_config.learning_rate",
+          "EMAConfig": "trainer.ema"}
+"""Where the built-in config classes sit in an `ExperimentConfig`, for error messages."""
+
+
+def _nested_configs(config: Config) -> Iterable[Config]:
+    for item in dataclasses.fields(config):  # type: ignore[arg-type]
+        value = getattr(config, item.name)
+        values = value if isinstance(value, (list, tuple)) else (
+            value.values() if isinstance(value, dict) else (value,))
+        yield from (v for v in values if isinstance(v, Config))
+
+
+def _unlock(config: Config) -> None:
+    config.__dict__.pop("_locked", None)
+    for value in _nested_configs(config):
+        _unlock(value)
+
 
 # ---------------------------------------------------------------------------- the schema
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Config):
     """One input pipeline (TF Model Garden's ``DataConfig``, for PyTorch data).
 
     Attributes:
@@ -49,7 +130,7 @@ class DataConfig:
 
 
 @dataclass
-class OptimizerConfig:
+class OptimizerConfig(Config):
     """A `torch.optim` optimizer.
 
     Attributes:
@@ -74,7 +155,7 @@ class OptimizerConfig:
 
 
 @dataclass
-class LearningRateConfig:
+class LearningRateConfig(Config):
     """The learning-rate schedule: a linear warmup, then a decay, as a multiplier of the peak.
 
     Attributes:
@@ -98,7 +179,7 @@ class LearningRateConfig:
 
 
 @dataclass
-class OptimizationConfig:
+class OptimizationConfig(Config):
     """The optimizer, its schedule, and what happens to gradients before the update.
 
     Attributes:
@@ -114,7 +195,7 @@ class OptimizationConfig:
 
 
 @dataclass
-class EMAConfig:
+class EMAConfig(Config):
     """Exponential moving average of the weights, used for evaluation and exports.
 
     Attributes:
@@ -132,7 +213,7 @@ class EMAConfig:
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(Config):
     """How to train: steps, intervals, checkpoints, exports, and recovery from bad losses.
 
     Attributes:
@@ -191,7 +272,7 @@ class TrainerConfig:
 
 
 @dataclass
-class RuntimeConfig:
+class RuntimeConfig(Config):
     """Where and how precisely to run.
 
     Attributes:
@@ -222,7 +303,7 @@ class RuntimeConfig:
 
 
 @dataclass
-class TaskConfig:
+class TaskConfig(Config):
     """What to train. Experiments subclass it to add their model and data options.
 
     Attributes:
@@ -243,7 +324,7 @@ class TaskConfig:
 
 
 @dataclass
-class ExperimentConfig:
+class ExperimentConfig(Config):
     """The whole configuration of a run.
 
     Attributes:

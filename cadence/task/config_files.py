@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -182,4 +183,15 @@ def config_differences(old: ExperimentConfig, new: ExperimentConfig) -> list[str
 
     a, b = flat(old), flat(new)
     return [f"{key}: {a.get(key)!r} -> {b.get(key)!r}" for key in sorted(set(a) | set(b))
-            if a.get(key) != b.get(key)]
+            if not _same(a.get(key), b.get(key))]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a == b``, except that NaN equals NaN (a config holding NaN is the same config)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return bool(a == b)

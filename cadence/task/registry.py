@@ -24,7 +24,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from cadence.core.errors import ConfigError
+from cadence.core.errors import NotRegisteredError
 
 if TYPE_CHECKING:
     from cadence.task.config import ExperimentConfig, TaskConfig
@@ -104,11 +104,12 @@ def get_experiment_config(name: str) -> ExperimentConfig:
     """A fresh copy of the registered experiment's config.
 
     Raises:
-        ConfigError: if no experiment has that name; the message lists the registered ones.
+        NotRegisteredError: (a `ConfigError` and a `KeyError`) if no experiment has that name;
+            the message lists the registered ones.
     """
     _load_all()
     if name not in _experiments:
-        raise ConfigError(
+        raise NotRegisteredError(
             f"Unknown experiment {name!r}. Registered: {', '.join(sorted(_experiments))}. "
             "`cadence experiments` lists them; a package adds its own through the "
             f"{ENTRY_POINT_GROUP!r} entry-point group."
@@ -122,13 +123,14 @@ def get_task(task_config: TaskConfig, **kwargs: Any) -> Any:
     """Builds the task registered for ``type(task_config)`` (or its nearest registered base).
 
     Raises:
-        ConfigError: if no task is registered for the config's class.
+        NotRegisteredError: (a `ConfigError` and a `KeyError`) if no task is registered for the
+            config's class.
     """
     _load_all()
     for cls in type(task_config).__mro__:
         if cls in _tasks:
             return _tasks[cls](task_config, **kwargs)
-    raise ConfigError(
+    raise NotRegisteredError(
         f"No task is registered for {type(task_config).__name__}: decorate the Task class with "
         f"@cadence.register_task({type(task_config).__name__})."
     )

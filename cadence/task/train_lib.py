@@ -188,7 +188,8 @@ def run_experiment(
     """Runs `mode` of the experiment `config` in `model_dir` (see the module docstring).
 
     Args:
-        config: the final config (see `cadence.load_config`).
+        config: the final config (see `cadence.load_config`); it is locked (see
+            `cadence.task.config.Config.lock`) -- use ``config.replace()`` for a changed copy.
         mode: one of `MODES`.
         model_dir: the run's directory; training in it again resumes.
         callbacks: more callbacks for the Controller (after the built-in ones).
@@ -204,10 +205,12 @@ def run_experiment(
         ValueError: for an unknown mode, or ``trainer.train_steps`` = 0 in a training mode.
         ConfigError: if `model_dir` holds a run with another config.
         Preempted: after SIGTERM or Ctrl-C, once a checkpoint is saved.
-        FloatingPointError: when the loss diverges and the recovery policy says to stop.
+        DivergenceError: (a `FloatingPointError` and a `RuntimeError`) when the loss diverges
+            and the recovery policy says to stop.
     """
     check_mode(mode)
     config.validate()
+    config.lock()  # as TF Model Garden: nothing changes the config of a running experiment
     run = run_directory(config, model_dir)
     trains = mode.startswith("train")
     evaluates = mode != "train"

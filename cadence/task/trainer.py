@@ -17,7 +17,8 @@ task's ``reduce_aggregated_logs``, and the best-checkpoint export.
 Asynchronous work (seed 002's ``coordinator_for_async``, ``init_async``, ``join``): TF Model
 Garden schedules steps on parameter-server workers. cadence's asynchronous work is host-side I/O
 that must not stall the loop: best-export writes go to the Trainer's `AsyncCoordinator`, a
-background worker, and checkpoint writes run in the background when
+background worker (`evaluate` returns once the export it triggered is written, as in TF Model
+Garden), and checkpoint writes run in the background when
 ``trainer.async_checkpoints`` is on (`run_experiment` registers the manager with the
 coordinator); `join()` waits for all of it and re-raises its errors.
 """
@@ -87,13 +88,15 @@ class AsyncCoordinator:
         self._pending.append(future)
         return future
 
-    def join(self) -> None:
-        """Waits for all scheduled work; raises the first error any of it raised."""
+    def join(self, waitables: bool = True) -> None:
+        """Waits for all scheduled work (and, with `waitables`, for what `add_waitable` added);
+        raises the first error any of it raised."""
         pending, self._pending = self._pending, []
         for future in pending:
             future.result()
-        for obj in self._waitables:
-            obj.wait()
+        if waitables:
+            for obj in self._waitables:
+                obj.wait()
 
 
 class Trainer(StandardTrainer, StandardEvaluator):
@@ -495,6 +498,9 @@ class Trainer(StandardTrainer, StandardEvaluator):
             logs = to_host(logs)
             exporter.maybe_export_checkpoint(self._eval_model, logs, self.global_step,
                                              coordinator=self._coordinator)
+            # As in TF Model Garden, evaluate() returns with its export on disk (checkpoint
+            # writes, which the coordinator also waits for in join(), go on in the background).
+            self._coordinator.join(waitables=False)
             best = exporter.best_value
             if best is not None:
                 logs[f"best_{exporter.metric_key}"] = best

@@ -39,21 +39,40 @@ def format_stats(stats: Mapping[str, tuple[float, float | None]],
     return "; ".join(texts)
 
 
-def parameter_table(title: str, params: Mapping[str, torch.Tensor]) -> list[str]:
-    """The lines of a table of parameters: name, shape, count, under a title with the total."""
+def parameter_table(title: str, params: Mapping[str, torch.Tensor],
+                    rule: str = "-") -> list[str]:
+    """The lines of a table of parameters -- name, shape, count, in the order given -- under a
+    title with their total."""
     total = sum(p.numel() for p in params.values())
     header = f"{title} ({total:,} in total)"
-    rows = [(name, str(tuple(p.shape)), f"{p.numel():,}") for name, p in sorted(params.items())]
+    rows = [(name, str(tuple(p.shape)), f"{p.numel():,}") for name, p in params.items()]
     widths = [max([len(r[i]) for r in rows] + [0]) for i in range(3)]
-    lines = [header, "-" * max(len(header), sum(widths) + 4)]
+    lines = [header, rule * max(len(header), sum(widths) + 4)]
     lines += [f"{n:<{widths[0]}}  {s:<{widths[1]}}  {c:>{widths[2]}}" for n, s, c in rows]
+    return lines
+
+
+def parameter_summary(named: Mapping[str, torch.Tensor], var_groups: list[str] | None) -> list[str]:
+    """`TrainLoop.print_training_summary`'s tables, as tfsnippet's ``summarize_variables``:
+    the parameters in their own order, one table per group with its total and, when there are
+    groups, the grand total of the trainable parameters above them."""
+    groups = parameter_groups(named, var_groups)
+    lines: list[str] = []
+    trainable = [members for title, members in groups if title != "Other Parameters"]
+    if len(trainable) > 1:
+        total = sum(p.numel() for members in trainable for p in members.values())
+        header = f"Trainable Parameters ({total:,} in total)"
+        lines += [header, "=" * len(header), ""]
+    for title, members in groups:
+        lines += [*parameter_table(title, members), ""]
     return lines
 
 
 def parameter_groups(named: Mapping[str, torch.Tensor],
                      var_groups: list[str] | None) -> list[tuple[str, dict[str, torch.Tensor]]]:
     """The trainable parameters split by the name prefixes in `var_groups` (the rest in "Other
-    Trainable Parameters"), then the parameters that are not trained, as (title, members)."""
+    Trainable Parameters"), then the parameters that are not trained, as (title, members), each
+    in the order of `named`."""
     trainable = {n: p for n, p in named.items() if p.requires_grad}
     other = {n: p for n, p in named.items() if not p.requires_grad}
     groups: list[tuple[str, dict[str, torch.Tensor]]] = []
@@ -67,7 +86,7 @@ def parameter_groups(named: Mapping[str, torch.Tensor],
                     del rest[n]
             if members:
                 groups.append((f"Trainable Parameters ({prefix})", members))
-        if rest:
+        if rest and groups:
             groups.append(("Other Trainable Parameters", rest))
     if not groups:
         groups = [("Trainable Parameters", trainable)]

@@ -26,25 +26,19 @@ class NamedTensors:
             tensor.copy_(state[name])
 
 
-def flatten_param_vars(param_vars: Any) -> tuple[dict[str, nn.Module], dict[str, torch.Tensor]]:
-    """Modules and loose tensors of `param_vars`, by name.
-
-    Raises:
-        TypeError: for anything but parameters, ``nn.Module`` objects and cadence Modules (or
-            lists and dicts of them).
-    """
-    modules: dict[str, nn.Module] = {}
-    tensors: dict[str, torch.Tensor] = {}
+def _walk(param_vars: Any) -> list[tuple[str, nn.Module | torch.Tensor]]:
+    """The modules and loose tensors of `param_vars`, by name, in the order given."""
+    found: list[tuple[str, nn.Module | torch.Tensor]] = []
 
     def add(name: str, value: Any) -> None:
         if isinstance(value, nn.Module):
-            modules[name or "model"] = value
+            found.append((name or "model", value))
         elif isinstance(value, Module):
             for path, obj in value.checkpoint_items().items():
                 if isinstance(obj, nn.Module):
-                    modules[f"{name}.{path}" if name else path] = obj
+                    found.append((f"{name}.{path}" if name else path, obj))
         elif isinstance(value, torch.Tensor):
-            tensors[name or "param"] = value
+            found.append((name or "param", value))
         else:
             raise TypeError(
                 f"param_vars holds a {type(value).__name__} at {name or 'the top level'!r}; "
@@ -59,6 +53,19 @@ def flatten_param_vars(param_vars: Any) -> tuple[dict[str, nn.Module], dict[str,
             add(str(index), value)
     else:
         add("", param_vars)
+    return found
+
+
+def flatten_param_vars(param_vars: Any) -> tuple[dict[str, nn.Module], dict[str, torch.Tensor]]:
+    """Modules and loose tensors of `param_vars`, by name.
+
+    Raises:
+        TypeError: for anything but parameters, ``nn.Module`` objects and cadence Modules (or
+            lists and dicts of them).
+    """
+    found = _walk(param_vars)
+    modules = {name: obj for name, obj in found if isinstance(obj, nn.Module)}
+    tensors = {name: obj for name, obj in found if isinstance(obj, torch.Tensor)}
     return modules, tensors
 
 
@@ -72,13 +79,18 @@ class TrainedParameters:
 
     def __init__(self, param_vars: Any) -> None:
         self.modules, self.tensors = flatten_param_vars(param_vars)
+        self._order = [name for name, _ in _walk(param_vars)]
 
     def named(self) -> dict[str, torch.Tensor]:
-        """Every parameter, by ``<module>.<parameter>`` (loose tensors by their own name)."""
-        named: dict[str, torch.Tensor] = {
-            f"{prefix}.{n}": p for prefix, module in self.modules.items()
-            for n, p in module.named_parameters()}
-        named.update(self.tensors)
+        """Every parameter, by ``<module>.<parameter>`` (loose tensors by their own name), in
+        the order of ``param_vars`` and, inside a module, of its parameters."""
+        named: dict[str, torch.Tensor] = {}
+        for name in self._order:
+            module = self.modules.get(name)
+            if module is None:
+                named[name] = self.tensors[name]
+            else:
+                named.update((f"{name}.{n}", p) for n, p in module.named_parameters())
         return named
 
     def stateful(self) -> dict[str, Any]:

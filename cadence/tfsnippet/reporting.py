@@ -25,8 +25,7 @@ from cadence.tfsnippet.events import EventKeys, EventSource
 from cadence.tfsnippet.formatting import (
     environment_lines,
     is_time_metric,
-    parameter_groups,
-    parameter_table,
+    parameter_summary,
 )
 from cadence.tfsnippet.metric_log import MetricLog
 from cadence.tfsnippet.params import TrainedParameters
@@ -46,6 +45,8 @@ class LoopReporting:
     _progress: Progress
     _within_epoch: bool
     _within_step: bool
+    _epoch_closed: bool
+    _step_closed: bool
     _epoch_start: float
     _step_start: float
     _steps_in_epochs: int
@@ -81,6 +82,12 @@ class LoopReporting:
         if not self._entered or self._exited:
             raise RuntimeError("Use the TrainLoop inside its `with` block.")
 
+    def _require_context(self, what: str) -> None:
+        self._require_entered()
+        if not (self._within_epoch or self._within_step):
+            raise RuntimeError(f"{what} must be called inside an epoch or a step (in the body "
+                               "of `for epoch in loop.iter_epochs()`).")
+
     def _sync_state(self) -> None:
         """Puts the counters where callbacks read them."""
         self._state.global_step = self._progress.global_step
@@ -105,9 +112,7 @@ class LoopReporting:
         """
         if metrics is not None and not isinstance(metrics, Mapping):
             raise TypeError(f"`metrics` (got {type(metrics).__name__}) must be a dict.")
-        self._require_entered()
-        if not (self._within_epoch or self._within_step):
-            raise RuntimeError("collect_metrics() must be called inside an epoch or a step.")
+        self._require_context("collect_metrics()")
         merged = {**(metrics or {}), **kwargs}
         for name, value in merged.items():
             self._log.collect(name, value, self._within_step)
@@ -139,7 +144,12 @@ class LoopReporting:
     @contextlib.contextmanager
     def timeit(self, metric_name: str) -> Iterator[None]:
         """Times the block and collects the duration as `metric_name` (which should end in
-        ``time`` or ``timer`` to be shown as a duration)."""
+        ``time`` or ``timer`` to be shown as a duration).
+
+        Raises:
+            RuntimeError: outside an epoch or a step.
+        """
+        self._require_context("timeit()")
         start = self._clock()
         try:
             yield
@@ -148,7 +158,12 @@ class LoopReporting:
 
     @contextlib.contextmanager
     def metric_collector(self, metric_name: str) -> Iterator[StatisticsCollector]:
-        """Yields a `StatisticsCollector`; its mean is collected as `metric_name` at the end."""
+        """Yields a `StatisticsCollector`; its mean is collected as `metric_name` at the end.
+
+        Raises:
+            RuntimeError: outside an epoch or a step.
+        """
+        self._require_context("metric_collector()")
         collector = StatisticsCollector()
         yield collector
         if collector.has_value:
@@ -169,19 +184,28 @@ class LoopReporting:
     # ------------------------------------------------------------------ progress
 
     def get_progress(self) -> float | None:
-        """The fraction of training done, or None when no limit says."""
-        step = self.step
+        """The fraction of training done, or None when no limit says.
+
+        With `max_step`: finished steps / `max_step`. With only `max_epoch`: finished steps /
+        (`max_epoch` x the mean steps of a finished epoch); before an epoch has finished,
+        finished epochs / `max_epoch`. The running step (or epoch) counts as finished once
+        `print_logs` closed it, so a log line's ETA includes what it reports.
+        """
+        step_done = not self._within_step or self._step_closed
+        done = self.step if step_done else self.step - 1
         if self.max_step is not None:
-            done = step - 1 if self._within_step else step
             return min(max(done / self.max_step, 0.0), 1.0) if self.max_step else None
         if self.max_epoch is not None:
-            epoch = self.epoch
-            finished = epoch - 1 if self._within_epoch else epoch
-            if finished > 0 and self._steps_in_epochs > 0:
-                per_epoch = self._steps_in_epochs / max(finished, 1)
-                done = step - 1 if self._within_step else step
-                return min(done / (self.max_epoch * per_epoch), 1.0)
-            return finished / self.max_epoch if self.max_epoch else None
+            if not self.max_epoch:
+                return None
+            epoch_done = not self._within_epoch or self._epoch_closed
+            finished = self.epoch if epoch_done else self.epoch - 1
+            steps_finished = self._steps_in_epochs - (
+                0 if epoch_done else self._progress.epoch_step)
+            if finished > 0 and steps_finished > 0:
+                per_epoch = steps_finished / finished
+                return min(max(done / (self.max_epoch * per_epoch), 0.0), 1.0)
+            return min(finished / self.max_epoch, 1.0)
         return None
 
     def get_eta(self) -> float | None:
@@ -198,7 +222,13 @@ class LoopReporting:
     # ------------------------------------------------------------------ printing
 
     def println(self, message: str, with_tag: bool = False) -> None:
-        """Prints `message` with `print_func`, after the ``[Epoch, Step, ETA]`` tag if asked."""
+        """Prints `message` with `print_func`, after the ``[Epoch, Step, ETA]`` tag if asked.
+
+        Raises:
+            RuntimeError: for `with_tag` outside an epoch or a step (the tag names them).
+        """
+        if with_tag:
+            self._require_context("println(with_tag=True)")
         self._print_func(f"{self._tag()} {message}" if with_tag else message)
 
     def _tag(self) -> str:
@@ -219,15 +249,17 @@ class LoopReporting:
         Raises:
             RuntimeError: outside an epoch or a step.
         """
-        self._require_entered()
+        self._require_context("print_logs()")
+        # The print closes the step (or the epoch): its time is committed now, and the ETA of
+        # this line counts it as finished.
         if self._within_step:
             self._collect_time("step_time", self._clock() - self._step_start)
             self._committed.add("step_time")
-        elif self._within_epoch:
+            self._step_closed = True
+        else:
             self._collect_time("epoch_time", self._clock() - self._epoch_start)
             self._committed.add("epoch_time")
-        else:
-            raise RuntimeError("print_logs() must be called inside an epoch or a step.")
+            self._epoch_closed = True
         stats = self._log.take(self._within_step)
         line = f"{self._tag()} {self._log.line(stats)}"
         if self._best_flag:
@@ -247,9 +279,8 @@ class LoopReporting:
         self._callbacks.fire("on_loop_end", self._state, means)
 
     def print_training_summary(self) -> None:
-        """Prints the environment and a table of the trained parameters (name, shape, count),
-        split by `var_groups`."""
-        lines = environment_lines()
-        for title, members in parameter_groups(self._params.named(), self._var_groups):
-            lines += [*parameter_table(title, members), ""]
+        """Prints the environment and a table of the trained parameters (name, shape, count) in
+        the order of ``param_vars``, one per group of `var_groups` with its total, and -- with
+        groups -- the grand total (tfsnippet's ``summarize_variables``)."""
+        lines = environment_lines() + parameter_summary(self._params.named(), self._var_groups)
         self._print_func("\n".join(lines).rstrip())

@@ -175,6 +175,7 @@ class TrainLoop(LoopReporting):
         self._progress = Progress()
         self._entered = self._exited = False
         self._within_epoch = self._within_step = False
+        self._epoch_closed = self._step_closed = False  # by print_logs (see get_progress)
         self._step_data: Any = None
         self._committed: set[str] = set()
         self._epoch_start = self._step_start = 0.0
@@ -198,6 +199,11 @@ class TrainLoop(LoopReporting):
     def var_groups(self) -> list[str] | None:
         """The name prefixes of the parameter table."""
         return self._var_groups
+
+    @property
+    def progress(self) -> Progress:
+        """The step and epoch counters (what callbacks see in `RunState`)."""
+        return self._progress
 
     @property
     def events(self) -> EventSource:
@@ -299,6 +305,7 @@ class TrainLoop(LoopReporting):
             self._signals.close()
             self._exited = True
             self._within_epoch = self._within_step = False
+            self._data = None  # ends the data's running pass: a DataFlow is not reentrant
             if self._early_stopping:
                 self._restore_best_params(exc_type)
             if self._summary_writer is not None:
@@ -356,7 +363,7 @@ class TrainLoop(LoopReporting):
                     if self.max_step is not None and progress.global_step >= self.max_step:
                         break
                 progress.begin_epoch()
-                self._within_epoch = True
+                self._within_epoch, self._epoch_closed = True, False
                 self._epoch_start = self._clock()
                 self._committed.discard("epoch_time")
                 self._sync_state()
@@ -429,7 +436,7 @@ class TrainLoop(LoopReporting):
                 # made in it holds it.
                 progress.count_step()
                 self._steps_in_epochs += 1
-                self._within_step = True
+                self._within_step, self._step_closed = True, False
                 self._step_data = batch
                 self._committed.discard("step_time")
                 self._step_start = self._clock()

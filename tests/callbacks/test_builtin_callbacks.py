@@ -125,6 +125,25 @@ def test_periodic_callback_and_enable_if_gate_a_callback():
     assert late.seen == [4, 5]
 
 
+def test_tensorpack_enable_callback_if_decides_once_per_step():
+    """The predicate is evaluated when the step begins, and the step's end follows that
+    decision (tensorpack evaluates it in ``before_run`` only): a callback never gets the begin
+    of one step and the end of another."""
+    calls = []
+
+    class Steps(cadence.Callback):
+        def on_step_begin(self, state):
+            calls.append(("begin", state.global_step))
+
+        def on_step_end(self, state):
+            calls.append(("end", state.global_step))
+
+    trainer, _ = make_trainer()
+    even = EnableCallbackIf(Steps(), lambda state: state.global_step % 2 == 0)
+    trainer.train(callbacks=[even], steps_per_epoch=4, max_epoch=1)
+    assert calls == [("begin", 0), ("end", 1), ("begin", 2), ("end", 3)]  # steps 1 and 3
+
+
 def test_wrappers_validate_their_schedules():
     with pytest.raises(ValueError, match="needs a schedule"):
         PeriodicTrigger(Trigger())
@@ -225,13 +244,13 @@ def test_piecewise_and_linear_schedules_by_epoch():
     trainer, _ = make_trainer()
     trainer.train(callbacks=[ScheduledHyperParamSetter("learning_rate", [(2, 0.01), (4, 0.001)]),
                              Watch()], steps_per_epoch=1, max_epoch=5)
-    assert rates == [0.1, 0.01, 0.01, 0.001, 0.001]  # unchanged before the first point
+    assert rates == [0.1, 0.1, 0.01, 0.01, 0.001]  # unchanged before the first point
     rates.clear()
     trainer, _ = make_trainer()
     trainer.train(callbacks=[ScheduledHyperParamSetter("learning_rate", [(1, 0.0), (5, 0.4)],
                                                        interp="linear"), Watch()],
                   steps_per_epoch=1, max_epoch=5)
-    assert rates == [0.0, 0.1, 0.2, 0.3, 0.4]
+    assert rates == [0.1, 0.0, 0.1, 0.2, 0.3]
 
 
 def test_any_optimizer_field_from_a_function_of_the_step_or_a_cosine():
@@ -264,6 +283,51 @@ def test_schedules_are_resume_safe(tmp_path):
     resumed.optimizer.param_groups[0]["lr"] = 123.0  # whatever the restored optimizer says...
     resumed.main_loop(1, max_epoch=4)
     assert lr_of(resumed) == 0.05  # ...epoch 4 runs with the schedule's value
+
+
+def test_tensorpack_scheduled_point_takes_effect_after_that_epoch_completes():
+    rates = []
+
+    class Watch(cadence.Callback):
+        def on_epoch_begin(self, state):
+            rates.append(round(lr_of(state.trainer), 6))
+
+    trainer, _ = make_trainer()
+    trainer.train(callbacks=[ScheduledHyperParamSetter("learning_rate", [(0, 0.3), (2, 0.01)]),
+                             Watch()], steps_per_epoch=1, max_epoch=4)
+    # (0, v): before the first epoch; (2, v): after epoch 2 completes, i.e. from epoch 3 on.
+    assert rates == [0.3, 0.3, 0.01, 0.01]
+
+
+def test_tensorpack_hyper_param_setter_with_func_gets_finished_epochs_once_per_epoch(tmp_path):
+    """``func(epochs finished, current value)`` runs once per epoch -- never twice at a start or
+    a resume -- so a multiplicative schedule does not compound."""
+    seen = []
+
+    def halve(finished, value):
+        seen.append(finished)
+        return value * 0.5
+
+    def run(logdir, max_epoch):
+        trainer, _ = make_trainer(logdir)
+        rates = []
+
+        class Watch(cadence.Callback):
+            def on_epoch_begin(self, state):
+                rates.append(lr_of(state.trainer))
+
+        trainer.train(callbacks=[HyperParamSetterWithFunc("learning_rate", halve), Watch(),
+                                 ModelSaver()], steps_per_epoch=1, max_epoch=max_epoch)
+        return rates
+
+    straight = run(tmp_path / "straight", 5)
+    assert seen == [0, 1, 2, 3, 4]
+    assert straight == pytest.approx([0.05, 0.025, 0.0125, 0.00625, 0.003125])
+    seen.clear()
+    first = run(tmp_path / "resumed", 3)
+    resumed = run(tmp_path / "resumed", 5)
+    assert seen == [0, 1, 2, 3, 4]
+    assert first + resumed == pytest.approx(straight)
 
 
 # ---------------------------------------------------------------------------- statistics

@@ -195,6 +195,29 @@ def test_evaluate_continuously_evaluates_every_checkpoint_not_only_the_newest():
     assert controller.evaluator.evaluated_at == [10, 20, 30]
 
 
+def test_orbit_evaluate_continuously_calls_timeout_fn_and_ends_when_it_returns_true():
+    """Orbit's `timeout_fn`: called each time `timeout` seconds pass without a new checkpoint;
+    False keeps waiting, True ends the evaluation loop."""
+    controller, trainer, manager = make(10, 10, evaluator=True)
+    controller.train(20)
+    calls = []
+
+    def timeout_fn():
+        calls.append(sorted(manager.saved))
+        if len(calls) == 1:  # the trainer writes one more checkpoint while we wait
+            trainer.global_step = 30
+            manager.save(30)
+            return False
+        return True
+
+    logs = controller.evaluate_continuously(timeout=0, timeout_fn=timeout_fn, poll_interval=0)
+    assert controller.evaluator.evaluated_at == [10, 20, 30]
+    assert calls == [[10, 20], [10, 20, 30]]
+    assert logs == {"accuracy": 0.5}
+    with pytest.raises(TypeError, match="timeout_fn"):
+        controller.evaluate_continuously(timeout=0, timeout_fn=True)
+
+
 def test_a_wrong_step_count_is_reported(caplog):
     class CountsUpdates(CountingTrainer):  # a GAN that wrongly counts two updates per step
         def train(self, num_steps):
@@ -309,3 +332,36 @@ def test_injected_summary_managers_are_used_and_flushed_but_not_closed():
     assert [step for step, _ in train.writes] == [5, 10]
     assert evaluation.writes == [(5, ["accuracy"]), (10, ["accuracy"])]
     assert "close" not in train.calls + evaluation.calls and "flush" in train.calls
+
+
+def test_orbit_controller_takes_injected_summary_manager_and_eval_summary_manager(tmp_path):
+    """Orbit's `summary_manager` / `eval_summary_manager`: the Controller writes train and eval
+    logs through the managers it is given -- here `SummaryManager`s with a writer of our own,
+    through the `MetricWriter` protocol -- at the global step, nested logs as groups."""
+    from cadence.core.summary import SummaryManager
+
+    class Recorder:
+        def __init__(self, directory):
+            self.records = []
+            written.setdefault(directory.name, self.records)
+
+        def write(self, step, values, group=(), extra=None):
+            self.records.append((step, group, sorted(values)))
+
+        def flush(self):
+            pass
+
+        def close(self):
+            pass
+
+    written = {}
+    train = SummaryManager(tmp_path / "train", writers=[Recorder])
+    evaluation = SummaryManager(tmp_path / "eval", writers=[Recorder])
+    controller, _, _ = make(5, evaluator=True, summary_manager=train,
+                            eval_summary_manager=evaluation)
+    assert controller.summary_manager is train and controller.eval_summary_manager is evaluation
+    controller.train_and_evaluate(10, eval_interval=5)
+    assert written["train"] == [(5, (), ["loss", "steps_per_second"]), (5, ("nested",), ["value"]),
+                                (10, (), ["loss", "steps_per_second"]),
+                                (10, ("nested",), ["value"])]
+    assert written["eval"] == [(5, (), ["accuracy"]), (10, (), ["accuracy"])]

@@ -264,3 +264,34 @@ def test_a_failed_background_write_is_raised_and_leaves_the_previous_checkpoint(
         manager.wait()
     assert [c.step for c in manager.checkpoints] == [1]
     assert not any(p.name.startswith(".tmp") for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("entry_point", ["train", "train_and_evaluate"])
+def test_orbit_train_returns_after_the_last_async_checkpoint_is_committed(tmp_path, entry_point):
+    """Orbit's Controller syncs asynchronous checkpointing before `train` and
+    `train_and_evaluate` return: every checkpoint they saved is on disk when they do."""
+    trainer = TinyClassifier(make_loader(), make_loader(shuffle=False))
+    manager = cadence.CheckpointManager(trainer, tmp_path, io=SlowIO(delay=0.3),
+                                        checkpoint_interval=5, async_save=True)
+    controller = cadence.Controller(trainer=trainer, evaluator=trainer, steps_per_loop=5,
+                                    checkpoint_manager=manager, handle_signals=False)
+    if entry_point == "train":
+        controller.train(20)
+    else:
+        controller.train_and_evaluate(20, eval_steps=1, eval_interval=10)
+    assert [c.step for c in manager.checkpoints] == [5, 10, 15, 20]
+    assert not manager.writing
+
+
+def test_orbit_train_raises_the_error_of_the_last_async_checkpoint_write(tmp_path):
+    trainer = TinyClassifier(make_loader())
+    io = SlowIO(delay=0.1)
+    manager = cadence.CheckpointManager(trainer, tmp_path, io=io, checkpoint_interval=5,
+                                        async_save=True)
+    controller = cadence.Controller(trainer=trainer, steps_per_loop=5,
+                                    checkpoint_manager=manager, handle_signals=False)
+    controller.train(5)
+    io.fail = True  # the write of step 10, the last one, fails in the background
+    with pytest.raises(cadence.CheckpointError, match="background failed: disk full"):
+        controller.train(10)
+    assert [c.step for c in manager.checkpoints] == [5]

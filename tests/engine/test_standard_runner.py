@@ -241,3 +241,47 @@ def test_prefetch_to_device_hands_train_step_batches_moved_one_ahead():
     assert pulled == [0, 1]  # the second batch is fetched while the first is used
     runner.train(2)
     assert [t.item() for t in runner.calls if isinstance(t, torch.Tensor)] == [0, 1, 2]
+
+
+class MultiTask(cadence.StandardTrainer, cadence.StandardEvaluator):
+    """Reads one batch of every dataset per step, from a mapping of iterators."""
+
+    def __init__(self, train_data, eval_data=None, options=None):
+        cadence.StandardTrainer.__init__(self, train_data, options)
+        cadence.StandardEvaluator.__init__(self, eval_data)
+        self.seen = []
+
+    _TRACKING_IGNORED = frozenset({"seen"})
+
+    def train_step(self, iterator):
+        self.seen.append((next(iterator["a"]), next(iterator["b"]["c"])))
+
+    def eval_step(self, iterator):
+        return next(iterator["a"]) + next(iterator["b"])
+
+    def eval_reduce(self, state=None, step_outputs=None):
+        return [*(state or []), step_outputs]
+
+    def eval_end(self, state=None):
+        return {"sums": state}
+
+
+def test_orbit_standard_runners_take_nested_datasets_and_hand_the_step_nested_iterators(
+        tmp_path):
+    """Orbit's StandardTrainer / StandardEvaluator take a nest (here: dicts) of datasets and
+    give the step the same structure of iterators; training datasets repeat each on its own,
+    and each one's position is checkpointed."""
+    datasets = {"a": [1, 2, 3], "b": {"c": [10, 20]}}
+    trainer = MultiTask(datasets, eval_data={"a": [1, 2], "b": [5, 6, 7]})
+    trainer.train(3)
+    assert trainer.seen == [(1, 10), (2, 20), (3, 10)]
+    assert trainer.evaluate(-1) == {"sums": [6, 8]}  # until one of them is exhausted
+    manager = cadence.CheckpointManager(trainer, tmp_path)
+    manager.save(3)
+    trainer.train(2)
+    resumed = MultiTask(datasets)
+    cadence.CheckpointManager(resumed, tmp_path).restore(tmp_path / "ckpt-3")
+    resumed.train(2)
+    assert resumed.seen == trainer.seen[3:] == [(1, 20), (2, 10)]
+    with pytest.raises(ValueError, match="stop_at_end_of_data"):  # which dataset's end?
+        MultiTask(datasets, options=cadence.StandardTrainerOptions(stop_at_end_of_data=True))

@@ -144,3 +144,42 @@ def test_builtin_experiments_do_not_depend_on_import_order():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True)
     assert result.stdout.splitlines() == ["['char_lm', 'char_lm_large', 'digits']", "char_lm"]
+
+
+def test_tfm_a_loaded_config_can_be_locked_and_then_refuses_assignments():
+    """TF Model Garden locks a parsed config: assigning to any part of it raises afterwards.
+    `replace` gives an unlocked copy with changes, as TF Model Garden's `Config.replace`."""
+    config = load_config("digits")
+    config.trainer.train_steps = 5  # not locked yet
+    config.lock()
+    assert config.locked and config.task.model.locked
+    for part, key in ((config, "experiment"), (config.trainer, "train_steps"),
+                      (config.trainer.optimizer_config.optimizer, "learning_rate"),
+                      (config.task, "init_checkpoint"), (config.task.model, "dropout")):
+        with pytest.raises(ConfigError, match="locked"):
+            setattr(part, key, getattr(part, key))
+    changed = config.replace(experiment="digits")
+    assert not changed.locked and not changed.trainer.locked and changed == config
+    changed.trainer.train_steps = 6
+    assert config.trainer.train_steps == 5
+    assert load_config(config_files=[]).locked is False
+
+
+def test_tfm_a_config_holding_nan_accepts_its_own_run_directory(tmp_path):
+    """NaN != NaN must not make a config differ from itself on resume."""
+    from cadence.core.run_dir import RunDirectory
+    from cadence.task.train_lib import check_saved_config
+
+    def config():
+        return load_config("digits", overrides=["trainer.loss_upper_bound=.nan",
+                                                "trainer.optimizer_config.optimizer.betas=[.nan,0.9]"])
+
+    assert config_differences(config(), config()) == []
+    run = RunDirectory(tmp_path)
+    check_saved_config(config(), run)
+    check_saved_config(config(), run)  # the resumed run: accepted, nothing backed up
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+    with pytest.raises(ConfigError, match="trainer.loss_upper_bound: nan -> 1.0"):
+        check_saved_config(load_config("digits", overrides=[
+            "trainer.loss_upper_bound=1.0",
+            "trainer.optimizer_config.optimizer.betas=[.nan,0.9]"]), run)

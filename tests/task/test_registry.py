@@ -60,3 +60,21 @@ def test_plugins_come_from_entry_points_and_a_broken_one_is_only_a_warning(monke
     assert "from_plugin" in registry.experiments()
     assert "digits" in registry.experiments()
     assert "Could not load experiments from bad (plugin.bad): no such module" in caplog.text
+
+
+def test_tfm_registry_lookups_of_unknown_names_raise_a_key_error():
+    """TF Model Garden's registries raise KeyError for an unknown name; cadence's error is also
+    a ConfigError and keeps its message listing what is registered."""
+
+    @dataclass
+    class Orphan(TaskConfig):
+        pass
+
+    with pytest.raises(KeyError) as error:
+        registry.get_experiment_config("no_such_experiment")
+    assert isinstance(error.value, ConfigError)
+    assert str(error.value).startswith("Unknown experiment 'no_such_experiment'. Registered: ")
+    with pytest.raises(KeyError) as error:
+        registry.get_task(Orphan())
+    assert isinstance(error.value, ConfigError)
+    assert str(error.value).startswith("No task is registered for Orphan")

@@ -92,6 +92,21 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path):
                                    rtol=0, atol=0)
 
 
+def test_tfm_run_experiment_locks_the_config_it_runs(tmp_path):
+    refused = []
+
+    class ChangeTheConfig(cadence.Callback):
+        def on_train_begin(self, state):
+            try:
+                state.trainer.config.trainer.train_steps = 1000
+            except cadence.ConfigError as error:
+                refused.append(str(error))
+
+    config = digits("trainer.train_steps=20")
+    run_experiment(config, "train", tmp_path, callbacks=[ChangeTheConfig()])
+    assert config.locked and len(refused) == 1 and "locked" in refused[0]
+
+
 def test_a_different_config_in_the_same_directory_is_refused_before_anything_is_written(
         tmp_path):
     run_experiment(digits(), "train", tmp_path)
@@ -143,6 +158,15 @@ def test_a_nan_loss_stops_training_before_the_bad_weights_are_saved(tmp_path):
     with pytest.raises(FloatingPointError, match=r"diverged at step 30: training_loss is nan"):
         run_experiment(exploding(), "train", tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ckpt-20"]
+
+
+def test_tfm_divergence_raises_a_runtime_error(tmp_path):
+    """TF Model Garden raises RuntimeError when the loss diverges; cadence's error is that and a
+    FloatingPointError, with cadence's message."""
+    with pytest.raises(RuntimeError, match=r"diverged at step 30: training_loss is nan") as error:
+        run_experiment(exploding(), "train", tmp_path)
+    assert isinstance(error.value, FloatingPointError)
+    assert isinstance(error.value, cadence.DivergenceError)
 
 
 def test_recovery_restores_the_last_checkpoint_and_skips_the_bad_batches(tmp_path, caplog):

@@ -1,5 +1,6 @@
 """The Task front-end's Trainer: seed 002's methods and the features the config switches on."""
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -295,6 +296,27 @@ def test_initialize_loads_the_init_checkpoint_only_when_no_checkpoint_exists(tmp
     cadence.Controller(trainer=again, steps_per_loop=2, checkpoint_manager=manager)
     assert calls == []  # a checkpoint exists: it is restored, initialize() is not called
     torch.testing.assert_close(again.model.weight, trained)
+
+
+def test_tfm_evaluate_returns_after_the_best_export_it_triggered_is_on_disk(tmp_path,
+                                                                          monkeypatch):
+    """TF Model Garden exports the best checkpoint inside `evaluate`: when it returns, the
+    export is there (cadence writes it off the loop, and waits for it before returning)."""
+    import time
+
+    exporter = cadence.BestCheckpointExporter(tmp_path / "best", "accuracy")
+    write = exporter._write
+
+    def slow_write(*args):
+        time.sleep(0.3)
+        write(*args)
+
+    monkeypatch.setattr(exporter, "_write", slow_write)
+    trainer = make_trainer(checkpoint_exporter=exporter)
+    trainer.evaluate(-1)
+    assert (tmp_path / "best" / "best-0" / "model.safetensors").is_file()
+    assert [e["step"] for e in json.loads((tmp_path / "best" / "info.json").read_text())[
+        "exports"]] == [0]
 
 
 def test_join_waits_for_background_work_and_reraises_its_error():

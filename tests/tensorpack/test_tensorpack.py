@@ -92,6 +92,44 @@ def test_stop_training_still_runs_that_epochs_end_callbacks():
     assert trainer.state.stop_reason == "done early"
 
 
+class StopAt(cadence.Callback):
+    """Raises StopTraining from `hook` when it first sees global step `step` (`trigger` runs
+    wrapped in a PeriodicTrigger after every step)."""
+
+    def __init__(self, hook, step):
+        self.hook, self.step = hook, step
+        setattr(self, hook, self._maybe_stop)
+        self.active_hooks = frozenset({hook} - {"trigger"})
+
+    def _maybe_stop(self, state):
+        if state.global_step == self.step:
+            raise StopTraining(f"stopped in {self.hook}")
+
+
+@pytest.mark.parametrize("hook, step, stopped_at", [
+    ("on_step_begin", 2, 2),    # before the first step of epoch 2: that step does not run
+    ("on_step_end", 3, 3),
+    ("on_epoch_begin", 2, 2),   # epoch 2 begins, runs no step, and ends
+    ("on_epoch_end", 4, 4),     # at the end of epoch 2
+    ("trigger", 3, 3),
+])
+def test_tensorpack_stop_training_from_any_callback_hook_ends_after_that_epochs_end_callbacks(
+        hook, step, stopped_at):
+    calls = []
+    stopper = StopAt(hook, step)
+    if hook == "trigger":
+        stopper = PeriodicTrigger(stopper, every_k_steps=1)
+    trainer = Counting()
+    trainer.train(callbacks=[stopper, Recorder(calls)], steps_per_epoch=2, max_epoch=5)
+    assert (trainer.global_step, trainer.epoch_num) == (stopped_at, 2)
+    assert calls[-3:] == [("on_epoch_end", 2, stopped_at), ("on_loop_end", 2, stopped_at),
+                          ("on_train_end", 2, stopped_at)]
+    assert ("on_epoch_begin", 3, 4) not in calls
+    assert trainer.state.stop_reason == f"stopped in {hook}"
+    if hook == "on_step_begin":  # the step it stopped before never ran, nor its end hooks
+        assert ("on_step_end", 2, 3) not in calls
+
+
 def test_an_exception_still_runs_on_train_end_and_propagates():
     calls = []
     with pytest.raises(ZeroDivisionError):

@@ -258,6 +258,46 @@ def test_the_training_summary_lists_parameters_by_group():
     assert "weight  (3, 2)  6" in text
 
 
+def test_tfsnippet_print_training_summary_keeps_the_order_with_group_and_grand_totals():
+    """tfsnippet's ``summarize_variables``: parameters in their own order (not sorted), a
+    table per variable group with its total, and the grand total above the groups."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = nn.Linear(2, 3)  # weight (6) then bias (3): not alphabetical
+            self.decoder = nn.Linear(3, 1)
+            self.scale = nn.Parameter(torch.ones(2))
+
+    lines = []
+    with TrainLoop(Net(), var_groups=["model.encoder"], print_func=lines.append) as loop:
+        loop.print_training_summary()
+    tables = lines[0].split("Trainable Parameters (15 in total)\n", 1)[1]
+    assert tables.splitlines() == [
+        "==================================",
+        "",
+        "Trainable Parameters (model.encoder) (9 in total)",
+        "-------------------------------------------------",
+        "weight  (3, 2)  6",
+        "bias    (3,)    3",
+        "",
+        "Other Trainable Parameters (6 in total)",
+        "---------------------------------------",
+        "model.scale           (2,)    2",  # torch's order: a module's own parameters first
+        "model.decoder.weight  (1, 3)  3",
+        "model.decoder.bias    (1,)    1",
+    ]
+    lines.clear()
+    with TrainLoop([torch.zeros(3, requires_grad=True), nn.Linear(1, 1)],
+                   print_func=lines.append) as loop:  # a loose tensor, then a module
+        loop.print_training_summary()
+    assert lines[0].splitlines()[-5:] == ["Trainable Parameters (5 in total)",
+                                          "---------------------------------",
+                                          "0         (3,)    3",
+                                          "1.weight  (1, 1)  1",
+                                          "1.bias    (1,)    1"]
+
+
 def test_progress_and_eta_follow_the_limits():
     with TrainLoop(nn.Linear(1, 1), max_step=10, print_func=lambda line: None,
                    clock=FakeClock()) as loop:
@@ -270,6 +310,76 @@ def test_progress_and_eta_follow_the_limits():
                     loop.max_step = 5
     with make_loop() as loop:
         assert loop.get_progress() is None and loop.get_eta() is None
+
+
+class ManualClock:
+    """A clock that moves only when told."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_tfsnippet_progress_and_eta_are_right_inside_every_epoch_with_only_max_epoch():
+    """tfsnippet's README configuration (only `max_epoch`): three epochs of two 1-second steps.
+    Progress counts finished steps against max_epoch x the steps of a finished epoch."""
+    clock, lines, progress = ManualClock(), [], []
+    with TrainLoop(nn.Linear(2, 1), max_epoch=3, print_func=lines.append, clock=clock) as loop:
+        for _ in loop.iter_epochs():
+            for _ in loop.iter_steps([1, 2]):
+                progress.append(loop.get_progress())
+                clock.now += 1.0
+            progress.append(loop.get_progress())
+            loop.print_logs()
+    # In epoch 1 nothing says how long an epoch is: progress is 0 until it ends.
+    assert progress == pytest.approx([0, 0, 0, 2 / 6, 3 / 6, 4 / 6, 4 / 6, 5 / 6, 1.0])
+    assert [line.split("]")[0] for line in lines] == [
+        "[Epoch 1/3, Step 2, ETA 4s", "[Epoch 2/3, Step 4, ETA 2s", "[Epoch 3/3, Step 6, ETA 0s"]
+
+
+def test_tfsnippet_print_logs_eta_counts_the_step_it_just_closed():
+    clock, lines = ManualClock(), []
+    with TrainLoop(nn.Linear(2, 1), max_step=4, max_epoch=1, print_func=lines.append,
+                   clock=clock) as loop:
+        for _ in loop.iter_epochs():
+            for _ in loop.iter_steps([1, 2, 3, 4]):
+                clock.now += 1.0
+                loop.print_logs()
+    assert [line.split("]")[0] for line in lines] == [
+        "[Step 1/4, ETA 3s", "[Step 2/4, ETA 2s", "[Step 3/4, ETA 1s", "[Step 4/4, ETA 0s"]
+
+
+def test_tfsnippet_misuse_of_timeit_metric_collector_and_println_with_tag_is_an_error():
+    """tfsnippet requires an open epoch or step for `timeit` and `metric_collector`, and for
+    `println(with_tag=True)` (its tag names them)."""
+    with make_loop(max_epoch=1) as loop:
+        with pytest.raises(RuntimeError, match="inside an epoch or a step"):
+            with loop.timeit("valid_time"):
+                pass
+        with pytest.raises(RuntimeError, match="inside an epoch or a step"):
+            with loop.metric_collector("valid_loss"):
+                pass
+        with pytest.raises(RuntimeError, match="inside an epoch or a step"):
+            loop.println("hello", with_tag=True)
+        loop.println("hello")  # without the tag: anywhere
+        for _ in loop.iter_epochs():
+            with loop.timeit("valid_time"), loop.metric_collector("valid_loss") as collector:
+                collector.collect(1.0)
+            loop.println("hello", with_tag=True)
+
+
+def test_a_flow_left_mid_pass_by_a_finished_loop_can_be_used_again():
+    flow = DataFlow.arrays([np.arange(6)], 2)
+    with make_loop(max_step=1) as first:  # stops after one of three batches
+        for _ in first.iter_epochs():
+            for _ in first.iter_steps(flow):
+                pass
+    with make_loop(max_epoch=1) as second:  # `first` is still alive: its pass ended on exit
+        for _ in second.iter_epochs():
+            steps = [batch[0].tolist() for _, batch in second.iter_steps(flow)]
+    assert steps == [[0, 1], [2, 3], [4, 5]]
 
 
 # ---------------------------------------------------------------------------- exact resume

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 from cadence.data.sharding import InputContext, build_dataloader
 from cadence.engine.metrics import Accuracy
 from cadence.task.config import (
+    Config,
     DataConfig,
     EMAConfig,
     ExperimentConfig,
@@ -44,7 +45,7 @@ VOCAB_SIZE = 256
 
 
 @dataclass
-class CharLMModelConfig:
+class CharLMModelConfig(Config):
     """The transformer.
 
     Attributes:

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from cadence.data.sharding import InputContext, build_dataloader
 from cadence.engine.metrics import Accuracy
 from cadence.task.config import (
+    Config,
     DataConfig,
     ExperimentConfig,
     LearningRateConfig,
@@ -33,7 +34,7 @@ from cadence.task.task import Task
 
 
 @dataclass
-class DigitsModelConfig:
+class DigitsModelConfig(Config):
     """The classifier: an MLP over the 64 pixels.
 
     Attributes:
