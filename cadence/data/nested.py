@@ -86,10 +86,13 @@ class NestedIterators(dict):
     """
 
     pass_length: int | None = None
+    batches_left: int | None = None
     batches = 0
     at_pass_start = True
     batch_size: int | None = None
     kind = "nested"
+    rank_local = True
+    """Each rank of a distributed job has its own positions (see `cadence.engine.rank_state`)."""
 
     def __init__(self, source: Mapping[str, Any],
                  prefetch_to: torch.device | str | None = None) -> None:
