@@ -372,8 +372,8 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
             if hooks is not None:
                 state.global_step = progress.global_step
                 hooks.fire("on_step_begin", state)
-            if state.stop_requested:  # asked before the step started: it does not start
-                break
+            if state.stop_requested and agreement is None:
+                break  # asked before the step started: it does not start (across ranks: agreed)
             try:
                 step_fn(data)
             except StopIteration:
