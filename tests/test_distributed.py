@@ -29,7 +29,7 @@ def test_checkpoints_across_two_ranks(tmp_path):
     ckpt = tmp_path / "ckpt"
     assert sorted(p.name for p in ckpt.iterdir()) == ["ckpt-3", "ckpt-6"]
     assert {p.name for p in (ckpt / "ckpt-6").iterdir()} == {
-        "manifest.json", "state.pt", "rng-0.pt", "rng-1.pt"}
+        "manifest.json", "state.cadence", "rng-0.cadence", "rng-1.cadence"}
     lines = (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()
     steps = [int(line.split(",")[0].split(":")[1]) for line in lines]
     assert steps == [2, 3, 5, 6]  # loops cut at the checkpoint boundary; written by rank 0 only
@@ -60,5 +60,6 @@ def test_run_experiment_trains_data_parallel_across_two_ranks(tmp_path):
     assert abs(logs[0]["accuracy"] - logs[0]["single_process_accuracy"]) < 1e-6
     run = tmp_path / "run"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["ckpt-20", "ckpt-40"]
-    assert {p.name for p in (run / "checkpoints" / "ckpt-40").iterdir()} >= {"rng-0.pt", "rng-1.pt"}
+    assert {p.name for p in (run / "checkpoints" / "ckpt-40").iterdir()} >= {
+        "rng-0.cadence", "rng-1.cadence"}
     assert (run / "params.yaml").is_file() and (run / "best" / "info.json").is_file()

@@ -10,6 +10,7 @@ from torch import nn
 
 import cadence
 from cadence import CheckpointError, CheckpointManager, CheckpointMismatchError
+from cadence.core.checkpoint_dir import file_sha256
 
 
 def trained(steps=5):
@@ -54,9 +55,9 @@ def test_rng_states_are_restored(tmp_path):
 def test_saving_the_same_step_twice_keeps_the_first(tmp_path):
     manager = CheckpointManager({"model": nn.Linear(1, 1)}, tmp_path)
     first = manager.save(3)
-    mtime = os.stat(os.path.join(first, "state.pt")).st_mtime_ns
+    mtime = os.stat(os.path.join(first, "state.cadence")).st_mtime_ns
     assert manager.save(3) == first
-    assert os.stat(os.path.join(first, "state.pt")).st_mtime_ns == mtime
+    assert os.stat(os.path.join(first, "state.cadence")).st_mtime_ns == mtime
 
 
 def test_retention_keeps_max_to_keep(tmp_path):
@@ -91,7 +92,7 @@ def test_a_mismatched_checkpoint_lists_every_difference_and_loads_nothing(tmp_pa
 def test_a_corrupt_file_is_reported_not_loaded(tmp_path):
     manager = CheckpointManager({"model": nn.Linear(3, 2)}, tmp_path)
     path = manager.save(1)
-    state = os.path.join(path, "state.pt")
+    state = os.path.join(path, "state.cadence")
     size = os.path.getsize(state)
     with open(state, "wb") as handle:
         handle.write(b"\0" * size)  # same size: only the reader can tell
@@ -104,7 +105,7 @@ def test_a_truncated_checkpoint_is_skipped_and_the_previous_one_restored(tmp_pat
     manager = CheckpointManager({"model": model}, tmp_path)
     manager.save(1)
     newest = manager.save(2)
-    with open(os.path.join(newest, "state.pt"), "r+b") as handle:
+    with open(os.path.join(newest, "state.cadence"), "r+b") as handle:
         handle.truncate(10)
     assert manager.restore_or_initialize() == str(tmp_path / "ckpt-1")
 
@@ -115,8 +116,11 @@ class Exploit:
 
 
 def test_loading_never_executes_code_from_the_checkpoint(tmp_path, monkeypatch):
+    """A checkpoint in torch.save's format (earlier versions, `TorchSaveIO`) whose pickle was
+    replaced, and its size and checksum in the manifest with it: still nothing runs."""
     monkeypatch.chdir(tmp_path)
-    manager = CheckpointManager({"model": nn.Linear(1, 1)}, tmp_path / "ckpts")
+    manager = CheckpointManager({"model": nn.Linear(1, 1)}, tmp_path / "ckpts",
+                                io=cadence.TorchSaveIO())
     path = manager.save(1)
     payload = torch.load(os.path.join(path, "state.pt"), weights_only=True)
     payload["state"]["model"]["evil"] = Exploit()
@@ -125,10 +129,11 @@ def test_loading_never_executes_code_from_the_checkpoint(tmp_path, monkeypatch):
     with open(manifest_path) as handle:
         manifest = json.load(handle)
     manifest["files"]["state.pt"] = os.path.getsize(os.path.join(path, "state.pt"))
+    manifest["sha256"]["state.pt"] = file_sha256(os.path.join(path, "state.pt"))
     with open(manifest_path, "w") as handle:
         json.dump(manifest, handle)
     with pytest.raises(CheckpointError, match="never unpickles"):
-        manager.restore(path)
+        CheckpointManager({"model": nn.Linear(1, 1)}, tmp_path / "ckpts").restore(path)
     assert not (tmp_path / "pwned").exists()
 
 

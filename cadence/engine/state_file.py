@@ -1,0 +1,301 @@
+"""The checkpoint payload file: nested state as a JSON header and raw tensor bytes, no pickle.
+
+``torch.save`` pickles: every tensor costs Python work that holds the GIL, so a background save
+slows the training thread well beyond its stall, and loading a pickle is only safe because
+``weights_only=True`` restricts it. This format has neither problem. A file is::
+
+    b"CADENCE-STATE\\0\\0\\0"          16 bytes of magic
+    header length                      8 bytes, little-endian
+    header                             JSON: the structure, and each tensor's dtype, shape,
+                                       offset and size
+    tensor bytes                       each tensor's raw bytes, 64-byte aligned
+
+Writing is one large ``write`` per tensor and one ``update`` of the SHA-256 (both release the
+GIL); reading parses JSON and reads bytes into new tensors, so nothing in the file can run
+code. The structure holds dicts (any plain keys), lists, tuples, None, bools, ints, floats
+(NaN and infinities included), strings, bytes, tensors, NumPy arrays, ``torch.Size``,
+dtypes and devices: what ``state_dict()`` returns. Anything else is a `TypeError` naming its
+path.
+
+>>> import io, torch
+>>> buffer = io.BytesIO()
+>>> digest = write_state({"w": torch.ones(2), "step": 3, "lr": [0.1]}, buffer)
+>>> _ = buffer.seek(0)
+>>> read_state(buffer)
+{'w': tensor([1., 1.]), 'step': 3, 'lr': [0.1]}
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import os
+import struct
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any, BinaryIO
+
+import numpy as np
+import torch
+
+MAGIC = b"CADENCE-STATE\0\0\0"
+VERSION = 1
+_ALIGN = 64
+_MAX_HEADER = 1 << 30
+
+_DTYPES: dict[str, torch.dtype] = {
+    str(dtype).removeprefix("torch."): dtype
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64,
+                  torch.complex128, torch.int64, torch.int32, torch.int16, torch.int8,
+                  torch.uint8, torch.bool)
+}
+for _name in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"):
+    if hasattr(torch, _name):
+        _DTYPES[_name] = getattr(torch, _name)
+
+
+class StateFileError(ValueError):
+    """A state file is truncated, damaged or not a state file."""
+
+
+def _padding(offset: int) -> int:
+    return -offset % _ALIGN
+
+
+class _Encoder:
+    """Turns a nested state into a JSON-able tree plus the list of its tensors."""
+
+    def __init__(self) -> None:
+        self.tensors: list[torch.Tensor] = []
+        self.entries: list[dict[str, Any]] = []
+        self._seen: dict[int, int] = {}  # the same tensor object twice is stored once
+        self._size = 0
+
+    def tensor(self, value: torch.Tensor, path: str) -> int:
+        index = self._seen.get(id(value))
+        if index is not None:
+            return index
+        if value.layout != torch.strided or value.is_quantized:
+            raise TypeError(f"{path or 'the state'} is a {value.layout} tensor; checkpoints hold "
+                            "dense tensors. Convert it with .to_dense() in state_dict().")
+        dtype = str(value.dtype).removeprefix("torch.")
+        if dtype not in _DTYPES:
+            raise TypeError(f"{path or 'the state'} has dtype {value.dtype}, which checkpoints "
+                            f"cannot hold; supported: {', '.join(_DTYPES)}.")
+        data = value.detach()
+        if data.device.type != "cpu":
+            data = data.cpu()
+        data = data.contiguous()
+        nbytes = data.numel() * data.element_size()
+        self._size += _padding(self._size)
+        self.entries.append({"dtype": dtype, "shape": list(data.shape), "offset": self._size,
+                             "nbytes": nbytes})
+        self._size += nbytes
+        self.tensors.append(data)
+        index = self._seen[id(value)] = len(self.tensors) - 1
+        return index
+
+    def encode(self, value: Any, path: str = "") -> Any:
+        if value is None or isinstance(value, (bool, str)):
+            return value
+        if isinstance(value, int):
+            return int(value)
+        if isinstance(value, float):
+            return value if math.isfinite(value) else {"f": repr(value)}
+        if isinstance(value, torch.Tensor):
+            return {"T": self.tensor(value, path)}
+        if isinstance(value, np.ndarray):
+            return {"N": self.tensor(torch.from_numpy(np.ascontiguousarray(value)), path)}
+        if isinstance(value, np.generic):
+            return self.encode(value.item(), path)
+        if isinstance(value, torch.Size):
+            return {"S": [int(v) for v in value]}
+        if isinstance(value, torch.dtype):
+            return {"dt": str(value).removeprefix("torch.")}
+        if isinstance(value, torch.device):
+            return {"dev": str(value)}
+        if isinstance(value, bytes):
+            return {"b": base64.b64encode(value).decode("ascii")}
+        if isinstance(value, Mapping):
+            node = {"d": [[self.encode(k, f"{path}[key]"), self.encode(v, f"{path}/{k}")]
+                          for k, v in value.items()]}
+            metadata = getattr(value, "_metadata", None)  # nn.Module state_dict() versions
+            if isinstance(metadata, dict):
+                node["m"] = self.encode(dict(metadata), f"{path}._metadata")
+            return node
+        if isinstance(value, list):
+            return [self.encode(v, f"{path}/{i}") for i, v in enumerate(value)]
+        if isinstance(value, tuple):
+            return {"t": [self.encode(v, f"{path}/{i}") for i, v in enumerate(value)]}
+        raise TypeError(
+            f"{path or 'the state'} is a {type(value).__name__}; checkpoints hold tensors, "
+            "NumPy arrays, numbers, strings, bytes, None, and lists, tuples and dicts of them. "
+            "Make state_dict() return those."
+        )
+
+
+def _decode(node: Any, tensors: list[torch.Tensor]) -> Any:
+    if node is None or isinstance(node, (bool, int, float, str)):
+        return node
+    if isinstance(node, list):
+        return [_decode(v, tensors) for v in node]
+    if isinstance(node, dict) and "d" in node and set(node) <= {"d", "m"}:
+        items = {_decode(k, tensors): _decode(v, tensors) for k, v in node["d"]}
+        if "m" not in node:
+            return items
+        ordered = OrderedDict(items)
+        ordered._metadata = _decode(node["m"], tensors)  # type: ignore[attr-defined]
+        return ordered
+    if not isinstance(node, dict) or len(node) != 1:
+        raise StateFileError(f"unknown node {str(node)[:80]!r}")
+    ((tag, value),) = node.items()
+    if tag == "T":
+        return tensors[value]
+    if tag == "N":
+        return tensors[value].numpy()
+    if tag == "t":
+        return tuple(_decode(v, tensors) for v in value)
+    if tag == "f":
+        if value not in ("nan", "inf", "-inf"):
+            raise StateFileError(f"bad float {value!r}")
+        return float(value)
+    if tag == "S":
+        return torch.Size(int(v) for v in value)
+    if tag == "dt":
+        return _DTYPES[value]
+    if tag == "dev":
+        return torch.device(value)
+    if tag == "b":
+        return base64.b64decode(value)
+    raise StateFileError(f"unknown tag {tag!r}")
+
+
+def _byte_view(tensor: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy (any dtype, NumPy's or not)."""
+    return tensor.reshape(-1).view(torch.uint8).numpy().data
+
+
+def _write_all(handle: BinaryIO, data: memoryview | bytes) -> None:
+    view = memoryview(data)
+    while len(view):
+        written = handle.write(view)
+        if written is None:  # a non-blocking stream: never the case for files
+            raise OSError("the file did not accept the write")
+        view = view[written:]
+
+
+def write_state(state: Any, file: str | os.PathLike[str] | BinaryIO) -> str:
+    """Writes `state` to `file` (a path or a binary stream); returns the SHA-256 of the bytes.
+
+    Tensors on a device are copied to the host first (an asynchronous save passes host copies).
+
+    Raises:
+        TypeError: if the state holds something other than the values listed above.
+    """
+    encoder = _Encoder()
+    tree = encoder.encode(state)
+    header = json.dumps({"version": VERSION, "tree": tree, "tensors": encoder.entries},
+                        separators=(",", ":")).encode("utf-8")
+    digest = hashlib.sha256()
+    prefix = MAGIC + struct.pack("<Q", len(header)) + header
+    prefix += b"\0" * _padding(len(prefix))
+
+    def emit(handle: BinaryIO, data: memoryview | bytes) -> None:
+        digest.update(data)  # releases the GIL for large buffers, as the write does
+        _write_all(handle, data)
+
+    def body(handle: BinaryIO) -> None:
+        emit(handle, prefix)
+        position = 0
+        for entry, tensor in zip(encoder.entries, encoder.tensors):
+            if entry["offset"] > position:
+                emit(handle, b"\0" * (entry["offset"] - position))
+            if entry["nbytes"]:
+                emit(handle, _byte_view(tensor))
+            position = entry["offset"] + entry["nbytes"]
+
+    if isinstance(file, (str, os.PathLike)):
+        with open(file, "wb", buffering=0) as handle:
+            body(handle)
+    else:
+        body(file)
+    return digest.hexdigest()
+
+
+def read_state(file: str | os.PathLike[str] | BinaryIO, sha256: str | None = None) -> Any:
+    """Reads what `write_state` wrote; nothing in the file is executed.
+
+    Args:
+        file: a path or a binary stream positioned at the start of a state file.
+        sha256: the expected SHA-256 of the file; when given, the bytes are hashed as they are
+            read (no second pass) and a difference raises.
+
+    Raises:
+        StateFileError: if the file is not a state file, is truncated, or does not match
+            `sha256`.
+    """
+    if isinstance(file, (str, os.PathLike)):
+        with open(file, "rb", buffering=0) as handle:
+            return read_state(handle, sha256)
+    digest = hashlib.sha256() if sha256 is not None else None
+
+    def take(size: int) -> bytes:
+        data = file.read(size)
+        if data is None or len(data) != size:
+            raise StateFileError("the file is truncated")
+        if digest is not None:
+            digest.update(data)
+        return data
+
+    def take_into(tensor: torch.Tensor) -> None:
+        view = _byte_view(tensor)
+        done = 0
+        while done < len(view):
+            read = file.readinto(view[done:])  # type: ignore[attr-defined]
+            if not read:
+                raise StateFileError("the file is truncated")
+            done += read
+        if digest is not None:
+            digest.update(view)
+
+    if take(len(MAGIC)) != MAGIC:
+        raise StateFileError("it is not a cadence state file (wrong magic bytes)")
+    (length,) = struct.unpack("<Q", take(8))
+    if length > _MAX_HEADER:
+        raise StateFileError(f"its header length ({length} bytes) is implausible")
+    try:
+        header = json.loads(take(length).decode("utf-8"))
+        entries, tree = header["tensors"], header["tree"]
+        if header.get("version", 0) > VERSION:
+            raise StateFileError(f"it was written by a newer cadence (version "
+                                 f"{header['version']})")
+        take(_padding(len(MAGIC) + 8 + length))
+        tensors: list[torch.Tensor] = []
+        position = 0
+        for entry in entries:
+            dtype, shape = _DTYPES[entry["dtype"]], [int(n) for n in entry["shape"]]
+            offset, nbytes = int(entry["offset"]), int(entry["nbytes"])
+            tensor = torch.empty(shape, dtype=dtype)
+            if (offset < position or min(shape, default=0) < 0
+                    or nbytes != tensor.numel() * tensor.element_size()):
+                raise StateFileError("its header describes the tensors inconsistently")
+            take(offset - position)
+            if nbytes:
+                take_into(tensor)
+            position = offset + nbytes
+            tensors.append(tensor)
+        state = _decode(tree, tensors)
+    except (KeyError, TypeError, ValueError, IndexError, UnicodeDecodeError,
+            RuntimeError) as error:
+        if isinstance(error, StateFileError):
+            raise
+        raise StateFileError(f"its header is damaged ({type(error).__name__}: {error})") from None
+    if digest is not None:
+        if file.read(1):
+            raise StateFileError("it has bytes after its end")
+        if digest.hexdigest() != sha256:
+            raise StateFileError("its bytes do not match its SHA-256 checksum (they changed "
+                                 "after it was written)")
+    return state
