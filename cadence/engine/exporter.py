@@ -34,7 +34,7 @@ from cadence.core.checkpoint_dir import (
     fsync_path,
     write_atomically,
 )
-from cadence.core.errors import CheckpointError, CheckpointMismatchError
+from cadence.core.errors import CheckpointError, CheckpointMismatchError, MissingMetricError
 from cadence.core.logs import flatten, is_scalar
 from cadence.core.rank import process_rank
 
@@ -55,7 +55,7 @@ def _lookup(logs: Mapping[str, Any], name: str) -> Any:
     key = name.replace("|", "/")
     if key in flat:
         return flat[key]
-    raise KeyError(
+    raise MissingMetricError(
         f"The evaluation logs have no metric {name!r}; they have: {', '.join(sorted(flat))}. "
         "Set trainer.best_checkpoint_eval_metric to one of them."
     )
@@ -158,7 +158,8 @@ class BestCheckpointExporter:
         files are written in the background. Only rank 0 exports.
 
         Raises:
-            KeyError: if the metric is not in `eval_logs` (the message lists those that are).
+            MissingMetricError: a `KeyError`, if the metric is not in `eval_logs` (the message
+                lists those that are).
         """
         value = _lookup(eval_logs, self.metric_name)
         if not is_scalar(value):
