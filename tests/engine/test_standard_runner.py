@@ -241,3 +241,17 @@ def test_prefetch_to_device_hands_train_step_batches_moved_one_ahead():
     assert pulled == [0, 1]  # the second batch is fetched while the first is used
     runner.train(2)
     assert [t.item() for t in runner.calls if isinstance(t, torch.Tensor)] == [0, 1, 2]
+
+
+def test_eval_steps_per_second_counts_the_steps_that_ran_not_those_requested():
+    import time
+
+    class Slow(TinyClassifier):
+        def eval_step(self, iterator):
+            time.sleep(0.02)
+            return super().eval_step(iterator)
+
+    runner = Slow(make_loader(), eval_data=make_loader(n=24, batch_size=8))  # 3 batches
+    logs = cadence.Controller(evaluator=runner).evaluate(1000)  # the data runs out first
+    assert runner.last_eval_steps == 3
+    assert logs["steps_per_second"] < 3 / 0.06 * 1.01  # 3 steps of >= 20 ms, not 1000
