@@ -24,17 +24,17 @@ good checkpoint it fails with one error listing what is wrong with each.
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import errno
 import logging
 import os
 import shutil
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from cadence.core.checkpoint_dir import (
@@ -56,6 +56,7 @@ from cadence.engine.checkpoint_io import (
 )
 from cadence.engine.module import Module, load_stateful
 from cadence.engine.rng import capture_rng_state, restore_rng_state
+from cadence.engine.state_file import HostSnapshot, PackedState
 
 __all__ = ["CheckpointIO", "CheckpointManager", "HostSnapshot", "StateFileIO", "TorchSaveIO",
            "read_checkpoint"]
@@ -63,36 +64,6 @@ __all__ = ["CheckpointIO", "CheckpointManager", "HostSnapshot", "StateFileIO", "
 logger = logging.getLogger("cadence")
 
 _RESERVED = frozenset({"state"})
-
-
-class HostSnapshot:
-    """Copies the tensors of a (nested) state into host buffers that are reused from one
-    snapshot to the next when shapes and dtypes match: the copy is the whole stall of an
-    asynchronous save. On CUDA the buffers are pinned, so the copy runs at full bandwidth."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
-
-    def take(self, value: Any, path: str = "") -> Any:
-        """A copy of `value` whose tensors live in this snapshot's buffers."""
-        if isinstance(value, torch.Tensor):
-            source = value.detach()
-            buffer = self._buffers.get(path)
-            if (buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype
-                    or buffer.layout != source.layout):
-                buffer = torch.empty(source.shape, dtype=source.dtype, device="cpu",
-                                     pin_memory=source.is_cuda)
-                self._buffers[path] = buffer
-            buffer.copy_(source, non_blocking=source.is_cuda)
-            if source.is_cuda:
-                torch.cuda.current_stream(source.device).synchronize()
-            return buffer
-        if isinstance(value, dict):
-            return {k: self.take(v, f"{path}/{k}") for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            items = [self.take(v, f"{path}/{i}") for i, v in enumerate(value)]
-            return items if isinstance(value, list) else tuple(items)
-        return copy.deepcopy(value)
 
 
 class _DictState:
@@ -113,6 +84,18 @@ class _DictState:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         load_stateful(self.objects, state_dict, "state")
+
+
+def _yield_cpu_to_training() -> None:
+    """Lowers the calling thread's CPU priority (on Linux a thread has its own nice value), so
+    that a background write runs on CPU time the training thread does not want: where cores
+    are scarce, the write takes longer instead of slowing the steps."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread)
+                                                    + 10))
 
 
 def _distributed() -> tuple[int, int]:
@@ -259,10 +242,14 @@ class CheckpointManager:
         }
         rng = capture_rng_state()
         if world == 1 and self.async_save:
-            payload = self._snapshot.take(payload)  # the only part the training loop waits for
-            self._pending = threading.Thread(target=self._write_in_background,
-                                             args=(payload, rng, step),
-                                             name=f"cadence-checkpoint-{step}")
+            # The copy into host memory is the only part the training loop waits for. The
+            # default writer writes the packed buffer as it is: the background thread then
+            # holds the GIL for a few calls, whatever the number of tensors.
+            packed = self._snapshot.pack(payload)
+            self._pending = threading.Thread(
+                target=self._write_in_background,
+                args=(packed if isinstance(self.io, StateFileIO) else packed.value, rng, step),
+                name=f"cadence-checkpoint-{step}")
             self._pending.start()
             return str(final)
         if world == 1:
@@ -284,13 +271,13 @@ class CheckpointManager:
                 self._prune()
         return str(final)
 
-    def _write(self, payload: dict[str, Any], rng: dict[str, Any], step: int,
+    def _write(self, payload: dict[str, Any] | PackedState, rng: dict[str, Any], step: int,
                background: bool = False) -> None:
         """Writes and commits the checkpoint of a single process, then applies retention."""
         staging = self._directory.temp_path(step)
         try:
             staging.mkdir(parents=True)
-            checksums = dict(self.io.save(payload, staging) or {})
+            checksums = dict(self.io.save(payload, staging) or {})  # type: ignore[arg-type]
             checksums["rng-0.cadence"] = write_rng(rng, staging, 0)
             final = self._directory.commit(staging, step, checksums=checksums)
         except BaseException as error:
@@ -321,8 +308,9 @@ class CheckpointManager:
             logger.info("Deleted old checkpoint %s (max_to_keep=%s).", deleted,
                         self.max_to_keep)
 
-    def _write_in_background(self, payload: dict[str, Any], rng: dict[str, Any],
-                             step: int) -> None:
+    def _write_in_background(self, payload: dict[str, Any] | PackedState,
+                             rng: dict[str, Any], step: int) -> None:
+        _yield_cpu_to_training()
         try:
             self._write(payload, rng, step, background=True)
         except BaseException as error:  # handed to the training thread by wait()

@@ -15,7 +15,7 @@ import torch
 
 from cadence.core.checkpoint_dir import read_manifest, verify_files
 from cadence.core.errors import CheckpointError
-from cadence.engine.state_file import StateFileError, read_state, write_state
+from cadence.engine.state_file import PackedState, StateFileError, read_state, write_state
 
 logger = logging.getLogger("cadence")
 
@@ -90,7 +90,7 @@ class StateFileIO:
     verified_files = (STATE_FILE,)
     """Files whose checksum `load` checks itself (the manager does not read them twice)."""
 
-    def save(self, payload: dict[str, Any], directory: Path) -> dict[str, str]:
+    def save(self, payload: dict[str, Any] | PackedState, directory: Path) -> dict[str, str]:
         return {self.filename: write_state(payload, directory / self.filename)}
 
     def load(self, directory: Path) -> dict[str, Any]:

@@ -10,9 +10,12 @@ slows the training thread well beyond its stall, and loading a pickle is only sa
                                        offset and size
     tensor bytes                       each tensor's raw bytes, 64-byte aligned
 
-Writing is one large ``write`` per tensor and one ``update`` of the SHA-256 (both release the
-GIL); reading parses JSON and reads bytes into new tensors, so nothing in the file can run
-code. The structure holds dicts (any plain keys), lists, tuples, None, bools, ints, floats
+The tensor bytes are laid out in the file exactly as in a `HostSnapshot`'s arena: an
+asynchronous save copies every tensor into one reused host buffer (the stall), and the
+background write is then one ``write`` of that buffer and one ``update`` of the SHA-256, both of
+which release the GIL -- the Python work left for the background thread does not grow with the
+number of tensors. Reading parses JSON and reads bytes into new tensors, so nothing in the file
+can run code. The structure holds dicts (any plain keys), lists, tuples, None, bools, ints, floats
 (NaN and infinities included), strings, bytes, tensors, NumPy arrays, ``torch.Size``,
 dtypes and devices: what ``state_dict()`` returns. Anything else is a `TypeError` naming its
 path.
@@ -54,6 +57,7 @@ _DTYPES: dict[str, torch.dtype] = {
 for _name in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"):
     if hasattr(torch, _name):
         _DTYPES[_name] = getattr(torch, _name)
+_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
 
 class StateFileError(ValueError):
@@ -64,76 +68,107 @@ def _padding(offset: int) -> int:
     return -offset % _ALIGN
 
 
+class _Unsupported(TypeError):
+    def __init__(self, value: Any, problem: str) -> None:
+        super().__init__(problem)
+        self.value, self.problem = value, problem
+
+
+def _path_to(node: Any, target: Any, path: str = "") -> str | None:
+    """Where `target` is inside `node` (a slow walk, for error messages only)."""
+    if node is target:
+        return path
+    if isinstance(node, Mapping):
+        children: Any = ((f"{path}/{k}", v) for k, v in node.items())
+    elif isinstance(node, (list, tuple)) and not isinstance(node, torch.Size):
+        children = ((f"{path}/{i}", v) for i, v in enumerate(node))
+    else:
+        return None
+    for child_path, child in children:
+        found = _path_to(child, target, child_path)
+        if found is not None:
+            return found
+    return None
+
+
 class _Encoder:
-    """Turns a nested state into a JSON-able tree plus the list of its tensors."""
+    """Turns a nested state into a JSON-able tree plus the list of its tensors.
+
+    It runs in the training thread's stall for an asynchronous save, once per node: the fast
+    path does no string work (paths are found only to explain an error).
+    """
 
     def __init__(self) -> None:
         self.tensors: list[torch.Tensor] = []
         self.entries: list[dict[str, Any]] = []
         self._seen: dict[int, int] = {}  # the same tensor object twice is stored once
-        self._size = 0
+        self.size = 0
+        """Bytes of tensor data, alignment included."""
 
-    def tensor(self, value: torch.Tensor, path: str) -> int:
+    def encode_state(self, state: Any) -> Any:
+        try:
+            return self.encode(state)
+        except _Unsupported as error:
+            where = _path_to(state, error.value) or ""
+            raise TypeError(f"{where or 'the state'} {error.problem}") from None
+
+    def tensor(self, value: torch.Tensor) -> int:
         index = self._seen.get(id(value))
         if index is not None:
             return index
+        dtype = _DTYPE_NAMES.get(value.dtype)
         if value.layout != torch.strided or value.is_quantized:
-            raise TypeError(f"{path or 'the state'} is a {value.layout} tensor; checkpoints hold "
-                            "dense tensors. Convert it with .to_dense() in state_dict().")
-        dtype = str(value.dtype).removeprefix("torch.")
-        if dtype not in _DTYPES:
-            raise TypeError(f"{path or 'the state'} has dtype {value.dtype}, which checkpoints "
-                            f"cannot hold; supported: {', '.join(_DTYPES)}.")
-        data = value.detach()
-        if data.device.type != "cpu":
-            data = data.cpu()
-        data = data.contiguous()
-        nbytes = data.numel() * data.element_size()
-        self._size += _padding(self._size)
-        self.entries.append({"dtype": dtype, "shape": list(data.shape), "offset": self._size,
+            raise _Unsupported(value, f"is a {value.layout} tensor; checkpoints hold dense "
+                               "tensors. Convert it with .to_dense() in state_dict().")
+        if dtype is None:
+            raise _Unsupported(value, f"has dtype {value.dtype}, which checkpoints cannot "
+                               f"hold; supported: {', '.join(_DTYPES)}.")
+        nbytes = value.nbytes
+        size = self.size
+        size += -size % _ALIGN
+        self.entries.append({"dtype": dtype, "shape": list(value.shape), "offset": size,
                              "nbytes": nbytes})
-        self._size += nbytes
-        self.tensors.append(data)
+        self.size = size + nbytes
+        self.tensors.append(value)
         index = self._seen[id(value)] = len(self.tensors) - 1
         return index
 
-    def encode(self, value: Any, path: str = "") -> Any:
+    def encode(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return {"T": self.tensor(value)}
+        if isinstance(value, Mapping):
+            encode = self.encode
+            node = {"d": [[encode(k), encode(v)] for k, v in value.items()]}
+            metadata = getattr(value, "_metadata", None)  # nn.Module state_dict() versions
+            if isinstance(metadata, dict):
+                node["m"] = encode(dict(metadata))
+            return node
         if value is None or isinstance(value, (bool, str)):
             return value
         if isinstance(value, int):
             return int(value)
         if isinstance(value, float):
             return value if math.isfinite(value) else {"f": repr(value)}
-        if isinstance(value, torch.Tensor):
-            return {"T": self.tensor(value, path)}
-        if isinstance(value, np.ndarray):
-            return {"N": self.tensor(torch.from_numpy(np.ascontiguousarray(value)), path)}
-        if isinstance(value, np.generic):
-            return self.encode(value.item(), path)
+        if isinstance(value, list):
+            return [self.encode(v) for v in value]
         if isinstance(value, torch.Size):
             return {"S": [int(v) for v in value]}
+        if isinstance(value, tuple):
+            return {"t": [self.encode(v) for v in value]}
+        if isinstance(value, np.ndarray):
+            return {"N": self.tensor(torch.from_numpy(np.ascontiguousarray(value)))}
+        if isinstance(value, np.generic):
+            return self.encode(value.item())
         if isinstance(value, torch.dtype):
             return {"dt": str(value).removeprefix("torch.")}
         if isinstance(value, torch.device):
             return {"dev": str(value)}
         if isinstance(value, bytes):
             return {"b": base64.b64encode(value).decode("ascii")}
-        if isinstance(value, Mapping):
-            node = {"d": [[self.encode(k, f"{path}[key]"), self.encode(v, f"{path}/{k}")]
-                          for k, v in value.items()]}
-            metadata = getattr(value, "_metadata", None)  # nn.Module state_dict() versions
-            if isinstance(metadata, dict):
-                node["m"] = self.encode(dict(metadata), f"{path}._metadata")
-            return node
-        if isinstance(value, list):
-            return [self.encode(v, f"{path}/{i}") for i, v in enumerate(value)]
-        if isinstance(value, tuple):
-            return {"t": [self.encode(v, f"{path}/{i}") for i, v in enumerate(value)]}
-        raise TypeError(
-            f"{path or 'the state'} is a {type(value).__name__}; checkpoints hold tensors, "
-            "NumPy arrays, numbers, strings, bytes, None, and lists, tuples and dicts of them. "
-            "Make state_dict() return those."
-        )
+        raise _Unsupported(
+            value, f"is a {type(value).__name__}; checkpoints hold tensors, NumPy arrays, "
+            "numbers, strings, bytes, None, and lists, tuples and dicts of them. Make "
+            "state_dict() return those.")
 
 
 def _decode(node: Any, tensors: list[torch.Tensor]) -> Any:
@@ -174,7 +209,10 @@ def _decode(node: Any, tensors: list[torch.Tensor]) -> Any:
 
 def _byte_view(tensor: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, without a copy (any dtype, NumPy's or not)."""
-    return tensor.reshape(-1).view(torch.uint8).numpy().data
+    try:
+        return tensor.numpy().data.cast("B")  # the cheap way, for NumPy's dtypes
+    except (TypeError, ValueError, RuntimeError):
+        return tensor.reshape(-1).view(torch.uint8).numpy().data
 
 
 def _write_all(handle: BinaryIO, data: memoryview | bytes) -> None:
@@ -186,17 +224,84 @@ def _write_all(handle: BinaryIO, data: memoryview | bytes) -> None:
         view = view[written:]
 
 
+class PackedState:
+    """A state whose tensors all sit in one host buffer, laid out as in a state file: what
+    `HostSnapshot.pack` returns, and what `write_state` writes in one call.
+
+    Attributes:
+        tree: the encoded structure (JSON-able).
+        entries: each tensor's dtype, shape, offset and size.
+        arena: the tensor bytes (uint8, at least `size` long; padding is zeros).
+        size: how many bytes of `arena` are data.
+    """
+
+    def __init__(self, tree: Any, entries: list[dict[str, Any]], arena: torch.Tensor,
+                 size: int, views: list[torch.Tensor]) -> None:
+        self.tree, self.entries, self.arena, self.size = tree, entries, arena, size
+        self._views = views
+        self._value: Any = None
+
+    @property
+    def value(self) -> Any:
+        """The state itself: the same structure, its tensors views into `arena`."""
+        if self._value is None:
+            self._value = _decode(self.tree, self._views)
+        return self._value
+
+
+class HostSnapshot:
+    """Copies the tensors of a (nested) state into one host buffer, reused from one snapshot
+    to the next while the tensors' dtypes and shapes stay the same: the copy is the whole stall
+    of an asynchronous save. On CUDA the buffer is pinned, so the copy runs at full bandwidth.
+    """
+
+    def __init__(self) -> None:
+        self._layout: list[dict[str, Any]] = []
+        self._arena: torch.Tensor | None = None
+        self._views: list[torch.Tensor] = []
+
+    def pack(self, state: Any) -> PackedState:
+        """A copy of `state` whose tensors live in this snapshot's buffer."""
+        encoder = _Encoder()
+        tree = encoder.encode_state(state)
+        cuda = any(t.is_cuda for t in encoder.tensors)
+        if encoder.entries != self._layout or self._arena is None or (
+                cuda and not self._arena.is_pinned()):
+            arena = torch.zeros(max(encoder.size, 1), dtype=torch.uint8, pin_memory=cuda)
+            self._views = [
+                arena[e["offset"]:e["offset"] + e["nbytes"]].view(_DTYPES[e["dtype"]])
+                .view(e["shape"]) for e in encoder.entries
+            ]
+            self._arena, self._layout = arena, encoder.entries
+        with torch.no_grad():  # parameters are copied, not recorded by autograd
+            for view, source in zip(self._views, encoder.tensors):
+                view.copy_(source, non_blocking=source.is_cuda)
+        if cuda:  # the copies were queued on each device's current stream: wait for them
+            for device in {t.device for t in encoder.tensors if t.is_cuda}:
+                torch.cuda.current_stream(device).synchronize()
+        return PackedState(tree, encoder.entries, self._arena, encoder.size, self._views)
+
+    def take(self, value: Any) -> Any:
+        """`pack`, returning the state itself (its tensors are views into the buffer)."""
+        return self.pack(value).value
+
+
 def write_state(state: Any, file: str | os.PathLike[str] | BinaryIO) -> str:
     """Writes `state` to `file` (a path or a binary stream); returns the SHA-256 of the bytes.
 
-    Tensors on a device are copied to the host first (an asynchronous save passes host copies).
+    A `PackedState` is written with two writes whatever the number of tensors; any other
+    state is encoded here (tensors on a device are copied to the host one by one).
 
     Raises:
         TypeError: if the state holds something other than the values listed above.
     """
-    encoder = _Encoder()
-    tree = encoder.encode(state)
-    header = json.dumps({"version": VERSION, "tree": tree, "tensors": encoder.entries},
+    if isinstance(state, PackedState):
+        tree, entries, tensors, size = state.tree, state.entries, None, state.size
+    else:
+        encoder = _Encoder()
+        tree = encoder.encode_state(state)
+        entries, tensors, size = encoder.entries, encoder.tensors, encoder.size
+    header = json.dumps({"version": VERSION, "tree": tree, "tensors": entries},
                         separators=(",", ":")).encode("utf-8")
     digest = hashlib.sha256()
     prefix = MAGIC + struct.pack("<Q", len(header)) + header
@@ -208,16 +313,20 @@ def write_state(state: Any, file: str | os.PathLike[str] | BinaryIO) -> str:
 
     def body(handle: BinaryIO) -> None:
         emit(handle, prefix)
+        if tensors is None:  # packed: the arena is the file's data, padding included
+            if size:
+                emit(handle, _byte_view(state.arena[:size]))
+            return
         position = 0
-        for entry, tensor in zip(encoder.entries, encoder.tensors):
+        for entry, tensor in zip(entries, tensors):
             if entry["offset"] > position:
                 emit(handle, b"\0" * (entry["offset"] - position))
             if entry["nbytes"]:
-                emit(handle, _byte_view(tensor))
+                emit(handle, _byte_view(tensor.detach().cpu().contiguous()))
             position = entry["offset"] + entry["nbytes"]
 
     if isinstance(file, (str, os.PathLike)):
-        with open(file, "wb", buffering=0) as handle:
+        with open(file, "wb", buffering=1 << 20) as handle:  # small tensors coalesce
             body(handle)
     else:
         body(file)
