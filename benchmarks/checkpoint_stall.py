@@ -1,6 +1,11 @@
 """Checkpoint stall: how long training waits to save ~N MB of state (model + Adam state).
 
 usage: python benchmarks/checkpoint_stall.py KIND --mb 1200 --out FILE.json --workdir DIR
+       [--width 2048]
+
+``--width`` is the size of the square layers: 2048 makes few large tensors; 256 makes
+thousands of small ones, as a real model's weights and optimizer state are, which is where
+per-tensor Python work in a background writer shows.
 
 KIND: ``sync`` (cadence's synchronous save: torch.save + fsync + atomic commit), ``async``
 (cadence's asynchronous save: the stall is the copy into host buffers; completion measured
@@ -47,6 +52,7 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=1200)
     parser.add_argument("--out", required=True)
     parser.add_argument("--workdir", required=True)
+    parser.add_argument("--width", type=int, default=2048)
     args = parser.parse_args()
 
     import torch
@@ -56,7 +62,7 @@ def main() -> None:
 
     torch.set_num_threads(1)  # as in the other workloads: the background write gets a core
     # Adam keeps two moments per parameter: state = 3 x parameters.
-    width = 2048
+    width = args.width
     layers = max(1, round(args.mb * 2**20 / 3 / 4 / (width * width)))
     model = nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(layers)))
     optimizer = torch.optim.Adam(model.parameters())
@@ -70,7 +76,8 @@ def main() -> None:
 
     state = State()
     size_mb = sum(t.numel() * t.element_size() for t in state.variables) / 2**20
-    record: dict[str, float | str] = {"kind": args.kind, "state_mb": size_mb}
+    record: dict[str, float | str] = {"kind": args.kind, "state_mb": size_mb,
+                                      "tensors": len(state.variables)}
     workdir = Path(args.workdir)
     if args.kind == "floor":
         tensors = state.variables

@@ -64,6 +64,7 @@ _EXPORTS = {
     "Task": "cadence.task.task",
     "build_dataloader": "cadence.data.sharding",
     "TaskConfig": "cadence.task.config",
+    "StateFileIO": "cadence.engine.checkpoint",
     "TorchSaveIO": "cadence.engine.checkpoint",
     "TrainLoop": "cadence.tfsnippet.train_loop",
     "Trainer": "cadence.task.trainer",
@@ -123,6 +124,7 @@ __all__ = [
     "StandardEvaluatorOptions",
     "StandardTrainer",
     "StandardTrainerOptions",
+    "StateFileIO",
     "StopTraining",
     "Sum",
     "SummaryManager",
@@ -172,7 +174,12 @@ if TYPE_CHECKING:
     from cadence.data.iterator import DataIterator
     from cadence.data.sharding import InputContext, build_dataloader
     from cadence.engine import debug as debug
-    from cadence.engine.checkpoint import CheckpointIO, CheckpointManager, TorchSaveIO
+    from cadence.engine.checkpoint import (
+        CheckpointIO,
+        CheckpointManager,
+        StateFileIO,
+        TorchSaveIO,
+    )
     from cadence.engine.exporter import BestCheckpointExporter, load_weights
     from cadence.engine.metrics import Accuracy, Last, Mean, Metric, Sum
     from cadence.engine.module import Module

@@ -30,7 +30,7 @@ def test_checkpoints_across_two_ranks(tmp_path):
     ckpt = tmp_path / "ckpt"
     assert sorted(p.name for p in ckpt.iterdir()) == ["ckpt-3", "ckpt-6"]
     assert {p.name for p in (ckpt / "ckpt-6").iterdir()} == {
-        "manifest.json", "state.pt", "rank-0.pt", "rank-1.pt"}
+        "manifest.json", "state.cadence", "rank-0.cadence", "rank-1.cadence"}
     lines = (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()
     steps = [int(line.split(",")[0].split(":")[1]) for line in lines]
     assert steps == [2, 3, 5, 6]  # loops cut at the checkpoint boundary; written by rank 0 only
@@ -62,7 +62,7 @@ def test_run_experiment_trains_data_parallel_across_two_ranks(tmp_path):
     run = tmp_path / "run"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["ckpt-20", "ckpt-40"]
     files = {p.name for p in (run / "checkpoints" / "ckpt-40").iterdir()}
-    assert files >= {"rank-0.pt", "rank-1.pt"}
+    assert files >= {"rank-0.cadence", "rank-1.cadence"}
     assert (run / "params.yaml").is_file() and (run / "best" / "info.json").is_file()
 
 
@@ -120,7 +120,7 @@ def test_twenty_sigterms_at_different_steps_on_each_rank_all_save_the_same_step(
         assert a["preempted"] is not None and a["preempted"] == b["preempted"], (a, b)
         assert a["step"] == b["step"] and a["code"] == b["code"] == 143
         files = {p.name for p in Path(a["preempted"]).iterdir()}
-        assert {"rank-0.pt", "rank-1.pt", "state.pt", "manifest.json"} <= files
+        assert {"rank-0.cadence", "rank-1.cadence", "state.cadence", "manifest.json"} <= files
 
 
 @pytest.mark.slow

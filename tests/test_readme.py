@@ -17,18 +17,21 @@ def run(code, tmp_path, monkeypatch):
     return namespace
 
 
-def test_the_task_example_trains_evaluates_and_exports(tmp_path, monkeypatch):
+def test_the_task_example_trains_evaluates_and_exports(tmp_path, monkeypatch, capsys):
     (code,) = [block for block in python_blocks() if "cadence.Task" in block]
     namespace = run(code, tmp_path, monkeypatch)
     assert namespace["logs"]["accuracy"] > 0.9
+    assert capsys.readouterr().out.startswith("validation accuracy 0.9")  # it says it worked
     assert (tmp_path / "runs/blobs/best/info.json").is_file()
     assert (tmp_path / "runs/blobs/checkpoints/ckpt-300").is_dir()
 
 
-def test_the_orbit_example_trains_and_resumes(tmp_path, monkeypatch):
+def test_the_orbit_example_trains_and_resumes(tmp_path, monkeypatch, capsys):
     (code,) = [block for block in python_blocks() if "cadence.StandardTrainer" in block]
     namespace = run(code, tmp_path, monkeypatch)
     assert namespace["trainer"].global_step == 200
+    assert capsys.readouterr().out == (
+        "trained to step 200; newest checkpoint: runs/demo/ckpt/ckpt-200\n")
     checkpoints = {p.name for p in (tmp_path / "runs/demo/ckpt").iterdir()}
     assert checkpoints == {"ckpt-50", "ckpt-100", "ckpt-150", "ckpt-200"}
     again = run(code, tmp_path, monkeypatch)  # the same program resumes: nothing to train
@@ -36,16 +39,17 @@ def test_the_orbit_example_trains_and_resumes(tmp_path, monkeypatch):
     assert (tmp_path / "runs/demo/train/metrics.jsonl").read_text().count("\n") == 8
 
 
-def test_the_train_loop_and_tensorpack_examples_train_and_resume(tmp_path, monkeypatch, capsys):
+def test_the_train_loop_and_tensorpack_examples_each_run_alone_and_resume(tmp_path, monkeypatch,
+                                                                       capsys):
     loop_code = next(b for b in python_blocks() if "cadence.TrainLoop" in b)
     tensorpack_code = next(b for b in python_blocks() if "cadence.ModelDesc" in b)
     namespace = run(loop_code, tmp_path, monkeypatch)
     assert namespace["loop"].epoch == 5 and namespace["loop"].best_valid_metric is not None
     assert "[Epoch 5/5, Step 40" in capsys.readouterr().out
-    exec(compile(tensorpack_code, "README.md", "exec"), namespace)
+    run(tensorpack_code, tmp_path, monkeypatch)  # alone: the block is self-contained
     assert (tmp_path / "runs/regression/checkpoints/ckpt-80").is_dir()
     assert (tmp_path / "runs/regression/minsaver-validation_loss/info.json").is_file()
-    exec(compile(tensorpack_code, "README.md", "exec"), namespace)  # resumes: nothing left
+    run(tensorpack_code, tmp_path, monkeypatch)  # resumes: nothing left
     stats = (tmp_path / "runs/regression/stats.jsonl").read_text().splitlines()
     assert len(stats) == 5
 

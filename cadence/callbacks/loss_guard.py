@@ -1,7 +1,11 @@
 """`LossGuard`: what happens when the training loss becomes NaN, infinite or blows up.
 
 It reads the loop's mean loss once per loop, from logs the Controller has already moved to the
-host, so it adds no device sync. Policies (``trainer.recovery_max_trials``):
+host, so it adds no device sync. A finite mean loss does not prove finite weights (one NaN
+gradient in a loop's last step leaves the mean finite and the weights NaN), so before each
+checkpoint the Controller will save after a loop, it also checks that the trainable weights
+are finite: one reduction and one host sync per save, none per step. Policies
+(``trainer.recovery_max_trials``), for either problem:
 
 * ``-1``: log a warning and go on;
 * ``0`` (default): stop training with `cadence.DivergenceError` (a `FloatingPointError` and a
@@ -19,6 +23,8 @@ from __future__ import annotations
 import logging
 import math
 from typing import Any
+
+import torch
 
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.errors import DivergenceError
@@ -40,13 +46,50 @@ class LossGuard(Callback):
 
     def __init__(self, key: str = "training_loss", upper_bound: float = math.inf,
                  begin_step: int = 0, max_trials: int = 0) -> None:
-        if max_trials < -1:
-            raise ValueError(f"`max_trials` (got {max_trials}) must be -1, 0 or positive.")
+        if isinstance(max_trials, bool) or not isinstance(max_trials, int) or max_trials < -1:
+            raise ValueError(f"`max_trials` (got {max_trials!r}) must be -1, 0 or positive.")
+        if not isinstance(upper_bound, (int, float)) or math.isnan(upper_bound) or (
+                upper_bound < 0):
+            raise ValueError(f"`upper_bound` (got {upper_bound!r}) must be a number >= 0 "
+                             "(math.inf disables the bound).")
         self.key = key
         self.upper_bound = upper_bound
         self.begin_step = begin_step
         self.max_trials = max_trials
         self.failures_in_a_row = 0
+        self._last_loop_end = 0
+
+    def on_train_begin(self, state: RunState) -> None:
+        self._last_loop_end = state.global_step
+
+    def _save_follows(self, state: RunState) -> bool:
+        """Whether the Controller saves a checkpoint after this loop: its interval was crossed,
+        training reached its target, or a stop was requested (a stop saves)."""
+        manager = getattr(state.controller, "checkpoint_manager", None)
+        if manager is None:
+            return False
+        step, interval = state.global_step, getattr(manager, "checkpoint_interval", None)
+        if interval and step // interval > self._last_loop_end // interval:
+            return True
+        return state.stop_requested or (
+            state.target_step is not None and step >= state.target_step)
+
+    def _weights_problem(self, state: RunState) -> str | None:
+        """Why the trainer's trainable weights must not be saved (not finite), or None."""
+        tensors = [t for t in getattr(state.trainer, "trainable_variables", ())
+                   if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
+        if not tensors:
+            return None
+        if bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all()):  # host sync
+            return None
+        names = {id(p): n for n, p in getattr(getattr(state.trainer, "model", None),
+                                              "named_parameters", lambda: [])()}
+        bad = [names.get(id(t), f"a tensor of shape {tuple(t.shape)}") for t in tensors
+               if not bool(torch.isfinite(t).all())]
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        return (f"the weights about to be checkpointed are not finite (NaN or infinity in "
+                f"{', '.join(bad[:3])}{more}) although the mean {self.key} is finite: a NaN "
+                "or infinite gradient")
 
     def _problem(self, value: Any, step: int) -> str | None:
         if not isinstance(value, (int, float)):
@@ -59,6 +102,9 @@ class LossGuard(Callback):
 
     def on_loop_end(self, state: RunState, logs: dict[str, Any]) -> None:
         problem = self._problem(logs.get(self.key), state.global_step)
+        if problem is None and self._save_follows(state):
+            problem = self._weights_problem(state)
+        self._last_loop_end = state.global_step
         if problem is None:
             self.failures_in_a_row = 0
             return
@@ -91,6 +137,7 @@ class LossGuard(Callback):
         if data is not None and data_state is not None:
             data.load_state_dict(data_state)
         restore_rng_state(rng)
+        self._last_loop_end = controller.global_step
         logger.warning(
             "At step %d %s: restored %s (step %d), skipping the batches since then (attempt %d "
             "of %d).", bad_step, problem, path, controller.global_step, self.failures_in_a_row,

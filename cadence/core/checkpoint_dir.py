@@ -1,11 +1,19 @@
 """The checkpoint directory: atomic commits, listing of complete checkpoints, retention.
 
 A checkpoint is a directory ``ckpt-<step>`` holding the files an I/O backend wrote plus a
-``manifest.json`` that names each file with its size. It is written under a hidden temporary
-name, every file and the directory are fsynced, the manifest is written last, and only then is
-the directory renamed into place -- one atomic step. So a ``ckpt-<step>`` directory that exists
-is complete; one without a valid manifest, or whose files do not match it, is never listed.
-A crash at any moment leaves at worst a hidden temporary directory, removed on the next start.
+``manifest.json`` that names each file with its size and its SHA-256 checksum. It is written
+under a hidden temporary name, every file and the directory are fsynced, the manifest is written
+last, and only then is the directory renamed into place -- one atomic step. So a ``ckpt-<step>``
+directory that exists is complete; one without a valid manifest, or whose files do not have the
+sizes it lists, is never listed. A crash at any moment leaves at worst a hidden temporary
+directory, removed on the next start.
+
+Damage that keeps the sizes (flipped bytes) is found by `verify_files`, which readers run
+before they trust a checkpoint (``sha256sum`` checks the same digests from a shell). A damaged
+checkpoint is never deleted: `CheckpointDirectory.move_aside` renames it to
+``ckpt-<step>.damaged-<time>`` (no longer listed, kept for inspection) with the reason beside
+it, so that the run goes on from the newest good one and the next save of that step is not
+blocked.
 
 Nothing here imports torch: what goes into the files is the I/O backend's business.
 """
@@ -13,6 +21,7 @@ Nothing here imports torch: what goes into the files is the I/O backend's busine
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -30,8 +39,11 @@ from cadence.core.errors import CheckpointError
 logger = logging.getLogger(__name__)
 
 FORMAT = "cadence-checkpoint"
-VERSION = 1
+VERSION = 2
+"""Version 2 adds the ``sha256`` section; version 1 manifests (sizes only) are still read."""
 MANIFEST = "manifest.json"
+DAMAGED_NOTE = "DAMAGED.txt"
+"""What `CheckpointDirectory.move_aside` writes beside a damaged checkpoint's files: why."""
 _NAME = re.compile(r"^ckpt-(\d+)$")
 _TEMP_PREFIX = ".tmp-ckpt-"
 DEFAULT_MAX_TO_KEEP = 5
@@ -56,6 +68,20 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def file_sha256(path: str | os.PathLike[str], chunk_size: int = 8 << 20) -> str:
+    """The SHA-256 of a file's content, as hex; read in chunks (hashing releases the GIL)."""
+    digest = hashlib.sha256()
+    buffer = bytearray(chunk_size)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while True:
+            read = handle.readinto(buffer)
+            if not read:
+                break
+            digest.update(view[:read])
+    return digest.hexdigest()
+
+
 def write_atomically(path: Path, text: str) -> Path:
     """Writes `text` to `path` so that readers see the old file or the whole new one: a hidden
     temporary file in the same directory, flushed to disk, then renamed over `path`."""
@@ -70,7 +96,9 @@ def write_atomically(path: Path, text: str) -> Path:
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Reads and verifies the manifest of checkpoint directory `path`.
+    """Reads the manifest of checkpoint directory `path` and checks the files' sizes.
+
+    This is cheap (no file is read); `verify_files` also checks the content.
 
     Raises:
         CheckpointError: if `path` is not a directory, has no manifest, the manifest is not
@@ -78,8 +106,9 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     path = Path(path)
     if not path.is_dir():
+        what = "is a file, not a directory" if path.exists() else "does not exist"
         raise CheckpointError(
-            f"Checkpoint {str(path)!r} does not exist or is not a directory. "
+            f"Checkpoint {str(path)!r} {what}. "
             "Pass a `ckpt-<step>` directory written by cadence's CheckpointManager."
         )
     try:
@@ -102,7 +131,12 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{str(path)!r} was written by a newer cadence (format version "
             f"{manifest.get('version')}, this one reads up to {VERSION}). Upgrade cadence."
         )
-    for name, size in manifest.get("files", {}).items():
+    files, checksums = manifest.get("files", {}), manifest.get("sha256", {})
+    if (not isinstance(files, dict) or not isinstance(checksums, dict)
+            or not isinstance(manifest.get("step"), int)):
+        raise CheckpointError(f"The manifest of {str(path)!r} is damaged: it lacks the step, "
+                              "the files or their checksums. Restore an older checkpoint.")
+    for name, size in files.items():
         file = path / name
         if not file.is_file() or file.stat().st_size != size:
             raise CheckpointError(
@@ -110,6 +144,37 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
                 f"truncated (expected {size} bytes). Restore an older checkpoint instead."
             )
     return manifest
+
+
+def verify_files(path: str | os.PathLike[str], manifest: dict[str, Any],
+                 names: Sequence[str] | None = None) -> None:
+    """Checks the content of checkpoint files against the SHA-256 digests in `manifest`.
+
+    Args:
+        path: the checkpoint directory.
+        manifest: its manifest (`read_manifest`).
+        names: the files to check; None checks every file that has a digest. A file without
+            one (a version 1 checkpoint) is not checked.
+
+    Raises:
+        CheckpointError: naming the first file whose content differs from when it was written.
+    """
+    path = Path(path)
+    checksums: dict[str, str] = manifest.get("sha256", {})
+    for name in checksums if names is None else names:
+        expected = checksums.get(name)
+        if expected is None:
+            continue
+        try:
+            actual = file_sha256(path / name)
+        except OSError as error:
+            raise CheckpointError(f"Cannot read {str(path / name)!r}: {error}.") from error
+        if actual != expected:
+            raise CheckpointError(
+                f"Checkpoint {str(path)!r} is damaged: {name} does not match its SHA-256 "
+                "checksum (its bytes changed after it was written). Restore an older "
+                "checkpoint instead."
+            )
 
 
 class CheckpointDirectory:
@@ -131,6 +196,7 @@ class CheckpointDirectory:
             )
         self.directory = Path(directory)
         self.max_to_keep = max_to_keep
+        self._reported: set[str] = set()  # incomplete directories already warned about
 
     def path_for(self, step: int) -> Path:
         """Where the checkpoint of `step` is (or would be) committed."""
@@ -148,7 +214,9 @@ class CheckpointDirectory:
             try:
                 read_manifest(entry)
             except CheckpointError as error:
-                logger.warning("Skipping %s: %s", entry, error)
+                if str(entry) not in self._reported:  # listings repeat: say it once
+                    self._reported.add(str(entry))
+                    logger.warning("Skipping %s: %s", entry, error)
                 continue
             found.append(CheckpointInfo(int(match.group(1)), entry))
         return sorted(found, key=lambda info: info.step)
@@ -157,6 +225,27 @@ class CheckpointDirectory:
         """The newest complete checkpoint, or None."""
         complete = self.checkpoints()
         return complete[-1] if complete else None
+
+    def move_aside(self, path: Path, reason: str) -> Path:
+        """Renames damaged checkpoint `path` so that it is no longer listed, and keeps it.
+
+        The new name is ``<name>.damaged-<time>`` beside it; `DAMAGED_NOTE` inside says why.
+        The files are not touched otherwise, so the damage can still be inspected.
+
+        Returns:
+            Where the checkpoint is now.
+        """
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = path.with_name(f"{path.name}.damaged-{stamp}")
+        suffix = 1
+        while target.exists():
+            suffix += 1
+            target = path.with_name(f"{path.name}.damaged-{stamp}-{suffix}")
+        os.rename(path, target)
+        with contextlib.suppress(OSError):  # the note is a courtesy (the disk may be full)
+            (target / DAMAGED_NOTE).write_text(f"{reason}\n", encoding="utf-8")
+        self._reported.discard(str(path))
+        return target
 
     def remove_stale(self) -> None:
         """Removes temporary and half-deleted directories left by a crash."""
@@ -189,23 +278,37 @@ class CheckpointDirectory:
             raise
         self.commit(temp, step)
 
-    def commit(self, temp: Path, step: int, extra: dict[str, Any] | None = None) -> Path:
+    def commit(self, temp: Path, step: int, extra: dict[str, Any] | None = None,
+               checksums: dict[str, str] | None = None) -> Path:
         """Writes the manifest into staging directory `temp` and renames it to ``ckpt-<step>``.
 
         Every file is fsynced before the manifest is written, and the rename is the last step,
-        so the checkpoint appears whole or not at all.
+        so the checkpoint appears whole or not at all. A directory already at ``ckpt-<step>``
+        (an incomplete or damaged leftover: callers keep a good one instead of saving again) is
+        moved aside first, so it never blocks the save.
+
+        Args:
+            temp: the staging directory.
+            step: the checkpoint's step.
+            extra: more manifest entries.
+            checksums: SHA-256 digests of files, computed while they were written; the others
+                are read back and hashed here.
         """
-        files = {}
+        files, digests = {}, {}
         for file in sorted(temp.rglob("*")):
             if file.is_file():
+                name = str(file.relative_to(temp))
                 fsync_path(file)
-                files[str(file.relative_to(temp))] = file.stat().st_size
+                files[name] = file.stat().st_size
+                known = (checksums or {}).get(name)
+                digests[name] = known if known is not None else file_sha256(file)
         manifest = {
             "format": FORMAT,
             "version": VERSION,
             "step": step,
             "time": time.time(),
             "files": files,
+            "sha256": digests,
             **(extra or {}),
         }
         manifest_path = temp / MANIFEST
@@ -215,6 +318,11 @@ class CheckpointDirectory:
             os.fsync(handle.fileno())
         fsync_path(temp)
         final = self.path_for(step)
+        if final.exists():
+            moved = self.move_aside(final, f"{final.name} was incomplete or damaged, and in the "
+                                    "way of a new checkpoint of the same step.")
+            logger.warning("Moved %s aside to %s: it was incomplete or damaged, and a new "
+                           "checkpoint of step %d replaces it.", final, moved, step)
         os.rename(temp, final)
         fsync_path(self.directory)
         return final

@@ -282,7 +282,10 @@ class Controller(ControllerEvaluation):
         path = self.checkpoint_manager.save(step)
         self._checkpoint_interval.mark(step)
         self._weights_checkpoint = path
-        logger.info("Saved checkpoint %s.", path)
+        if not getattr(self.checkpoint_manager, "logs_saves", False):
+            # A manager that logs its own saves does so after the commit (a background write
+            # may still be running here).
+            logger.info("Saved checkpoint %s.", path)
         self.callbacks.fire("on_checkpoint_saved", self.state, path)
         return path
 

@@ -88,8 +88,9 @@ class ControllerEvaluation:
             action(output)
         logs = to_host(output)
         elapsed = time.perf_counter() - start
-        if steps > 0 and elapsed > 0:
-            logs["steps_per_second"] = steps / elapsed
+        if steps > 0 and elapsed > 0:  # the steps that ran: the data may run out first
+            done = getattr(self.evaluator, "last_eval_steps", None)
+            logs["steps_per_second"] = (steps if done is None else done) / elapsed
         record = {"step": step, "checkpoint": self._weights_checkpoint}
         logger.info(
             "eval | step: %d | checkpoint: %s | eval time: %.2fs | %s",

@@ -4,6 +4,7 @@ Every front-end and built-in callback that writes into a run's directory finds i
 
     <root>/
       params.yaml        the final config of a Task run (reloads exactly)
+      train.lock         held while a process trains here (`RunLock`)
       checkpoints/       ckpt-<step>/ (atomic; a run resumes from the newest)
       train/             training summaries: TensorBoard event files, metrics.jsonl
       eval/              evaluation summaries
@@ -21,10 +22,26 @@ they are in from ``RunState.run_dir``.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: the lock falls back to an exclusively created file
+    fcntl = None  # type: ignore[assignment]
+
+logger = logging.getLogger("cadence")
 
 PARAMS_FILE = "params.yaml"
+LOCK_FILE = "train.lock"
 
 
 class RunDirectory:
@@ -75,6 +92,135 @@ class RunDirectory:
         """The per-epoch JSON lines of the tensorpack monitors."""
         return self.root / "stats.jsonl"
 
+    @property
+    def lock_file(self) -> Path:
+        """Held while a process trains in the run (see `RunLock`)."""
+        return self.root / LOCK_FILE
+
     def subdir(self, name: str) -> Path:
         """Another directory of the run (a callback's own, e.g. ``profile``)."""
         return self.root / name
+
+    @contextlib.contextmanager
+    def training_lock(self) -> Iterator[RunLock]:
+        """Holds the run's `RunLock` for the duration of a ``with`` block.
+
+        Raises:
+            RunLockedError: if another live process trains in this run directory.
+        """
+        lock = RunLock(self.lock_file)
+        lock.acquire()
+        try:
+            yield lock
+        finally:
+            lock.release()
+
+
+class RunLockedError(RuntimeError):
+    """Another live process trains in the run directory. The message names it."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # it exists (another user's), or we cannot tell: assume alive
+    return True
+
+
+class RunLock:
+    """One trainer per run directory: an exclusive lock on `path` while training.
+
+    The file records the owner (pid, host, command, start time), so that a second trainer's
+    error names it. On POSIX the lock is an ``flock``, which the kernel drops when its process
+    dies however it dies: a lock left by a dead process is taken over (and said so). Elsewhere
+    the file is created exclusively and a dead owner is detected by its pid. Evaluation does
+    not take the lock: it only reads checkpoints, and may run beside a trainer.
+
+    Args:
+        path: the lock file (`RunDirectory.lock_file`).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock."""
+        return self._fd is not None
+
+    @staticmethod
+    def _owner_text(owner: dict[str, Any]) -> str:
+        if not owner.get("pid"):
+            return "another process"
+        host = owner.get("host")
+        where = f" on {host}" if host and host != socket.gethostname() else ""
+        command = f" ({owner['command']})" if owner.get("command") else ""
+        since = f", since {owner['since']}" if owner.get("since") else ""
+        return f"process {owner['pid']}{where}{command}{since}"
+
+    def _read_owner(self) -> dict[str, Any]:
+        try:
+            owner = json.loads(self.path.read_text(encoding="utf-8") or "{}")
+        except (OSError, ValueError):
+            return {}
+        return owner if isinstance(owner, dict) else {}
+
+    def _refuse(self, owner: dict[str, Any]) -> RunLockedError:
+        return RunLockedError(
+            f"{str(self.path.parent)!r} is in use: {self._owner_text(owner)} is training in "
+            "it. Wait for it to finish or stop it, or train in another directory; evaluation "
+            "(`cadence eval`) may run beside it."
+        )
+
+    def acquire(self) -> None:
+        """Takes the lock.
+
+        Raises:
+            RunLockedError: naming the process that holds it.
+        """
+        if self._fd is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if fcntl is not None:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise self._refuse(self._read_owner()) from None
+        else:
+            owner = self._read_owner()
+            if owner.get("pid") and _pid_alive(int(owner["pid"])):
+                raise self._refuse(owner)
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                raise self._refuse(self._read_owner()) from None
+        previous = self._read_owner()
+        if previous.get("pid") and previous.get("pid") != os.getpid():
+            logger.warning("Taking over %s: it was held by %s, which is no longer running.",
+                           self.path, self._owner_text(previous))
+        record = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "command": " ".join(sys.argv)[:200],
+                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps(record).encode("utf-8"))
+        self._fd = fd
+
+    def release(self) -> None:
+        """Releases the lock (the file stays, emptied: removing it would race a new owner)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        if fcntl is None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+        os.close(fd)

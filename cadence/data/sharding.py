@@ -11,6 +11,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
+from cadence.core.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class InputContext:
@@ -68,6 +70,10 @@ def build_dataloader(dataset: Dataset[Any], params: Any,
     all processes sees every example exactly once (shards may differ by one batch; metrics are
     summed across processes at the end). Where CUDA is available, batches come in pinned memory,
     so that copying them to the GPU does not block the host.
+
+    Raises:
+        ConfigError: if ``params.drop_remainder`` is set and this process's share of the data
+            is smaller than one batch (no batch would ever be made).
     """
     context = input_context or InputContext()
     training = bool(params.is_training)
@@ -80,9 +86,20 @@ def build_dataloader(dataset: Dataset[Any], params: Any,
     elif context.num_input_pipelines > 1:
         sampler = ShardSampler(len(dataset),  # type: ignore[arg-type]
                                context.num_input_pipelines, context.input_pipeline_id)
+    batch_size = context.get_per_replica_batch_size(params.global_batch_size)
+    length = len(sampler) if sampler is not None else len(dataset)  # type: ignore[arg-type]
+    if params.drop_remainder and length < batch_size:
+        key = "task.train_data" if training else "task.validation_data"
+        raise ConfigError(
+            f"{key}.global_batch_size (got {params.global_batch_size}) is larger than the data "
+            f"({length} examples{' per process' if context.num_replicas_in_sync > 1 else ''}) "
+            f"and drop_remainder is true, so not one batch would be made. Set "
+            f"{key}.global_batch_size to at most {length * context.num_replicas_in_sync}, or "
+            f"{key}.drop_remainder=false."
+        )
     return DataLoader(
         dataset,
-        batch_size=context.get_per_replica_batch_size(params.global_batch_size),
+        batch_size=batch_size,
         shuffle=shuffle if sampler is None else None,
         sampler=sampler,
         drop_last=params.drop_remainder,

@@ -6,24 +6,35 @@ counter and data position), the
 states of the random number generators of every rank, and, when a Controller drives it, the
 callbacks' and the Controller's own state.
 
-Files are committed atomically by `cadence.core.checkpoint_dir.CheckpointDirectory` and read
-with ``torch.load(weights_only=True)``: loading never unpickles arbitrary objects. The bytes go
-through a small `CheckpointIO` interface, so a sharded writer (``torch.distributed.checkpoint``)
-can replace the default one without changing callers.
+Files are committed atomically by `cadence.core.checkpoint_dir.CheckpointDirectory`, with the
+SHA-256 of each in the manifest. The default `StateFileIO` writes ``state.cadence``
+(`cadence.engine.state_file`: a JSON header and raw tensor bytes, no pickle), so a background
+write releases the GIL for nearly all of its time, and loading never unpickles anything;
+checkpoints written with ``torch.save`` (`TorchSaveIO`, earlier versions) are read with
+``torch.load(weights_only=True)``. The bytes go through a small `CheckpointIO` interface, so a
+sharded writer (``torch.distributed.checkpoint``) can replace the default one without changing
+callers.
+
+What a restore does with a damaged checkpoint (truncated, flipped bytes, unreadable, not
+cadence's, written for another model): `restore_or_initialize` falls back to the newest good
+one with a warning that names the damage, and a training job moves each damaged newer one aside
+(renamed ``ckpt-<step>.damaged-<time>``, kept) so that it can save that step again; with no
+good checkpoint it fails with one error listing what is wrong with each.
 """
 
 from __future__ import annotations
 
-import copy
+import contextlib
+import errno
 import logging
 import os
-import pickle
+import shutil
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from cadence.core.checkpoint_dir import (
@@ -35,84 +46,31 @@ from cadence.core.checkpoint_dir import (
 from cadence.core.errors import CheckpointError, CheckpointMismatchError
 from cadence.core.intervals import check_interval
 from cadence.core.protocols import Stateful, is_stateful
+from cadence.engine.checkpoint_io import (
+    CheckpointIO,
+    StateFileIO,
+    TorchSaveIO,
+    read_checkpoint,
+)
 from cadence.engine.distributed import any_rank
 from cadence.engine.module import Module, load_stateful
-from cadence.engine.rank_state import rank_file, rank_payload, restore_rank_state
+from cadence.engine.rank_state import (
+    rank_file,
+    rank_payload,
+    read_rank_states,
+    restore_rank_state,
+    write_rank_state,
+)
 from cadence.engine.rng import capture_rng_state
 from cadence.engine.sharded import dcp_parts, load_sharded, save_sharded, sharded_names, uses_dcp
+from cadence.engine.state_file import HostSnapshot, PackedState
+
+__all__ = ["CheckpointIO", "CheckpointManager", "HostSnapshot", "StateFileIO", "TorchSaveIO",
+           "read_checkpoint"]
 
 logger = logging.getLogger("cadence")
 
 _RESERVED = frozenset({"state"})
-
-
-class CheckpointIO(Protocol):
-    """Writes and reads the payload of one checkpoint inside its (staging) directory."""
-
-    def save(self, payload: dict[str, Any], directory: Path) -> None: ...
-
-    def load(self, directory: Path) -> dict[str, Any]: ...
-
-
-def _torch_load(path: Path) -> Any:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        raise CheckpointError(
-            f"{str(path)!r} holds objects other than tensors and plain values; cadence loads "
-            "checkpoints with weights_only=True and never unpickles arbitrary objects. Make "
-            f"state_dict() return tensors, numbers, strings, lists and dicts. ({error})"
-        ) from error
-    except (RuntimeError, EOFError, OSError, ValueError) as error:
-        raise CheckpointError(
-            f"Cannot read {str(path)!r}: {error}. The file is corrupt; restore an older "
-            "checkpoint instead."
-        ) from error
-
-
-class TorchSaveIO:
-    """The default `CheckpointIO`: one ``state.pt`` written by ``torch.save``."""
-
-    filename = "state.pt"
-
-    def save(self, payload: dict[str, Any], directory: Path) -> None:
-        torch.save(payload, directory / self.filename)
-
-    def load(self, directory: Path) -> dict[str, Any]:
-        payload = _torch_load(directory / self.filename)
-        if not isinstance(payload, dict):
-            raise CheckpointError(f"{str(directory)!r} does not hold a cadence checkpoint payload.")
-        return payload
-
-
-class HostSnapshot:
-    """Copies the tensors of a (nested) state into host buffers that are reused from one
-    snapshot to the next when shapes and dtypes match: the copy is the whole stall of an
-    asynchronous save. On CUDA the buffers are pinned, so the copy runs at full bandwidth."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
-
-    def take(self, value: Any, path: str = "") -> Any:
-        """A copy of `value` whose tensors live in this snapshot's buffers."""
-        if isinstance(value, torch.Tensor):
-            source = value.detach()
-            buffer = self._buffers.get(path)
-            if (buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype
-                    or buffer.layout != source.layout):
-                buffer = torch.empty(source.shape, dtype=source.dtype, device="cpu",
-                                     pin_memory=source.is_cuda)
-                self._buffers[path] = buffer
-            buffer.copy_(source, non_blocking=source.is_cuda)
-            if source.is_cuda:
-                torch.cuda.current_stream(source.device).synchronize()
-            return buffer
-        if isinstance(value, dict):
-            return {k: self.take(v, f"{path}/{k}") for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            items = [self.take(v, f"{path}/{i}") for i, v in enumerate(value)]
-            return items if isinstance(value, list) else tuple(items)
-        return copy.deepcopy(value)
 
 
 class _DictState:
@@ -135,6 +93,18 @@ class _DictState:
         load_stateful(self.objects, state_dict, "state")
 
 
+def _yield_cpu_to_training() -> None:
+    """Lowers the calling thread's CPU priority (on Linux a thread has its own nice value), so
+    that a background write runs on CPU time the training thread does not want: where cores
+    are scarce, the write takes longer instead of slowing the steps."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread)
+                                                    + 10))
+
+
 def _distributed() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -153,7 +123,7 @@ class CheckpointManager:
             None: only at the end of training and on explicit saves.
         init_fn: called by `restore_or_initialize` when there is no checkpoint yet (e.g. to load
             pretrained weights).
-        io: how payloads are written; defaults to `TorchSaveIO`.
+        io: how payloads are written; defaults to `StateFileIO`.
         strict: restoring requires the checkpoint to hold exactly the state's objects. False
             ignores objects the checkpoint has but `state` does not track (an evaluation job
             restores only the model from a training checkpoint); missing ones are still errors.
@@ -164,7 +134,7 @@ class CheckpointManager:
             second save, a restore, or `wait` first waits for the pending write and raises its
             error. The commit stays atomic: a crash during the write leaves the previous
             checkpoint as the newest. Single-process jobs only (a distributed job saves
-            synchronously).
+            synchronously). "Saved checkpoint ..." is logged once the commit is done.
 
     Raises:
         TypeError: if `state` is neither a Module nor a dict of stateful objects, or `init_fn`
@@ -199,14 +169,18 @@ class CheckpointManager:
         self.checkpoint_interval = check_interval("checkpoint_interval", checkpoint_interval)
         self._directory = CheckpointDirectory(directory, max_to_keep)
         self.init_fn = init_fn
-        self.io: CheckpointIO = io or TorchSaveIO()
+        self.io: CheckpointIO = io or StateFileIO()
         self._tracked: dict[str, Stateful] = {}
         self.strict = strict
         self.read_only = read_only
         self.async_save = async_save
         self._snapshot = HostSnapshot()
+        self._rank_snapshot = HostSnapshot()  # this rank's random state and data position
         self._pending: threading.Thread | None = None
         self._pending_error: BaseException | None = None
+        self.logs_saves = True
+        """The manager logs "Saved checkpoint ..." itself, after the commit (the Controller
+        does not log a save whose files may still be being written)."""
         if _distributed()[0] == 0 and not read_only:
             self._directory.remove_stale()
 
@@ -244,13 +218,17 @@ class CheckpointManager:
     def save(self, step: int) -> str:
         """Saves a checkpoint numbered `step` and applies retention; returns its path.
 
-        If a complete checkpoint of `step` exists already, it is kept and its path returned.
-        Every rank of a distributed job must call this; rank 0 writes the shared state, each rank
-        its own random state and rank-local parts (``rank-<r>.pt``: its data position).
+        If a complete checkpoint of `step` exists already, it is kept and its path returned; an
+        incomplete or damaged directory of that step is moved aside and the step saved anew.
+        Every rank of a distributed job must call this; rank 0 writes the shared state, each
+        rank its own random state and rank-local parts (``rank-<r>.cadence``: its data
+        position), and under FSDP2 its shards.
 
         Raises:
-            CheckpointError: read-only, or (distributed) a checkpoint directory that the ranks do
-                not all see.
+            CheckpointError: if the manager is read-only, a previous background write failed,
+                writing fails (a full disk: the message says what failed and which checkpoint
+                is still the newest good one; nothing is committed then), or (distributed) the
+                ranks do not all see the checkpoint directory.
         """
         if self.read_only:
             raise CheckpointError(
@@ -263,9 +241,10 @@ class CheckpointManager:
         if final.is_dir():
             try:
                 read_manifest(final)
+                logger.info("Checkpoint %s exists already: kept.", final)
                 return str(final)
             except CheckpointError:
-                pass  # an unreadable leftover of another run: written anew below
+                pass  # incomplete or damaged: the commit moves it aside
         items = self._items()
         sharded = dcp_parts(items) if uses_dcp(items) else {}  # FSDP2: every rank its shards
         payload = {
@@ -274,17 +253,22 @@ class CheckpointManager:
                       if sharded else self._state.state_dict()),
             "tracked": {name: obj.state_dict() for name, obj in self._tracked.items()},
         }
-        rng = rank_payload(items, capture_rng_state())
+        rank_state = rank_payload(items, capture_rng_state())
         if world == 1 and self.async_save and not sharded:
-            payload = self._snapshot.take(payload)  # the only part the training loop waits for
-            rng = self._snapshot.take(rng, "rank")
-            self._pending = threading.Thread(target=self._write_in_background,
-                                             args=(payload, rng, step),
-                                             name=f"cadence-checkpoint-{step}")
+            # The copy into host memory is the only part the training loop waits for. The
+            # default writer writes the packed buffer as it is: the background thread then
+            # holds the GIL for a few calls, whatever the number of tensors.
+            copied = (self._snapshot.pack(payload) if isinstance(self.io, StateFileIO)
+                      else self._snapshot.take(payload))
+            own = self._rank_snapshot.pack(rank_state)
+            self._pending = threading.Thread(
+                target=self._write_in_background,
+                args=(copied, own, step),
+                name=f"cadence-checkpoint-{step}")
             self._pending.start()
             return str(final)
         if world == 1:
-            self._write(payload, rng, step, sharded)
+            self._write(payload, rank_state, step, sharded=sharded)
         else:
             staging = self._directory.temp_path(step, unique=False)
             if rank == 0:
@@ -297,7 +281,7 @@ class CheckpointManager:
                     "of a job must share it. Put the run directory on a filesystem every node "
                     "mounts (NFS, Lustre, a shared volume)."
                 )
-            torch.save(rng, rank_file(staging, rank))
+            write_rank_state(rank_state, staging, rank)
             if sharded:
                 save_sharded(sharded, staging)
             if rank == 0:
@@ -305,30 +289,57 @@ class CheckpointManager:
             dist.barrier()
             if rank == 0:
                 self._directory.commit(staging, step, extra={"world_size": world})
+                logger.info("Saved checkpoint %s.", final)
             dist.barrier()
             if rank == 0:
                 self._prune()
         return str(final)
 
-    def _write(self, payload: dict[str, Any], rng: dict[str, Any], step: int,
+    def _write(self, payload: dict[str, Any] | PackedState,
+               rank_state: dict[str, Any] | PackedState, step: int, background: bool = False,
                sharded: dict[str, Any] | None = None) -> None:
         """Writes and commits the checkpoint of a single process, then applies retention."""
-        with self._directory.staging(step) as staging:
-            self.io.save(payload, staging)
-            torch.save(rng, rank_file(staging, 0))
+        staging = self._directory.temp_path(step)
+        try:
+            staging.mkdir(parents=True)
+            checksums = dict(self.io.save(payload, staging) or {})  # type: ignore[arg-type]
+            checksums[rank_file(staging, 0).name] = write_rank_state(rank_state, staging, 0)
             if sharded:
                 save_sharded(sharded, staging)
+            final = self._directory.commit(staging, step, checksums=checksums)
+        except BaseException as error:
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(error, (OSError, RuntimeError, TypeError, ValueError)):
+                raise CheckpointError(self._failure(step, error, background)) from error
+            raise
+        logger.info("Saved checkpoint %s.", final)
         self._prune()
+
+    def _failure(self, step: int, error: BaseException, background: bool) -> str:
+        """What a failed write says: what failed, why, and what is still good."""
+        what = "Writing a checkpoint in the background" if background else "Saving a checkpoint"
+        reason = str(error).strip() or type(error).__name__
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            hint = (f"Free space on the disk of {str(self.directory)!r} (or lower max_to_keep), "
+                    "then run again: training resumes from the newest good checkpoint.")
+        else:
+            hint = "Fix the cause, then run again: training resumes from the newest good one."
+        latest = self._directory.latest()
+        good = (f"the newest good checkpoint is still {latest.path} (step {latest.step})"
+                if latest is not None else "there is no good checkpoint yet")
+        return (f"{what} failed: {reason}. {self._directory.path_for(step).name} was not "
+                f"committed; {good}. {hint}")
 
     def _prune(self) -> None:
         for deleted in self._directory.prune():
             logger.info("Deleted old checkpoint %s (max_to_keep=%s).", deleted,
                         self.max_to_keep)
 
-    def _write_in_background(self, payload: dict[str, Any], rng: dict[str, Any],
-                             step: int) -> None:
+    def _write_in_background(self, payload: dict[str, Any] | PackedState,
+                             rank_state: PackedState, step: int) -> None:
+        _yield_cpu_to_training()
         try:
-            self._write(payload, rng, step)
+            self._write(payload, rank_state, step, background=True)
         except BaseException as error:  # handed to the training thread by wait()
             self._pending_error = error
 
@@ -341,13 +352,15 @@ class CheckpointManager:
         """Waits for a background write to be committed.
 
         Raises:
-            CheckpointError: if the background write failed (the previous checkpoint is still
-                the newest complete one).
+            CheckpointError: if the background write failed (the message names the newest
+                good checkpoint, which is still the newest complete one).
         """
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.join()
         error, self._pending_error = self._pending_error, None
+        if isinstance(error, CheckpointError):
+            raise error
         if error is not None:
             raise CheckpointError(
                 f"Writing a checkpoint in the background failed: {error}. The previous "
@@ -356,27 +369,32 @@ class CheckpointManager:
     def restore(self, path: str | os.PathLike[str]) -> int:
         """Restores the checkpoint at `path`; returns its step.
 
+        Everything is read and verified (sizes and SHA-256 checksums) before anything is
+        loaded.
+
         Raises:
             CheckpointError: if `path` is not a complete cadence checkpoint, or a file is
-                corrupt or holds anything but tensors and plain values.
+                damaged, unreadable or holds anything but tensors and plain values.
             CheckpointMismatchError: if the checkpoint does not fit the tracked objects; the
-                message lists every difference. Nothing is loaded in that case.
+                message names it and lists every difference. Nothing is loaded in that case.
         """
         self.wait()
         path = Path(path)
-        manifest = read_manifest(path)
-        payload = self.io.load(path)
-        for key in ("state", "tracked"):
-            if not isinstance(payload.get(key), dict):
-                raise CheckpointError(f"{str(path)!r} has no {key!r} section: not a cadence "
-                                      "checkpoint, or written by an incompatible version.")
+        manifest, payload = read_checkpoint(path, self.io)
+        saved_world = int(manifest.get("world_size", 1))
+        rank_states = read_rank_states(path, manifest, saved_world)
         state = payload["state"]
         items = self._items()
         if not self.strict:
             state = {name: value for name, value in state.items() if name in items}
         in_shards = sharded_names(path) & set(items)  # written through DCP: loaded resharded
-        load_stateful({n: o for n, o in items.items() if n not in in_shards}, state,
-                      type(self._state).__name__ if isinstance(self._state, Module) else "state")
+        try:
+            load_stateful({n: o for n, o in items.items() if n not in in_shards}, state,
+                          type(self._state).__name__ if isinstance(self._state, Module)
+                          else "state")
+        except CheckpointMismatchError as error:
+            raise CheckpointMismatchError(f"Checkpoint {str(path)!r} does not fit: {error}") \
+                from None
         if in_shards:
             parts = dcp_parts({n: o for n, o in items.items() if n in in_shards})
             missing = sorted(in_shards - set(parts))
@@ -390,8 +408,7 @@ class CheckpointManager:
                 obj.load_state_dict(payload["tracked"][name])
             else:
                 logger.warning("Checkpoint %s has no state for %r: it starts fresh.", path, name)
-        restore_rank_state(path, self._items(), int(manifest.get("world_size", 1)),
-                           _torch_load)
+        restore_rank_state(path, items, saved_world, rank_states)
         return int(manifest["step"])
 
     def _items(self) -> dict[str, Any]:
@@ -401,16 +418,56 @@ class CheckpointManager:
         return self._state.objects  # type: ignore[attr-defined]
 
     def restore_or_initialize(self) -> str | None:
-        """Restores the newest complete checkpoint; with none, calls `init_fn`.
+        """Restores the newest good checkpoint; with none on disk, calls `init_fn`.
+
+        A newer checkpoint that is damaged (truncated, changed bytes, unreadable, not cadence's)
+        or does not fit the state (another model's) is skipped with a warning naming the
+        problem; a manager that is not read-only moves it aside (renamed
+        ``ckpt-<step>.damaged-<time>``, kept) so that its step can be saved again.
 
         Returns:
             The restored path, or None when `init_fn` ran (or there was nothing to do).
+
+        Raises:
+            CheckpointError: if there are checkpoints and none of them is good; the message
+                lists what is wrong with each. Nothing is moved then.
+            CheckpointMismatchError: the same, when the newest does not fit the state.
         """
         self.wait()
-        latest = self._directory.latest()
-        if latest is None:
+        candidates = self._directory.checkpoints()
+        if not candidates:
             if self.init_fn is not None:
                 self.init_fn()
             return None
-        self.restore(latest.path)
-        return str(latest.path)
+        skipped: list[tuple[CheckpointInfo, CheckpointError]] = []
+        for info in reversed(candidates):
+            try:
+                self.restore(info.path)
+            except CheckpointError as error:
+                skipped.append((info, error))
+                continue
+            for bad, why in skipped:
+                self._set_aside(bad, why, info)
+            return str(info.path)
+        first = skipped[0][1]
+        if len(skipped) == 1:
+            raise first
+        listing = "\n  ".join(f"{info.path.name}: {error}" for info, error in skipped)
+        error_type = (CheckpointMismatchError if isinstance(first, CheckpointMismatchError)
+                      else CheckpointError)
+        raise error_type(
+            f"No checkpoint in {str(self.directory)!r} can be restored:\n  {listing}\nMove "
+            "them away to start afresh, or use the model definition they were written with."
+        )
+
+    def _set_aside(self, bad: CheckpointInfo, why: CheckpointError,
+                   restored: CheckpointInfo) -> None:
+        reason = " ".join(line.strip().removeprefix("- ") for line in str(why).splitlines())
+        if self.read_only or _distributed()[0] != 0:
+            logger.warning("Skipped checkpoint %s: %s Restored %s (step %d) instead.", bad.path,
+                           reason, restored.path, restored.step)
+            return
+        moved = self._directory.move_aside(bad.path, reason)
+        logger.warning("Checkpoint %s is not usable: %s Moved it aside to %s (kept) and "
+                       "restored %s (step %d) instead.", bad.path, reason, moved.name,
+                       restored.path, restored.step)

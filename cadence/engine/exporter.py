@@ -2,10 +2,12 @@
 
 Each export is a directory ``best-<step>/`` holding ``model.safetensors`` (the evaluated
 weights: the EMA average when enabled) and ``metrics.json`` (the step and every scalar of the
-evaluation). ``info.json`` is the ledger of the kept exports, best first; it is rewritten
-atomically after the files it names exist, and read back on construction, so the best survives
-restarts. Unlike TF Model Garden's exporter (one export, numbered by save count), it keeps the
-top K, named by step, and nested metric names work everywhere.
+evaluation). ``info.json`` is the ledger of the kept exports, best first, with the SHA-256 of
+each export's files; it is rewritten atomically after the files it names exist, and read back
+on construction, so the best survives restarts. `load_weights` checks those checksums: an export
+whose bytes changed is skipped with a warning (the next best is loaded) or, named alone, refused.
+Unlike TF Model Garden's exporter (one export, numbered by save count), it keeps the top K,
+named by step, and nested metric names work everywhere.
 
 Exports are plain tensors: `load_weights` reads them (and cadence checkpoints) without
 executing anything from the file.
@@ -26,8 +28,13 @@ import torch
 from torch import nn
 
 from cadence.core.best import COMP_TO_MODE, is_better
-from cadence.core.checkpoint_dir import CheckpointDirectory, read_manifest, write_atomically
-from cadence.core.errors import CheckpointError, CheckpointMismatchError
+from cadence.core.checkpoint_dir import (
+    CheckpointDirectory,
+    file_sha256,
+    fsync_path,
+    write_atomically,
+)
+from cadence.core.errors import CheckpointError, CheckpointMismatchError, MissingMetricError
 from cadence.core.logs import flatten, is_scalar
 from cadence.core.rank import process_rank
 from cadence.engine.sharded import read_sharded, sharded_names
@@ -49,7 +56,7 @@ def _lookup(logs: Mapping[str, Any], name: str) -> Any:
     key = name.replace("|", "/")
     if key in flat:
         return flat[key]
-    raise KeyError(
+    raise MissingMetricError(
         f"The evaluation logs have no metric {name!r}; they have: {', '.join(sorted(flat))}. "
         "Set trainer.best_checkpoint_eval_metric to one of them."
     )
@@ -152,7 +159,8 @@ class BestCheckpointExporter:
         files are written in the background. Only rank 0 exports.
 
         Raises:
-            KeyError: if the metric is not in `eval_logs` (the message lists those that are).
+            MissingMetricError: a `KeyError`, if the metric is not in `eval_logs` (the message
+                lists those that are).
         """
         value = _lookup(eval_logs, self.metric_name)
         if not is_scalar(value):
@@ -184,21 +192,33 @@ class BestCheckpointExporter:
                kept: list[dict[str, Any]], dropped: list[dict[str, Any]]) -> None:
         from safetensors.torch import save_file
 
-        self.export_dir.mkdir(parents=True, exist_ok=True)
         final = self.export_dir / entry["path"]
         temp = self.export_dir / f".tmp-{entry['path']}"
-        shutil.rmtree(temp, ignore_errors=True)
-        temp.mkdir()
-        save_file(weights, str(temp / WEIGHTS_FILE),
-                  metadata={"step": str(entry["step"]), "metric": self.metric_key,
-                            "value": repr(entry["value"])})
-        _write_json(temp / METRICS_FILE, {"step": entry["step"], "metric": self.metric_key,
-                                          "value": entry["value"], "logs": entry["logs"]})
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(temp, final)
-        _write_json(self.best_ckpt_logs_path, {"metric": self.metric_key,
-                                               "comp": self.metric_comp, "exports": kept})
+        try:
+            self.export_dir.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(temp, ignore_errors=True)
+            temp.mkdir()
+            save_file(weights, str(temp / WEIGHTS_FILE),
+                      metadata={"step": str(entry["step"]), "metric": self.metric_key,
+                                "value": repr(entry["value"])})
+            _write_json(temp / METRICS_FILE, {"step": entry["step"], "metric": self.metric_key,
+                                              "value": entry["value"], "logs": entry["logs"]})
+            for name in (WEIGHTS_FILE, METRICS_FILE):
+                fsync_path(temp / name)
+            entry["sha256"] = {name: file_sha256(temp / name)
+                               for name in (WEIGHTS_FILE, METRICS_FILE)}
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(temp, final)
+            _write_json(self.best_ckpt_logs_path, {"metric": self.metric_key,
+                                                   "comp": self.metric_comp, "exports": kept})
+        except OSError as error:
+            shutil.rmtree(temp, ignore_errors=True)
+            raise CheckpointError(
+                f"Exporting the weights of step {entry['step']} to {str(self.export_dir)!r} "
+                f"failed: {error}. {LEDGER_FILE} still lists the exports before it. Free space "
+                "or fix the cause, then run again."
+            ) from error
         for old in dropped:
             if old is not entry:
                 shutil.rmtree(self.export_dir / old["path"], ignore_errors=True)
@@ -209,56 +229,107 @@ class BestCheckpointExporter:
 # ---------------------------------------------------------------------------- loading weights
 
 
-def _resolve_weights(path: Path) -> tuple[str, Path]:
-    """("safetensors" | "checkpoint", file or directory) for a weights path."""
+def _ledger_checksum(weights: Path) -> str | None:
+    """The SHA-256 the export ledger recorded for an export's weights file, if any."""
+    ledger = weights.parent.parent / LEDGER_FILE
+    try:
+        entries = json.loads(ledger.read_text()).get("exports") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("path") == weights.parent.name:
+            checksum = (entry.get("sha256") or {}).get(WEIGHTS_FILE)
+            return checksum if isinstance(checksum, str) else None
+    return None
+
+
+def _candidates(path: Path) -> list[tuple[str, Path]]:
+    """Where the weights at `path` may come from, best first: ("safetensors" | "checkpoint",
+    file or directory) each. Several when `path` is a ledger or a directory of checkpoints."""
     if path.is_file():
         if path.suffix == ".safetensors":
-            return "safetensors", path
-        raise CheckpointError(f"{str(path)!r} is not a .safetensors file or a checkpoint "
-                              "directory.")
-    if not path.is_dir():
+            return [("safetensors", path)]
+        raise CheckpointError(
+            f"{str(path)!r} is a file but not a .safetensors file; pass a .safetensors file, a "
+            "best-export directory, a checkpoint directory (ckpt-<step>) or a directory of them."
+        )
+    if not path.exists():
         raise CheckpointError(f"{str(path)!r} does not exist.")
     if (path / WEIGHTS_FILE).is_file():
-        return "safetensors", path / WEIGHTS_FILE
+        return [("safetensors", path / WEIGHTS_FILE)]
     if (path / LEDGER_FILE).is_file():
-        exports = json.loads((path / LEDGER_FILE).read_text()).get("exports") or []
-        if exports:
-            return "safetensors", path / exports[0]["path"] / WEIGHTS_FILE
+        try:
+            exports = json.loads((path / LEDGER_FILE).read_text()).get("exports") or []
+        except (OSError, ValueError, AttributeError) as error:
+            raise CheckpointError(f"The export ledger {str(path / LEDGER_FILE)!r} is "
+                                  f"unreadable: {error}.") from None
+        found = [("safetensors", path / e["path"] / WEIGHTS_FILE) for e in exports
+                 if isinstance(e, dict) and isinstance(e.get("path"), str)]
+        if found:
+            return found
     if (path / "manifest.json").is_file():
-        return "checkpoint", path
-    latest = CheckpointDirectory(path, None).latest()
-    if latest is not None:
-        return "checkpoint", latest.path
+        return [("checkpoint", path)]
+    complete = CheckpointDirectory(path, None).checkpoints()
+    if complete:
+        return [("checkpoint", info.path) for info in reversed(complete)]
     raise CheckpointError(
         f"{str(path)!r} holds no weights: expected a .safetensors file, a best-export directory, "
         "a cadence checkpoint (ckpt-<step>) or a directory of checkpoints."
     )
 
 
-def read_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
-    """The model weights stored at `path` (see `load_weights` for what it may be)."""
-    kind, location = _resolve_weights(Path(path))
+def _read_one(kind: str, location: Path) -> dict[str, torch.Tensor]:
     if kind == "safetensors":
         from safetensors.torch import load_file
 
+        expected = _ledger_checksum(location)
         try:
+            if expected is not None and file_sha256(location) != expected:
+                raise CheckpointError(
+                    f"Export {str(location)!r} is damaged: it does not match the SHA-256 its "
+                    f"ledger ({LEDGER_FILE}) recorded (its bytes changed after it was written)."
+                )
             return load_file(str(location))
+        except CheckpointError:
+            raise
         except Exception as error:  # safetensors raises its own error types
             raise CheckpointError(f"Cannot read {str(location)!r}: {error}") from error
-    read_manifest(location)
-    from cadence.engine.checkpoint import TorchSaveIO
+    from cadence.engine.checkpoint_io import read_checkpoint
 
-    state = TorchSaveIO().load(location).get("state", {})
-    model = state.get("model") if isinstance(state, dict) else None
+    state = read_checkpoint(location)[1]["state"]
+    model = state.get("model")
     if model is None and "model" in sharded_names(location):  # written sharded (FSDP2)
         model = read_sharded(location, "model")
     if not isinstance(model, dict):
         raise CheckpointError(
-            f"Checkpoint {str(location)!r} has no 'model' entry (it has "
-            f"{sorted(state) if isinstance(state, dict) else 'none'}): it was not written by a "
-            "cadence Trainer; load it with CheckpointManager.restore instead."
+            f"Checkpoint {str(location)!r} has no 'model' entry (it has {sorted(state)}): it "
+            "was not written by a cadence Trainer; load it with CheckpointManager.restore "
+            "instead."
         )
     return model
+
+
+def read_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """The model weights stored at `path` (see `load_weights` for what it may be).
+
+    Raises:
+        CheckpointError: if nothing at `path` holds weights, or every candidate is damaged.
+    """
+    candidates = _candidates(Path(path))
+    problems = []
+    for kind, location in candidates:
+        try:
+            weights = _read_one(kind, location)
+        except CheckpointError as error:
+            if len(candidates) == 1:
+                raise
+            problems.append(str(error))
+            continue
+        for problem in problems:
+            logger.warning("Skipped: %s Loaded %s instead.", problem, location)
+        return weights
+    raise CheckpointError(f"No weights in {str(path)!r} can be read:\n  "
+                          + "\n  ".join(problems))
 
 
 def load_weights(model: nn.Module, path: str | os.PathLike[str], strict: bool = True) -> None:

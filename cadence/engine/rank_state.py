@@ -3,7 +3,8 @@
 Most of a checkpoint is the same on every rank (the model and optimizer of data-parallel
 training) and rank 0 writes it once. Some state differs per rank: the random number generators,
 and the parts that declare ``rank_local = True`` -- the position in the training data, whose
-shard is the rank's own. Every rank writes those to ``rank-<r>.pt``.
+shard is the rank's own. Every rank writes those to ``rank-<r>.cadence`` (a state file: no
+pickle, its SHA-256 in the manifest, checked as it is read).
 
 On restore at the same world size each rank takes its own file back: resume is exact, mid-pass
 too. At another world size, each rank-local part with a ``load_resharded(states, rank,
@@ -22,14 +23,16 @@ import torch
 
 from cadence.core.errors import CheckpointError
 from cadence.core.rank import process_rank, world_size
+from cadence.engine.checkpoint_io import read_state_file, torch_load
 from cadence.engine.rng import restore_rng_state
+from cadence.engine.state_file import PackedState, write_state
 
 logger = logging.getLogger("cadence")
 
 
 def rank_file(directory: Path, rank: int) -> Path:
     """The file rank `rank` writes in a checkpoint directory."""
-    return directory / f"rank-{rank}.pt"
+    return directory / f"rank-{rank}.cadence"
 
 
 def is_rank_local(obj: Any) -> bool:
@@ -44,22 +47,57 @@ def rank_payload(items: dict[str, Any], rng: dict[str, Any]) -> dict[str, Any]:
                       if is_rank_local(obj)}}
 
 
-def _read(path: Path, load: Any) -> dict[str, Any] | None:
-    if path.is_file():
-        payload = load(path)
-        if not isinstance(payload, dict):
-            raise CheckpointError(f"{str(path)!r} is not a cadence rank file.")
+def write_rank_state(payload: dict[str, Any] | PackedState, directory: Path, rank: int) -> str:
+    """Writes rank `rank`'s file into `directory`; returns its SHA-256."""
+    return write_state(payload, rank_file(directory, rank))
+
+
+def _read(directory: Path, rank: int, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """Rank `rank`'s file, verified against the manifest; also the formats of earlier
+    versions (``rank-<r>.pt``; ``rng-<r>.cadence`` and ``rng-<r>.pt``, random state only)."""
+    checksums = manifest.get("sha256", {})
+    for name in (f"rank-{rank}.cadence", f"rank-{rank}.pt", f"rng-{rank}.cadence",
+                 f"rng-{rank}.pt"):
+        path = directory / name
+        if not path.is_file():
+            continue
+        content = (read_state_file(path, checksums.get(name)) if path.suffix == ".cadence"
+                   else torch_load(path))
+        payload = content if name.startswith("rank-") else {"rng": content, "state": {}}
+        if (not isinstance(payload, dict) or not isinstance(payload.get("rng"), dict)
+                or not isinstance(payload.get("state"), dict)):
+            raise CheckpointError(f"{str(path)!r} is not a cadence rank file: the checkpoint is "
+                                  "damaged or not cadence's.")
         return payload
-    legacy = path.with_name(path.name.replace("rank-", "rng-"))  # written before rank files
-    if legacy.is_file():
-        return {"rng": load(legacy), "state": {}}
     return None
 
 
+def read_rank_states(directory: Path, manifest: dict[str, Any],
+                     saved_world: int) -> list[dict[str, Any] | None]:
+    """The rank files `restore_rank_state` needs, read and verified before anything is loaded:
+    at the same world size this rank's own; at another, every old rank's (None where missing).
+
+    Raises:
+        CheckpointError: a file is damaged or not cadence's.
+    """
+    rank, world = process_rank(), world_size()
+    if saved_world == world:
+        return [_read(directory, rank, manifest)]
+    return [_read(directory, r, manifest) for r in range(saved_world)]
+
+
+def _restore_rng(directory: Path, rng: dict[str, Any]) -> None:
+    try:
+        restore_rng_state(rng)
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
+        raise CheckpointError(f"The random state in {str(directory)!r} is damaged ({error}); "
+                              "the weights were restored, the random state was not.") from error
+
+
 def restore_rank_state(directory: Path, items: dict[str, Any], saved_world: int,
-                       load: Any) -> None:
+                       files: list[dict[str, Any] | None]) -> None:
     """Gives this rank its random state and rank-local parts back from checkpoint `directory`
-    (written by `saved_world` processes); `load` reads a file safely.
+    (written by `saved_world` processes), out of the `files` that `read_rank_states` read.
 
     Raises:
         CheckpointError: when a rank-local part cannot be resharded to this world size, or a
@@ -67,8 +105,8 @@ def restore_rank_state(directory: Path, items: dict[str, Any], saved_world: int,
     """
     rank, world = process_rank(), world_size()
     local = {name: obj for name, obj in items.items() if is_rank_local(obj)}
-    own = _read(rank_file(directory, rank), load) if rank < saved_world else None
     if saved_world == world:
+        own = files[0]
         if own is None:
             raise CheckpointError(f"Checkpoint {str(directory)!r} has no file for rank {rank} "
                                   f"(it was written by {saved_world} processes): it is "
@@ -76,9 +114,10 @@ def restore_rank_state(directory: Path, items: dict[str, Any], saved_world: int,
         for name, obj in local.items():
             if name in own["state"]:
                 obj.load_state_dict(own["state"][name])
-        restore_rng_state(own["rng"])
+        _restore_rng(directory, own["rng"])
         return
-    states = [_read(rank_file(directory, r), load) for r in range(saved_world)]
+    states = files
+    own = states[rank] if rank < saved_world else None
     if any(state is None for state in states):
         raise CheckpointError(f"Checkpoint {str(directory)!r} lacks the files of some of its "
                               f"{saved_world} ranks: it is incomplete; restore an older one.")
@@ -101,6 +140,6 @@ def restore_rank_state(directory: Path, items: dict[str, Any], saved_world: int,
         logger.warning("Checkpoint %s has no random state for rank %d (it was written by %d "
                        "processes): rank %d continues from rank 0's, offset by its rank.",
                        directory, rank, saved_world, rank)
-    restore_rng_state(source["rng"])
+    _restore_rng(directory, source["rng"])
     if own is None:
         torch.manual_seed(int(torch.randint(0, 2**62, ())) + rank)

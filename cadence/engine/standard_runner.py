@@ -380,8 +380,10 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
                 if empty_pass:
                     raise ValueError(
                         f"The training data ({type(data.source).__name__}) yields no batches when "
-                        "iterated again. A generator or iterator can be iterated only once: pass "
-                        "a DataLoader, a list, or another re-iterable, or set "
+                        "iterated again: it is empty (a batch size larger than the dataset with "
+                        "drop_last=True makes no batch), or it is a generator or iterator, which "
+                        "can be iterated only once. Pass data with at least one batch: a "
+                        "DataLoader, a list, or another re-iterable, or set "
                         "StandardTrainerOptions(stop_at_end_of_data=True)."
                     ) from None
                 empty_pass = data.at_pass_start
@@ -568,6 +570,7 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
                 if reduce_fn is not None:
                     state = reduce_fn(state, outputs)
                 done += 1
+            self.last_eval_steps = done
             return state
 
         return loop_fn

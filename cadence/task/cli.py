@@ -31,17 +31,19 @@ from pathlib import Path
 from typing import Any
 
 from cadence.core.checkpoint_dir import CheckpointDirectory
-from cadence.core.errors import CheckpointError, ConfigError, Preempted
-from cadence.core.run_dir import RunDirectory
+from cadence.core.errors import CheckpointError, ConfigError, MissingMetricError, Preempted
+from cadence.core.run_dir import RunDirectory, RunLockedError
 
 logger = logging.getLogger("cadence")
 
 RUNS_DIR = Path("runs")
 
 
-def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--experiment", "-e", help="a registered experiment (default: digits, "
-                        "or the one recorded in the run directory)")
+def _add_config_arguments(parser: argparse.ArgumentParser, run_default: bool = True) -> None:
+    default = ("the one recorded in the run directory that --model-dir names, else digits"
+               if run_default else "digits")
+    parser.add_argument("--experiment", "-e",
+                        help=f"a registered experiment (default: {default})")
     parser.add_argument("--config-file", "-c", action="append", default=[], metavar="FILE",
                         help="YAML merged over the experiment's defaults (repeatable, in order)")
     parser.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE",
@@ -81,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("experiments", help="list the registered experiments")
 
     config = commands.add_parser("config", help="print the final config as YAML")
-    _add_config_arguments(config)
+    _add_config_arguments(config, run_default=False)
     return parser
 
 
@@ -159,14 +161,24 @@ def _logging(progress: bool) -> Iterator[None]:
         loop_logger.setLevel(logging.NOTSET)
 
 
+def _check_model_dir(model_dir: Path | None) -> None:
+    if model_dir is not None and model_dir.exists() and not model_dir.is_dir():
+        raise ConfigError(f"--model-dir {str(model_dir)!r} is a file; pass the directory of a "
+                          f"run, e.g. {RUNS_DIR}/<experiment>-<time>.")
+
+
 def _load(args: argparse.Namespace, model_dir: Path | None) -> Any:
-    from cadence.task.config_files import load_config
+    from cadence.task.config_files import experiment_of, load_config
 
     files: list[Path | str] = list(args.config_file)
     saved = RunDirectory(model_dir).params if model_dir is not None else None
-    if args.command == "eval" and saved is not None and saved.is_file():
-        files.insert(0, saved)  # evaluate a run with the config it was trained with
-    return load_config(args.experiment, files, args.overrides)
+    experiment = args.experiment
+    if saved is not None and saved.is_file():
+        if args.command == "eval":
+            files.insert(0, saved)  # evaluate a run with the config it was trained with
+        elif experiment is None:
+            experiment = experiment_of(saved)  # resume a run of its own experiment
+    return load_config(experiment, files, args.overrides)
 
 
 def _summary(run: RunDirectory, logs: dict[str, Any]) -> None:
@@ -203,6 +215,7 @@ def _chosen_by_rank_zero(config: Any, choose: Any) -> Path:
 def _train(args: argparse.Namespace) -> int:
     from cadence.task.train_lib import run_directory, run_experiment
 
+    _check_model_dir(args.model_dir)
     config = _load(args, args.model_dir)
     model_dir = args.model_dir or _chosen_by_rank_zero(config, _train_dir)
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
@@ -227,6 +240,7 @@ def _eval(args: argparse.Namespace) -> int:
             raise ConfigError(f"No run of {args.experiment or DEFAULT_EXPERIMENT!r} under "
                               f"{RUNS_DIR}/: pass --model-dir.")
         model_dir = runs[-1]
+    _check_model_dir(model_dir)
     if not model_dir.is_dir():
         raise ConfigError(f"{str(model_dir)!r} does not exist: pass the directory of a run, "
                           f"e.g. {RUNS_DIR}/<experiment>-<time>.")
@@ -265,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Stopped by a signal{where}. Run the same command again to resume.",
               file=sys.stderr)
         return int(stop.code) if isinstance(stop.code, int) else 1
-    except (ConfigError, CheckpointError) as error:
+    except (ConfigError, CheckpointError, MissingMetricError, RunLockedError) as error:
         print(f"cadence: error: {error}", file=sys.stderr)
         return 2
     except FloatingPointError as error:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -341,11 +342,11 @@ class ExperimentConfig(Config):
         """Checks values that types alone do not constrain.
 
         Raises:
-            ConfigError: listing every problem with its key path.
+            ConfigError: listing every problem with its key path, on one line.
         """
         problems = list(_problems(self))
-        if problems:
-            raise ConfigError("Invalid config:\n  " + "\n  ".join(problems))
+        if problems:  # one line, however many: the command line's error is one line
+            raise ConfigError("Invalid config: " + " ".join(problems))
 
 
 MODES = ("train", "train_and_eval", "train_and_post_eval", "eval", "continuous_eval")
@@ -395,6 +396,12 @@ def _problems(config: ExperimentConfig) -> Iterable[str]:
     if opt.learning_rate.schedule not in SCHEDULES:
         yield (f"trainer.optimizer_config.learning_rate.schedule: unknown schedule "
                f"{opt.learning_rate.schedule!r}; valid: {', '.join(SCHEDULES)}.")
+    if opt.learning_rate.decay_steps is not None and opt.learning_rate.decay_steps <= 0:
+        yield (f"trainer.optimizer_config.learning_rate.decay_steps: must be positive or null "
+               f"(null: until trainer.train_steps) (got {opt.learning_rate.decay_steps}).")
+    if math.isnan(trainer.loss_upper_bound) or trainer.loss_upper_bound < 0:
+        yield (f"trainer.loss_upper_bound: must be >= 0 (a larger mean training loss is a "
+               f"blow-up; .inf disables the bound) (got {trainer.loss_upper_bound}).")
     if opt.learning_rate.warmup_steps < 0:
         yield (f"trainer.optimizer_config.learning_rate.warmup_steps: must be >= 0 "
                f"(got {opt.learning_rate.warmup_steps}).")

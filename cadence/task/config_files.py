@@ -8,7 +8,9 @@
 Every step is strict: an unknown key, a value of the wrong type, or a value out of range raises
 `ConfigError` naming the key path, where it came from, and the valid choices. The merge and type
 checks are OmegaConf's (structured configs); the dataclasses stay plain Python. `save_config`
-writes the final config as YAML; `load_config(config_files=[that file])` reproduces it exactly.
+writes the final config as YAML; `load_config(config_files=[that file])` reproduces it exactly,
+also for a config built by hand around a task of one's own (``experiment: ''``): the file
+records its `TaskConfig` class (``task_config_class``), found again among the registered ones.
 
 >>> config = load_config(ExperimentConfig(), overrides=["trainer.train_steps=500"])
 >>> config.trainer.train_steps
@@ -32,7 +34,10 @@ from typing import Any
 
 from cadence.core.errors import ConfigError
 from cadence.task.config import ExperimentConfig
-from cadence.task.registry import DEFAULT_EXPERIMENT, get_experiment_config
+from cadence.task.registry import DEFAULT_EXPERIMENT, get_experiment_config, task_config_class
+
+TASK_CLASS_KEY = "task_config_class"
+"""The key `config_to_yaml` adds: the ``module.QualName`` of the config's `TaskConfig` class."""
 
 
 def _omegaconf() -> Any:
@@ -75,15 +80,55 @@ def _merge(base: Any, update: Any, source: str) -> Any:
 
 def _read_yaml(path: Path) -> Any:
     oc = _omegaconf()
+    if path.is_dir():
+        raise ConfigError(f"Config file {str(path)!r} is a directory; pass a YAML file.")
     if not path.is_file():
         raise ConfigError(f"Config file {str(path)!r} does not exist.")
     try:
         loaded = oc.OmegaConf.load(path)
     except Exception as error:  # yaml.YAMLError and friends
-        raise ConfigError(f"Config file {str(path)!r} is not valid YAML: {error}") from None
+        where = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        raise ConfigError(f"Config file {str(path)!r} is not valid YAML: {where}") from None
     if not isinstance(loaded, oc.DictConfig):
         raise ConfigError(f"Config file {str(path)!r} must hold a mapping of config keys.")
     return loaded
+
+
+def _recorded_start(path: Path, data: Any) -> ExperimentConfig | None:
+    """A fresh config of the `TaskConfig` class the file records, for a hand-built config
+    (``experiment: ''``); None when the file records none."""
+    name = data.get(TASK_CLASS_KEY)
+    if not name:
+        return None
+    cls = task_config_class(str(name))
+    if cls is None:
+        raise ConfigError(
+            f"Config file {str(path)!r} was written for the task config class {name}, which no "
+            "task is registered for in this process: import the module that defines it (with "
+            f"@cadence.register_task({str(name).rpartition('.')[2]})) before loading it."
+        )
+    return ExperimentConfig(task=cls())
+
+
+def saved_task_class(path: str | os.PathLike[str]) -> str | None:
+    """The ``module.QualName`` of the `TaskConfig` class a file written by `save_config`
+    records, or None."""
+    name = _read_yaml(Path(path)).get(TASK_CLASS_KEY)
+    return str(name) if name else None
+
+
+def experiment_of(path: str | os.PathLike[str]) -> str | ExperimentConfig:
+    """What the config file at `path` was built from: its experiment's name, or for a hand-built
+    config a fresh config of its recorded task class (the default experiment if neither).
+
+    Raises:
+        ConfigError: if the file is unreadable, or names a task class not registered here.
+    """
+    path = Path(path)
+    data = _read_yaml(path)
+    if data.get("experiment"):
+        return str(data["experiment"])
+    return _recorded_start(path, data) or DEFAULT_EXPERIMENT
 
 
 def _parse_override(text: str) -> Any:
@@ -122,7 +167,13 @@ def load_config(
     loaded = [(f, _read_yaml(f)) for f in files]
     if experiment is None:
         named = [str(y["experiment"]) for _, y in loaded if y.get("experiment")]
-        experiment = named[0] if named else DEFAULT_EXPERIMENT
+        if named:
+            experiment = named[0]
+        else:
+            recorded = (_recorded_start(f, y) for f, y in loaded)
+            experiment = next((r for r in recorded if r is not None), DEFAULT_EXPERIMENT)
+    for _, data in loaded:
+        data.pop(TASK_CLASS_KEY, None)
     if isinstance(experiment, str):
         start = get_experiment_config(experiment)
     elif isinstance(experiment, ExperimentConfig):
@@ -156,13 +207,18 @@ def load_config(
 
 
 def config_to_yaml(config: ExperimentConfig) -> str:
-    """The config as YAML (every field, defaults included)."""
+    """The config as YAML (every field, defaults included), led by the ``module.QualName`` of
+    its `TaskConfig` class (``task_config_class``), so that a hand-built config
+    (``experiment: ''``) reloads into the classes it was made with."""
     oc = _omegaconf()
-    return str(oc.OmegaConf.to_yaml(oc.OmegaConf.structured(config)))
+    cls = type(config.task)
+    return (f"{TASK_CLASS_KEY}: {cls.__module__}.{cls.__qualname__}\n"
+            + str(oc.OmegaConf.to_yaml(oc.OmegaConf.structured(config))))
 
 
 def save_config(config: ExperimentConfig, path: str | os.PathLike[str]) -> Path:
-    """Writes `config` as YAML to `path` atomically (temp file, then rename); returns the path."""
+    """Writes `config` as YAML (`config_to_yaml`) to `path` atomically (temp file, then
+    rename); returns the path."""
     from cadence.core.checkpoint_dir import write_atomically
 
     return write_atomically(Path(path), config_to_yaml(config))

@@ -119,6 +119,14 @@ def get_experiment_config(name: str) -> ExperimentConfig:
     return config
 
 
+def task_config_class(name: str) -> type | None:
+    """The registered `TaskConfig` class whose ``module.QualName`` is `name` (the newest one
+    registered under that name), or None."""
+    _load_all()
+    found = [cls for cls in _tasks if f"{cls.__module__}.{cls.__qualname__}" == name]
+    return found[-1] if found else None
+
+
 def get_task(task_config: TaskConfig, **kwargs: Any) -> Any:
     """Builds the task registered for ``type(task_config)`` (or its nearest registered base).
 

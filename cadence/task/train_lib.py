@@ -3,7 +3,9 @@
 The model directory of a run is a `cadence.core.run_dir.RunDirectory`::
 
     model_dir/
-      params.yaml        the final config (written by training modes; reloads exactly)
+      params.yaml        the final config (written by training modes once the run has started;
+                         reloads exactly, custom task configs included)
+      train.lock         held while a process trains here: a second trainer is refused
       checkpoints/       ckpt-<step>/ (atomic, newest kept, resumed from automatically)
       train/  eval/      TensorBoard event files and metrics.jsonl
       best/              the best exports (safetensors + metrics.json, ledger info.json)
@@ -14,21 +16,32 @@ Modes (TF Model Garden's ``train_lib``):
 ``train``              train to ``trainer.train_steps``
 ``train_and_eval``     train, evaluating every ``trainer.validation_interval`` steps and at the end
 ``train_and_post_eval``  train, then evaluate once
-``eval``               evaluate the newest checkpoint once (the initial weights if there is none)
+``eval``               evaluate the newest good checkpoint once (an error if there is none,
+                       unless ``task.init_checkpoint`` names weights to evaluate)
 ``continuous_eval``    evaluate every new checkpoint until the one of ``trainer.train_steps``
 =====================  ==========================================================================
 
 Running a training mode again in the same directory resumes from the newest checkpoint; a
 finished run does nothing more (except a final evaluation that had not run).
+
+Before anything is written, the config is checked as far as it can be without training: the
+device exists, the optimizer accepts its arguments, the best-checkpoint metric is one the task
+reports, the run directory is a directory and holds the same config (or
+``allow_config_change``). A mistake there is one `ConfigError` and leaves the directory as it
+was: ``params.yaml`` is written (and, for a changed config, the old one kept as
+``params.<time>.yaml``) only once the run has started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
+import shutil
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,15 +51,21 @@ from torch import nn
 from cadence.callbacks.loss_guard import LossGuard
 from cadence.callbacks.progress import ProgressBar
 from cadence.core.callbacks import Callback
+from cadence.core.checkpoint_dir import CheckpointDirectory
 from cadence.core.controller import Action, Controller
 from cadence.core.errors import CheckpointError, ConfigError
 from cadence.core.rank import process_rank
-from cadence.core.run_dir import RunDirectory
+from cadence.core.run_dir import PARAMS_FILE, RunDirectory
 from cadence.engine.checkpoint import CheckpointManager
 from cadence.engine.distributed import gather_objects, init_distributed, local_device
 from cadence.engine.exporter import BestCheckpointExporter
 from cadence.task.config import MODES, ExperimentConfig
-from cadence.task.config_files import config_differences, load_config, save_config
+from cadence.task.config_files import (
+    config_differences,
+    load_config,
+    save_config,
+    saved_task_class,
+)
 from cadence.task.optimization import create_optimizer
 from cadence.task.registry import get_task
 from cadence.task.task import Task
@@ -121,31 +140,119 @@ def run_directory(config: ExperimentConfig, model_dir: str | os.PathLike[str]) -
 
 
 def check_saved_config(config: ExperimentConfig, run: RunDirectory,
-                       allow_config_change: bool = False) -> None:
-    """Writes ``params.yaml``; refuses a config that differs from the one already there.
+                       allow_config_change: bool = False) -> list[str]:
+    """Compares `config` with the run directory's ``params.yaml``; writes nothing.
+
+    The saved file is read with `config`'s own task config class, so a task of one's own
+    (``experiment: ''``) compares as well as a registered experiment.
+
+    Returns:
+        The differences (``"key: old -> new"``), empty when nothing is saved yet or the
+        configs are the same; `save_run_config` writes them once the run has started.
 
     Raises:
         ConfigError: listing the differences, when the directory holds another config and
-            `allow_config_change` is False. Nothing is written in that case.
+            `allow_config_change` is False.
     """
     path, model_dir = run.params, run.root
-    if path.is_file():
-        saved = load_config(config_files=[path])
+    if not path.is_file():
+        return []
+    live_class = f"{type(config.task).__module__}.{type(config.task).__qualname__}"
+    try:
+        saved_class = saved_task_class(path)
+        saved = load_config(ExperimentConfig(task=type(config.task)()), [path])
         differences = config_differences(saved, config)
-        if differences and not allow_config_change:
-            raise ConfigError(
-                f"{str(model_dir)!r} holds a run with a different config:\n  "
-                + "\n  ".join(differences)
-                + "\nUse another model directory for a new run, or pass --allow-config-change "
-                "(allow_config_change=True) to continue this run with the new config."
-            )
-        if differences:
-            backup = path.with_name(f"params.{time.strftime('%Y%m%d-%H%M%S')}.yaml")
-            os.replace(path, backup)
-            logger.warning("The config changed (%s); the old one is kept as %s.",
-                           "; ".join(differences), backup)
-    if process_rank() == 0:
-        save_config(config, path)
+        if saved_class is not None and saved_class != live_class:
+            differences.insert(0, f"task config class: {saved_class} -> {live_class}")
+    except ConfigError as error:
+        differences = [f"the saved config does not load as {type(config.task).__name__}: "
+                       f"{str(error).splitlines()[0]}"]
+    if differences and not allow_config_change:
+        raise ConfigError(
+            f"{str(model_dir)!r} holds a run with a different config ({'; '.join(differences)})"
+            ": use another model directory for a new run, or pass --allow-config-change "
+            "(allow_config_change=True) to continue this run with the new config."
+        )
+    return differences
+
+
+def save_run_config(config: ExperimentConfig, run: RunDirectory,
+                    differences: list[str]) -> None:
+    """Writes ``params.yaml`` once the run has started (rank 0 only).
+
+    With `differences` (an allowed config change), the old file is first copied to
+    ``params.<time>.yaml``; the new one then replaces it atomically, so ``params.yaml`` is never
+    missing, and a failure leaves the old one in place.
+    """
+    path = run.params
+    if process_rank() != 0 or (path.is_file() and not differences):
+        return
+    if differences:
+        backup = path.with_name(f"params.{time.strftime('%Y%m%d-%H%M%S')}.yaml")
+        shutil.copy2(path, backup)
+        logger.warning("The config changed (%s); the old one is kept as %s.",
+                       "; ".join(differences), backup)
+    save_config(config, path)
+
+
+def _check_before_writing(config: ExperimentConfig, mode: str, run: RunDirectory) -> None:
+    """What can be known wrong before anything is built or written, as `ConfigError`s."""
+    trainer = config.trainer
+    if mode.startswith("train") and trainer.train_steps <= 0:
+        raise ConfigError("trainer.train_steps is 0: set it, e.g. --set "
+                          "trainer.train_steps=1000.")
+    if run.root.exists() and not run.root.is_dir():
+        raise ConfigError(f"The model directory {str(run.root)!r} is a file; pass a directory "
+                          "(a new one starts a run, an existing one resumes it).")
+    try:
+        local_device(config.runtime.device)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    init = Path(config.task.init_checkpoint) if config.task.init_checkpoint else None
+    if init is not None and not init.exists():
+        raise ConfigError(f"task.init_checkpoint {str(init)!r} does not exist: pass a "
+                          ".safetensors file, a best-export directory, a checkpoint "
+                          "(ckpt-<step>) or a directory of checkpoints.")
+    if init is not None and init.is_file() and init.suffix != ".safetensors":
+        raise ConfigError(f"task.init_checkpoint {str(init)!r} is a file but not a "
+                          ".safetensors file: pass a .safetensors file, a best-export "
+                          "directory, a checkpoint (ckpt-<step>) or a directory of checkpoints.")
+    if mode == "eval" and not config.task.init_checkpoint and (
+            CheckpointDirectory(run.checkpoints, None).latest() is None):
+        runs = sorted(str(p.parent) for p in run.root.glob(f"*/{PARAMS_FILE}"))
+        hint = (f" It holds run directories ({', '.join(runs[:3])}"
+                f"{', ...' if len(runs) > 3 else ''}): pass one of them." if runs else
+                " Train first (cadence train), or pass the directory of a trained run.")
+        raise CheckpointError(f"{str(run.root)!r} has no checkpoint to evaluate (nothing "
+                              f"complete in {str(run.checkpoints)!r}).{hint}")
+
+
+def evaluation_metric_names(task: Task) -> set[str] | None:
+    """The names an evaluation of `task` reports, or None when they cannot be known before
+    it runs (the task reduces aggregated logs of its own)."""
+    if type(task).reduce_aggregated_logs is not Task.reduce_aggregated_logs:
+        return None
+    return {"validation_loss", *task.build_metrics(training=False)}
+
+
+def check_best_metric(config: ExperimentConfig, task: Task) -> None:
+    """Checks ``trainer.best_checkpoint_eval_metric`` against what `task` reports, before
+    training, rather than at the first evaluation (which would lose the checkpoint due then).
+
+    Raises:
+        ConfigError: naming the metrics there are.
+    """
+    metric = config.trainer.best_checkpoint_eval_metric.replace("|", "/")
+    if not metric or not config.trainer.best_checkpoint_export_subdir:
+        return
+    names = evaluation_metric_names(task)
+    # A metric whose result is a dict reports "<name>/<key>" for each of its keys.
+    if names is not None and not any(metric == n or metric.startswith(f"{n}/") for n in names):
+        raise ConfigError(
+            f"trainer.best_checkpoint_eval_metric (got {metric!r}) is not a metric "
+            f"{type(task).__name__} reports; it reports: {', '.join(sorted(names))}. Set it to "
+            "one of them, or to '' to export no best weights."
+        )
 
 
 def create_trainer(config: ExperimentConfig, task: Task, train: bool, evaluate: bool,
@@ -156,7 +263,10 @@ def create_trainer(config: ExperimentConfig, task: Task, train: bool, evaluate: 
     if not isinstance(model, nn.Module):
         raise TypeError(f"{type(task).__name__}.build_model() returned "
                         f"{type(model).__name__}; it must return a torch.nn.Module.")
-    optimizer = create_optimizer(config.trainer.optimizer_config.optimizer, model)
+    try:
+        optimizer = create_optimizer(config.trainer.optimizer_config.optimizer, model)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     return Trainer(config, task, model, optimizer, train=train, evaluate=evaluate,
                    checkpoint_exporter=checkpoint_exporter)
 
@@ -202,8 +312,15 @@ def run_experiment(
         ``(model, eval_logs)``: the trained model and the last evaluation's logs ({} if none).
 
     Raises:
-        ValueError: for an unknown mode, or ``trainer.train_steps`` = 0 in a training mode.
-        ConfigError: if `model_dir` holds a run with another config.
+        ValueError: for an unknown mode.
+        ConfigError: for a config that cannot run (``trainer.train_steps`` = 0 in a training
+            mode, a device that does not exist, an optimizer argument it does not take, a best
+            metric the task does not report), or if `model_dir` is a file or holds a run with
+            another config. Nothing is written then.
+        CheckpointError: in ``eval`` mode, if `model_dir` has no checkpoint; or if none of its
+            checkpoints can be restored.
+        RunLockedError: if another process trains in `model_dir` (evaluation modes do not
+            take the lock).
         Preempted: after SIGTERM or Ctrl-C, once a checkpoint is saved.
         DivergenceError: (a `FloatingPointError` and a `RuntimeError`) when the loss diverges
             and the recovery policy says to stop.
@@ -213,16 +330,47 @@ def run_experiment(
     config.lock()  # as TF Model Garden: nothing changes the config of a running experiment
     run = run_directory(config, model_dir)
     trains = mode.startswith("train")
+    _check_before_writing(config, mode, run)
+    created = not run.root.exists()
+    lock = (run.training_lock() if trains and process_rank() == 0
+            else contextlib.nullcontext())
+    try:
+        with lock:
+            differences = check_saved_config(config, run, allow_config_change) if trains else []
+            return _run(config, mode, run, differences, callbacks=callbacks,
+                        train_actions=train_actions, eval_actions=eval_actions,
+                        progress_bar=progress_bar)
+    except BaseException:
+        if created and trains and not run.params.exists():
+            _remove_unstarted(run)  # a start that failed leaves no run directory behind
+        raise
+
+
+def _remove_unstarted(run: RunDirectory) -> None:
+    """Removes the lock file and the empty directories of a run that never started."""
+    with contextlib.suppress(OSError):
+        run.lock_file.unlink()
+    for path in sorted(run.root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if path.is_dir():
+            with contextlib.suppress(OSError):
+                path.rmdir()  # only empty ones
+    with contextlib.suppress(OSError):
+        run.root.rmdir()
+
+
+def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: list[str], *,
+         callbacks: Iterable[Callback], train_actions: Iterable[Action],
+         eval_actions: Iterable[Action],
+         progress_bar: bool | None) -> tuple[nn.Module, dict[str, Any]]:
+    trains = mode.startswith("train")
     evaluates = mode != "train"
     trainer_config = config.trainer
-    if trains and trainer_config.train_steps <= 0:
-        raise ValueError("trainer.train_steps is 0: set it, e.g. --set trainer.train_steps=1000.")
     setup_runtime(config)
     agree_on_run(run)
-    if trains:
-        check_saved_config(config, run, allow_config_change)
 
     task = get_task(config.task, logging_dir=str(run.root))
+    if evaluates:
+        check_best_metric(config, task)
     exporter = maybe_create_best_ckpt_exporter(config, run) if evaluates else None
     trainer = create_trainer(config, task, train=trains, evaluate=evaluates,
                              checkpoint_exporter=exporter)
@@ -258,6 +406,8 @@ def run_experiment(
         eval_actions=eval_actions,
     )
     controller.state.run_dir = run
+    if trains:  # the run has started: its config is the directory's from now on
+        save_run_config(config, run, differences)
     eval_logs: dict[str, Any] | None = None
     try:
         if mode == "train":
@@ -271,8 +421,8 @@ def run_experiment(
             eval_logs = controller.evaluate(trainer_config.validation_steps)
         elif mode == "eval":
             if manager.latest_checkpoint is None:
-                logger.warning("No checkpoint in %s: evaluating the initial weights.",
-                               manager.directory)
+                logger.warning("No checkpoint in %s: evaluating the weights of "
+                               "task.init_checkpoint.", manager.directory)
             eval_logs = controller.evaluate(trainer_config.validation_steps)
         else:
             eval_logs = controller.evaluate_continuously(

@@ -98,7 +98,8 @@ class TrainLoop(LoopReporting):
             saved (with a `checkpoint_dir`) and `cadence.Preempted` is raised.
 
     Raises:
-        ValueError: for a bad `checkpoint_epoch_freq`, or checkpoint options without a
+        ValueError: for a `max_epoch` or `max_step` that is not a positive int (or None), a bad
+            `checkpoint_epoch_freq`, or checkpoint options without a
             `checkpoint_dir`.
         KeyError: if `checkpoint_save_objects` uses a reserved name.
     """
@@ -129,6 +130,11 @@ class TrainLoop(LoopReporting):
         clock: Callable[[], float] = time.perf_counter,
         handle_signals: bool = True,
     ) -> None:
+        for name, limit in (("max_epoch", max_epoch), ("max_step", max_step)):
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                      or limit < 1):
+                raise ValueError(f"`{name}` (got {limit!r}) must be a positive int, or None for "
+                                 "no limit.")
         freq = checkpoint_epoch_freq
         if freq is not None and (isinstance(freq, bool) or not isinstance(freq, int) or freq < 1):
             raise ValueError(f"`checkpoint_epoch_freq` (got {checkpoint_epoch_freq!r}) must be a "

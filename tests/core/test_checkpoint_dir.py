@@ -3,7 +3,13 @@ import os
 
 import pytest
 
-from cadence.core.checkpoint_dir import MANIFEST, CheckpointDirectory, read_manifest
+from cadence.core.checkpoint_dir import (
+    DAMAGED_NOTE,
+    MANIFEST,
+    CheckpointDirectory,
+    read_manifest,
+    verify_files,
+)
 from cadence.core.errors import CheckpointError
 
 
@@ -85,3 +91,30 @@ def test_failed_write_commits_nothing(tmp_path):
 def test_max_to_keep_must_be_positive(tmp_path, bad):
     with pytest.raises(ValueError, match="max_to_keep"):
         CheckpointDirectory(tmp_path, max_to_keep=bad)
+
+
+def test_the_manifest_records_each_files_sha256_and_verify_files_checks_the_content(tmp_path):
+    import hashlib
+
+    directory = CheckpointDirectory(tmp_path)
+    path = write(directory, 1, b"0123456789")
+    manifest = read_manifest(path)
+    assert manifest["sha256"] == {"state.bin": hashlib.sha256(b"0123456789").hexdigest()}
+    verify_files(path, manifest)
+    (path / "state.bin").write_bytes(b"0123456788")  # same size: only the content differs
+    assert directory.checkpoints()[0].path == path  # listing checks sizes only (it is cheap)
+    with pytest.raises(CheckpointError, match="state.bin does not match its SHA-256"):
+        verify_files(path, read_manifest(path))
+
+
+def test_a_leftover_at_the_committed_name_is_moved_aside_and_kept(tmp_path):
+    directory = CheckpointDirectory(tmp_path)
+    (tmp_path / "ckpt-3").mkdir()
+    (tmp_path / "ckpt-3" / "junk").write_text("left by a crash")
+    write(directory, 3)
+    (moved,) = tmp_path.glob("ckpt-3.damaged-*")
+    assert (moved / "junk").read_text() == "left by a crash"
+    assert "in the way of a new checkpoint" in (moved / DAMAGED_NOTE).read_text()
+    assert [c.step for c in directory.checkpoints()] == [3]
+    directory.remove_stale()  # not a temporary directory: kept
+    assert moved.is_dir()

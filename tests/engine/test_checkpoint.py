@@ -10,6 +10,7 @@ from torch import nn
 
 import cadence
 from cadence import CheckpointError, CheckpointManager, CheckpointMismatchError
+from cadence.core.checkpoint_dir import file_sha256
 
 
 def trained(steps=5):
@@ -54,9 +55,9 @@ def test_rng_states_are_restored(tmp_path):
 def test_saving_the_same_step_twice_keeps_the_first(tmp_path):
     manager = CheckpointManager({"model": nn.Linear(1, 1)}, tmp_path)
     first = manager.save(3)
-    mtime = os.stat(os.path.join(first, "state.pt")).st_mtime_ns
+    mtime = os.stat(os.path.join(first, "state.cadence")).st_mtime_ns
     assert manager.save(3) == first
-    assert os.stat(os.path.join(first, "state.pt")).st_mtime_ns == mtime
+    assert os.stat(os.path.join(first, "state.cadence")).st_mtime_ns == mtime
 
 
 def test_retention_keeps_max_to_keep(tmp_path):
@@ -91,7 +92,7 @@ def test_a_mismatched_checkpoint_lists_every_difference_and_loads_nothing(tmp_pa
 def test_a_corrupt_file_is_reported_not_loaded(tmp_path):
     manager = CheckpointManager({"model": nn.Linear(3, 2)}, tmp_path)
     path = manager.save(1)
-    state = os.path.join(path, "state.pt")
+    state = os.path.join(path, "state.cadence")
     size = os.path.getsize(state)
     with open(state, "wb") as handle:
         handle.write(b"\0" * size)  # same size: only the reader can tell
@@ -104,7 +105,7 @@ def test_a_truncated_checkpoint_is_skipped_and_the_previous_one_restored(tmp_pat
     manager = CheckpointManager({"model": model}, tmp_path)
     manager.save(1)
     newest = manager.save(2)
-    with open(os.path.join(newest, "state.pt"), "r+b") as handle:
+    with open(os.path.join(newest, "state.cadence"), "r+b") as handle:
         handle.truncate(10)
     assert manager.restore_or_initialize() == str(tmp_path / "ckpt-1")
 
@@ -115,8 +116,11 @@ class Exploit:
 
 
 def test_loading_never_executes_code_from_the_checkpoint(tmp_path, monkeypatch):
+    """A checkpoint in torch.save's format (earlier versions, `TorchSaveIO`) whose pickle was
+    replaced, and its size and checksum in the manifest with it: still nothing runs."""
     monkeypatch.chdir(tmp_path)
-    manager = CheckpointManager({"model": nn.Linear(1, 1)}, tmp_path / "ckpts")
+    manager = CheckpointManager({"model": nn.Linear(1, 1)}, tmp_path / "ckpts",
+                                io=cadence.TorchSaveIO())
     path = manager.save(1)
     payload = torch.load(os.path.join(path, "state.pt"), weights_only=True)
     payload["state"]["model"]["evil"] = Exploit()
@@ -125,10 +129,11 @@ def test_loading_never_executes_code_from_the_checkpoint(tmp_path, monkeypatch):
     with open(manifest_path) as handle:
         manifest = json.load(handle)
     manifest["files"]["state.pt"] = os.path.getsize(os.path.join(path, "state.pt"))
+    manifest["sha256"]["state.pt"] = file_sha256(os.path.join(path, "state.pt"))
     with open(manifest_path, "w") as handle:
         json.dump(manifest, handle)
     with pytest.raises(CheckpointError, match="never unpickles"):
-        manager.restore(path)
+        CheckpointManager({"model": nn.Linear(1, 1)}, tmp_path / "ckpts").restore(path)
     assert not (tmp_path / "pwned").exists()
 
 
@@ -295,3 +300,54 @@ def test_orbit_train_raises_the_error_of_the_last_async_checkpoint_write(tmp_pat
     with pytest.raises(cadence.CheckpointError, match="background failed: disk full"):
         controller.train(10)
     assert [c.step for c in manager.checkpoints] == [5]
+
+
+def python_calls_in_a_background_write(tmp_path, layers):
+    """How many Python and C function calls the background thread makes to write a checkpoint
+    of `layers` small Linear layers and their Adam state (4 tensors per parameter tensor)."""
+    import threading
+
+    model = nn.Sequential(*(nn.Linear(2, 2) for _ in range(layers)))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    manager = CheckpointManager({"model": model, "optimizer": optimizer}, tmp_path / str(layers),
+                                async_save=True)
+    calls = [0]
+
+    def count(frame, event, arg):
+        if event in ("call", "c_call") and threading.current_thread().name.startswith(
+                "cadence-checkpoint"):
+            calls[0] += 1
+
+    threading.setprofile(count)
+    try:
+        manager.save(1)
+        manager.wait()
+    finally:
+        threading.setprofile(None)
+    return calls[0]
+
+
+def test_a_background_write_does_python_work_that_does_not_grow_with_the_tensors(tmp_path):
+    """Per-tensor Python work in the writer thread holds the GIL the training thread needs
+    (issue 11): the tensors are written from the host snapshot's one buffer instead, so 100
+    times more tensors cost the background thread no more calls."""
+    few = python_calls_in_a_background_write(tmp_path, 5)
+    many = python_calls_in_a_background_write(tmp_path, 500)
+    assert many < few + 50, (few, many)
+
+
+def test_an_async_checkpoint_is_the_same_file_as_a_synchronous_one(tmp_path):
+    net = Net()
+    sync = CheckpointManager(net, tmp_path / "sync").save(1)
+    manager = CheckpointManager(net, tmp_path / "async", async_save=True)
+    manager.save(1)
+    manager.wait()
+    for name in ("state.cadence",):
+        assert (tmp_path / "sync" / "ckpt-1" / name).read_bytes() == (
+            tmp_path / "async" / "ckpt-1" / name).read_bytes()
+    fresh = Net()
+    CheckpointManager(fresh, tmp_path / "async").restore_or_initialize()
+    assert torch.equal(fresh.model.weight, net.model.weight)
+    assert sync == str(tmp_path / "sync" / "ckpt-1")

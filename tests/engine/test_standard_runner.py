@@ -285,3 +285,17 @@ def test_orbit_standard_runners_take_nested_datasets_and_hand_the_step_nested_it
     assert resumed.seen == trainer.seen[3:] == [(1, 20), (2, 10)]
     with pytest.raises(ValueError, match="stop_at_end_of_data"):  # which dataset's end?
         MultiTask(datasets, options=cadence.StandardTrainerOptions(stop_at_end_of_data=True))
+
+
+def test_eval_steps_per_second_counts_the_steps_that_ran_not_those_requested():
+    import time
+
+    class Slow(TinyClassifier):
+        def eval_step(self, iterator):
+            time.sleep(0.02)
+            return super().eval_step(iterator)
+
+    runner = Slow(make_loader(), eval_data=make_loader(n=24, batch_size=8))  # 3 batches
+    logs = cadence.Controller(evaluator=runner).evaluate(1000)  # the data runs out first
+    assert runner.last_eval_steps == 3
+    assert logs["steps_per_second"] < 3 / 0.06 * 1.01  # 3 steps of >= 20 ms, not 1000

@@ -168,18 +168,16 @@ def test_tfm_a_loaded_config_can_be_locked_and_then_refuses_assignments():
 def test_tfm_a_config_holding_nan_accepts_its_own_run_directory(tmp_path):
     """NaN != NaN must not make a config differ from itself on resume."""
     from cadence.core.run_dir import RunDirectory
-    from cadence.task.train_lib import check_saved_config
+    from cadence.task.train_lib import check_saved_config, save_run_config
 
-    def config():
-        return load_config("digits", overrides=["trainer.loss_upper_bound=.nan",
-                                                "trainer.optimizer_config.optimizer.betas=[.nan,0.9]"])
+    def config(beta=".nan"):
+        return load_config("digits", overrides=[
+            f"trainer.optimizer_config.optimizer.betas=[{beta},0.9]"])
 
     assert config_differences(config(), config()) == []
     run = RunDirectory(tmp_path)
-    check_saved_config(config(), run)
-    check_saved_config(config(), run)  # the resumed run: accepted, nothing backed up
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
-    with pytest.raises(ConfigError, match="trainer.loss_upper_bound: nan -> 1.0"):
-        check_saved_config(load_config("digits", overrides=[
-            "trainer.loss_upper_bound=1.0",
-            "trainer.optimizer_config.optimizer.betas=[.nan,0.9]"]), run)
+    save_run_config(config(), run, check_saved_config(config(), run))
+    save_run_config(config(), run, check_saved_config(config(), run))  # resumed: accepted
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # nothing backed up
+    with pytest.raises(ConfigError, match=r"betas: \[nan, 0.9\] -> \[0.5, 0.9\]"):
+        check_saved_config(config(beta="0.5"), run)

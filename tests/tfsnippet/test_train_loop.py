@@ -450,3 +450,10 @@ def test_sigterm_ends_the_loops_saves_and_raises_preempted(tmp_path):
     with TrainLoop(model, max_epoch=3, checkpoint_dir=tmp_path,
                    print_func=lambda line: None) as loop:
         assert loop.step == 2
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "3"])
+@pytest.mark.parametrize("name", ["max_epoch", "max_step"])
+def test_max_epoch_and_max_step_must_be_positive_ints(name, bad):
+    with pytest.raises(ValueError, match=rf"`{name}` \(got {bad!r}\) must be a positive int"):
+        cadence.TrainLoop(nn.Linear(1, 1), **{name: bad})

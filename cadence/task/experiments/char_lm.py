@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from cadence.core.errors import ConfigError
 from cadence.data.sharding import InputContext, build_dataloader
 from cadence.engine.metrics import Accuracy
 from cadence.task.config import (
@@ -171,7 +172,25 @@ class CharLMTask(Task):
     """Next-byte prediction on the standard library's source."""
 
     def build_model(self) -> nn.Module:
-        return CharTransformer(self.task_config.model, self.task_config.sequence_length)
+        """The transformer.
+
+        Raises:
+            ConfigError: for a model config it cannot be built from.
+        """
+        model, length = self.task_config.model, self.task_config.sequence_length
+        problems = [f"task.model.{name} (got {getattr(model, name)}) must be >= 1"
+                    for name in ("d_model", "num_layers", "num_heads", "dim_feedforward")
+                    if getattr(model, name) < 1]
+        if not problems and model.d_model % model.num_heads:
+            problems.append(f"task.model.d_model (got {model.d_model}) must be a multiple of "
+                            f"task.model.num_heads (got {model.num_heads})")
+        if not 0 <= model.dropout < 1:
+            problems.append(f"task.model.dropout (got {model.dropout}) must be in [0, 1)")
+        if length < 1:
+            problems.append(f"task.sequence_length (got {length}) must be >= 1")
+        if problems:
+            raise ConfigError("; ".join(problems) + ".")
+        return CharTransformer(model, length)
 
     def build_inputs(self, params: DataConfig,
                      input_context: InputContext | None = None) -> DataLoader[Any]:

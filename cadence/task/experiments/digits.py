@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from cadence.core.errors import ConfigError
 from cadence.data.sharding import InputContext, build_dataloader
 from cadence.engine.metrics import Accuracy
 from cadence.task.config import (
@@ -88,7 +89,17 @@ class DigitsTask(Task):
         return TensorDataset(images[index], labels[index])
 
     def build_model(self) -> nn.Module:
+        """The MLP.
+
+        Raises:
+            ConfigError: for a hidden size below 1 or a dropout outside [0, 1).
+        """
         config = self.task_config.model
+        if any(size < 1 for size in config.hidden_sizes) or not 0 <= config.dropout < 1:
+            raise ConfigError(
+                f"task.model.hidden_sizes (got {config.hidden_sizes}) must be >= 1 each and "
+                f"task.model.dropout (got {config.dropout}) in [0, 1)."
+            )
         layers: list[nn.Module] = []
         width = 64
         for hidden in config.hidden_sizes:

@@ -1,0 +1,139 @@
+"""How a checkpoint's files are written and read: the `CheckpointIO` interface, `StateFileIO`
+(the default: ``state.cadence``, no pickle) and `TorchSaveIO` (``state.pt``), and
+`read_checkpoint`, which verifies every file before its content is trusted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from cadence.core.checkpoint_dir import read_manifest, verify_files
+from cadence.core.errors import CheckpointError
+from cadence.engine.state_file import PackedState, StateFileError, read_state, write_state
+
+logger = logging.getLogger("cadence")
+
+STATE_FILE = "state.cadence"
+
+
+class CheckpointIO(Protocol):
+    """Writes and reads the payload of one checkpoint inside its (staging) directory.
+
+    ``save`` may return the SHA-256 digests of the files it wrote (computed while writing);
+    the commit reads back and hashes any file it does not get a digest for.
+    """
+
+    def save(self, payload: dict[str, Any], directory: Path) -> dict[str, str] | None: ...
+
+    def load(self, directory: Path) -> dict[str, Any]: ...
+
+
+def torch_load(path: Path) -> Any:
+    """A file of ``torch.save``, read with ``weights_only=True`` (no code runs)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise CheckpointError(
+            f"{str(path)!r} holds objects other than tensors and plain values; cadence loads "
+            "checkpoints with weights_only=True and never unpickles arbitrary objects. Make "
+            f"state_dict() return tensors, numbers, strings, lists and dicts. ({error})"
+        ) from error
+    except (RuntimeError, EOFError, OSError, ValueError) as error:
+        raise CheckpointError(
+            f"Cannot read {str(path)!r}: {error}. The file is corrupt; restore an older "
+            "checkpoint instead."
+        ) from error
+
+
+class TorchSaveIO:
+    """A `CheckpointIO` writing one ``state.pt`` with ``torch.save`` (read back with
+    ``weights_only=True``): the format of earlier cadence versions, readable by ``torch.load``.
+    Its pickling holds the GIL per tensor, so a background save slows training more than
+    `StateFileIO` does."""
+
+    filename = "state.pt"
+
+    def save(self, payload: dict[str, Any], directory: Path) -> None:
+        torch.save(payload, directory / self.filename)
+
+    def load(self, directory: Path) -> dict[str, Any]:
+        payload = torch_load(directory / self.filename)
+        if not isinstance(payload, dict):
+            raise CheckpointError(f"{str(directory)!r} does not hold a cadence checkpoint payload.")
+        return payload
+
+
+def read_state_file(path: Path, sha256: str | None) -> Any:
+    """The content of a state file, checked against `sha256` as it is read."""
+    try:
+        return read_state(path, sha256)
+    except StateFileError as error:
+        raise CheckpointError(f"Checkpoint file {str(path)!r} is damaged: {error}. Restore an "
+                              "older checkpoint instead.") from None
+    except OSError as error:
+        raise CheckpointError(f"Cannot read {str(path)!r}: {error}.") from error
+
+
+class StateFileIO:
+    """The default `CheckpointIO`: one ``state.cadence`` (`cadence.engine.state_file`).
+
+    Writing is one large write per tensor, hashed on the way (the GIL is released for nearly
+    all of it); reading checks the SHA-256 in the same pass and executes nothing. A checkpoint
+    written by `TorchSaveIO` (``state.pt``) is read too.
+    """
+
+    filename = STATE_FILE
+    verified_files = (STATE_FILE,)
+    """Files whose checksum `load` checks itself (the manager does not read them twice)."""
+
+    def save(self, payload: dict[str, Any] | PackedState, directory: Path) -> dict[str, str]:
+        return {self.filename: write_state(payload, directory / self.filename)}
+
+    def load(self, directory: Path) -> dict[str, Any]:
+        path = directory / self.filename
+        if not path.is_file() and (directory / TorchSaveIO.filename).is_file():
+            return TorchSaveIO().load(directory)
+        manifest = read_manifest(directory)
+        payload = read_state_file(path, manifest.get("sha256", {}).get(self.filename))
+        if not isinstance(payload, dict):
+            raise CheckpointError(f"{str(directory)!r} does not hold a cadence checkpoint payload.")
+        return payload
+
+
+def read_checkpoint(path: str | os.PathLike[str],
+                    io: CheckpointIO | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Reads and verifies a checkpoint without loading it into anything.
+
+    Every file is checked against its size and SHA-256 in the manifest before its content is
+    trusted.
+
+    Returns:
+        ``(manifest, payload)``: the payload has ``state`` and ``tracked`` sections.
+
+    Raises:
+        CheckpointError: naming the checkpoint and what is wrong with it: missing, incomplete,
+            truncated, changed bytes, unreadable, not cadence's.
+    """
+    path = Path(path)
+    io = io or StateFileIO()
+    manifest = read_manifest(path)
+    verified = getattr(io, "verified_files", ())
+    verify_files(path, manifest, [name for name in manifest["files"] if name not in verified])
+    try:
+        payload = io.load(path)
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, EOFError, RuntimeError, OSError) as error:
+        raise CheckpointError(f"Cannot read checkpoint {str(path)!r}: {type(error).__name__}: "
+                              f"{error}. It is damaged or not cadence's.") from error
+    for key in ("state", "tracked"):
+        if not isinstance(payload.get(key), dict):
+            raise CheckpointError(f"{str(path)!r} has no {key!r} section: not a cadence "
+                                  "checkpoint, or written by an incompatible version.")
+    return manifest, payload

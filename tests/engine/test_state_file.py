@@ -1,0 +1,91 @@
+"""The checkpoint payload file: everything a state_dict holds round-trips, nothing is executed,
+and damage is found."""
+
+import io
+import json
+import math
+import struct
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from cadence.engine.rng import capture_rng_state
+from cadence.engine.state_file import MAGIC, StateFileError, read_state, write_state
+
+
+def round_trip(state, **kwargs):
+    buffer = io.BytesIO()
+    digest = write_state(state, buffer)
+    buffer.seek(0)
+    return read_state(buffer, **kwargs), digest, buffer.getvalue()
+
+
+def test_what_state_dicts_hold_round_trips_exactly():
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(5, 3)).sum().backward()
+    optimizer.step()
+    state = {
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        "rng": capture_rng_state(), "plain": (1, 2.5, None, True, "s", b"\x00\xff"),
+        "specials": [math.nan, math.inf, -math.inf], 7: "int key", (1, 2): "tuple key",
+        "bf16": torch.ones(3, dtype=torch.bfloat16), "scalar": torch.tensor(3),
+        "empty": torch.empty(0, 5), "numpy": np.arange(4), "size": torch.Size([2, 3]),
+        "dtype": torch.float16, "strided": torch.arange(12.0).reshape(3, 4).t(),
+    }
+    loaded, _, _ = round_trip(state)
+    assert torch.equal(loaded["model"]["0.weight"], state["model"]["0.weight"])
+    assert loaded["model"]._metadata == state["model"]._metadata  # module versions kept
+    assert isinstance(loaded["model"], OrderedDict)
+    assert loaded["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
+    assert torch.equal(loaded["optimizer"]["state"][0]["exp_avg"],
+                       state["optimizer"]["state"][0]["exp_avg"])
+    assert loaded["plain"] == state["plain"] and loaded[7] == "int key"
+    assert math.isnan(loaded["specials"][0]) and loaded["specials"][1:] == [math.inf, -math.inf]
+    assert loaded[(1, 2)] == "tuple key" and loaded["size"] == torch.Size([2, 3])
+    assert loaded["bf16"].dtype == torch.bfloat16 and loaded["scalar"].item() == 3
+    assert loaded["empty"].shape == (0, 5) and loaded["dtype"] is torch.float16
+    assert (loaded["numpy"] == np.arange(4)).all()
+    assert torch.equal(loaded["strided"], state["strided"])
+    new_model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    new_model.load_state_dict(loaded["model"])
+
+
+def test_a_tensor_stored_twice_is_written_once_and_loaded_as_one():
+    shared = torch.ones(100)
+    loaded, _, data = round_trip({"a": shared, "b": shared})
+    assert loaded["a"] is loaded["b"] and len(data) < 2 * 400
+
+
+def test_objects_that_are_not_plain_state_are_refused_with_their_path():
+    class Custom:
+        pass
+
+    with pytest.raises(TypeError, match=r"/model/extra is a Custom"):
+        write_state({"model": {"extra": Custom()}}, io.BytesIO())
+
+
+def test_truncation_flipped_bits_and_foreign_files_are_errors():
+    state = {"w": torch.arange(1000.0)}
+    _, digest, data = round_trip(state)
+    with pytest.raises(StateFileError, match="truncated"):
+        read_state(io.BytesIO(data[: len(data) // 2]))
+    flipped = bytearray(data)
+    flipped[-10] ^= 1
+    with pytest.raises(StateFileError, match="SHA-256"):
+        read_state(io.BytesIO(bytes(flipped)), sha256=digest)
+    with pytest.raises(StateFileError, match="not a cadence state file"):
+        read_state(io.BytesIO(b"PK\x03\x04 a zip, or a pickle"))
+
+
+def test_reading_builds_values_and_never_calls_anything():
+    """The header is JSON: a node that is not one of the plain kinds is refused."""
+    header = json.dumps({"version": 1, "tree": {"x": ["os.system", "touch pwned"]},
+                         "tensors": []}).encode()
+    data = MAGIC + struct.pack("<Q", len(header)) + header
+    data += bytes(-len(data) % 64)
+    with pytest.raises(StateFileError, match="unknown tag 'x'"):
+        read_state(io.BytesIO(data))
