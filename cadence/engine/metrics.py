@@ -6,6 +6,14 @@ moves loop logs to the host once per loop, so a metric updated every step costs 
 remembered values are summed by one kernel when read (or every 1,024 updates) -- one kernel
 launch per loop instead of one per step.
 
+Inside a compiled step (``torch.compile``) an update takes a plain in-place path instead: it adds
+to the accumulators with tensor ops and touches no Python-side counter or list, so that Dynamo
+has nothing per-step to guard on and compiles the step once.
+
+Accumulators live on the device of the values: created there on the first update, and moved
+there when they were restored from a checkpoint (which loads on the CPU) or created on the CPU
+from Python numbers before the first tensor arrived.
+
 >>> import torch
 >>> loss = Mean()
 >>> for value in (1.0, 2.0, torch.tensor(6.0)):
@@ -20,10 +28,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.compiler import is_compiling as _compiling
 
 
 class Metric:
-    """Base class: holds its accumulators as tensors created on the first update's device."""
+    """Base class: holds its accumulators as tensors on the device of the values it is updated
+    with (`device`, or the first tensor update's device)."""
 
     _SUMMED: tuple[str, ...] = ()
     """Accumulators that add up across processes (see `all_reduce`)."""
@@ -67,11 +77,18 @@ class Metric:
     def _tensor(self, value: Any) -> torch.Tensor:
         if isinstance(value, torch.Tensor):
             if self._device is None:
-                self._device = value.device
+                self._place(value.device)
             elif value.device == self._device and not value.requires_grad:
                 return value  # the hot path: nothing to detach or move
             return value.detach().to(self._device, non_blocking=True)
         return torch.as_tensor(value, dtype=torch.float32, device=self._device or "cpu")
+
+    def _place(self, device: torch.device) -> None:
+        """Makes `device` the accumulators' device, moving those that exist: restored from a
+        checkpoint (loaded on the CPU) or made from Python numbers before the first tensor."""
+        self._device = device
+        if any(acc.device != device for acc in self._state.values()):
+            self._state = {name: acc.to(device) for name, acc in self._state.items()}
 
     def _accumulator(self, name: str, like: torch.Tensor) -> torch.Tensor:
         acc = self._state.get(name)
@@ -112,7 +129,12 @@ class Metric:
         return {name: acc.clone() for name, acc in self._state.items()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._state = {name: value.clone() for name, value in state_dict.items()}
+        """Restores the accumulators onto this metric's device -- the one given to the
+        constructor or seen in updates; when none is known yet, the first update's (a
+        checkpoint loads on the CPU, the values of a resumed run may live elsewhere)."""
+        device = self._device
+        self._state = {name: (value.to(device, copy=True) if device is not None
+                              else value.clone()) for name, value in state_dict.items()}
         self._remembered = {}
         self._host_count = 0
 
@@ -124,7 +146,8 @@ class Mean(Metric):
     _SUMMED: tuple[str, ...] = ("total", "count")
 
     def update(self, value: Any, weight: Any = 1.0) -> None:
-        if isinstance(weight, (int, float)) and weight == 1.0:
+        plain = isinstance(weight, (int, float)) and weight == 1.0
+        if plain and not _compiling():
             if (isinstance(value, torch.Tensor) and value.dim() == 0 and "total" in self._state
                     and value.device == self._device):  # the hot path: remember it
                 self._remember("total", value.detach())
@@ -135,9 +158,14 @@ class Mean(Metric):
             self._accumulator("count", value)
             self._host_count += value.numel()
             return
+        # Weighted, or inside a compiled step: in-place tensor ops only.
         value = self._tensor(value)
         total = self._accumulator("total", value)
         count = self._accumulator("count", value)
+        if plain:
+            total.add_(value.sum())
+            count.add_(value.numel())
+            return
         weight = self._tensor(weight)
         total.add_((value * weight).sum())
         count.add_(weight.expand_as(value).sum() if weight.dim() else weight * value.numel())
@@ -172,18 +200,19 @@ class Moments(Mean):
         return acc
 
     def update(self, value: Any, weight: Any = 1.0) -> None:
-        if isinstance(value, (int, float)) and isinstance(weight, (int, float)):
-            sums = self._host_sums
-            sums[0] += value * weight
-            sums[1] += value * value * weight
-            sums[2] += weight
-            return
-        if (isinstance(value, torch.Tensor) and value.dim() == 0 and "square" in self._state
-                and isinstance(weight, (int, float)) and weight == 1.0
-                and value.device == self._device):
-            self._remember("total", value.detach())  # the hot path: squared when folded
-            self._host_count += 1
-            return
+        if not _compiling():  # host sums and remembered values: not in a compiled step
+            if isinstance(value, (int, float)) and isinstance(weight, (int, float)):
+                sums = self._host_sums
+                sums[0] += value * weight
+                sums[1] += value * value * weight
+                sums[2] += weight
+                return
+            if (isinstance(value, torch.Tensor) and value.dim() == 0 and "square" in self._state
+                    and isinstance(weight, (int, float)) and weight == 1.0
+                    and value.device == self._device):
+                self._remember("total", value.detach())  # the hot path: squared when folded
+                self._host_count += 1
+                return
         value = self._tensor(value).double()
         weight = self._tensor(weight).double() if not isinstance(weight, (int, float)) else weight
         for name in ("total", "square", "count"):
@@ -314,6 +343,10 @@ class Accuracy(Metric):
         if "correct" not in self._state:
             self._accumulator("correct", correct)
             self._accumulator("count", correct)
+        if _compiling():  # no Python-side list or counter for Dynamo to guard on
+            self._state["correct"].add_(correct)
+            self._state["count"].add_(labels.numel())
+            return
         self._remember("correct", correct)
         self._host_count += labels.numel()
 
