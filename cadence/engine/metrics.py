@@ -8,7 +8,8 @@ launch per loop instead of one per step.
 
 Inside a compiled step (``torch.compile``) an update takes a plain in-place path instead: it adds
 to the accumulators with tensor ops and touches no Python-side counter or list, so that Dynamo
-has nothing per-step to guard on and compiles the step once.
+has nothing per-step to guard on: the step compiles once more after the first update created the
+accumulators, and never again.
 
 Accumulators live on the device of the values: created there on the first update, and moved
 there when they were restored from a checkpoint (which loads on the CPU) or created on the CPU
@@ -24,11 +25,23 @@ from Python numbers before the first tensor arrived.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.compiler import is_compiling as _compiling
+
+
+def _static(acc: torch.Tensor) -> torch.Tensor:
+    """`acc`, marked as a buffer at a fixed address when torch.compile is in use in this
+    process (``torch._dynamo.mark_static_address``): CUDA graphs may mutate such an input,
+    where a mutated ordinary input makes them skip the graph. Not imported otherwise (it is
+    slow to import); never called inside a compiled region."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.mark_static_address(acc)
+    return acc
 
 
 class Metric:
@@ -88,14 +101,35 @@ class Metric:
         checkpoint (loaded on the CPU) or made from Python numbers before the first tensor."""
         self._device = device
         if any(acc.device != device for acc in self._state.values()):
-            self._state = {name: acc.to(device) for name, acc in self._state.items()}
+            self._state = {name: self._new(acc.to(device)) for name, acc in self._state.items()}
+
+    def _new(self, acc: torch.Tensor) -> torch.Tensor:
+        """A new accumulator (marked static for CUDA graphs outside a compiled region)."""
+        return acc if _compiling() else _static(acc)
 
     def _accumulator(self, name: str, like: torch.Tensor) -> torch.Tensor:
         acc = self._state.get(name)
         if acc is None:
             dtype = torch.promote_types(like.dtype, torch.float32)
-            acc = self._state[name] = torch.zeros((), dtype=dtype, device=like.device)
+            acc = self._state[name] = self._new(torch.zeros((), dtype=dtype, device=like.device))
         return acc
+
+    # ------------------------------------------------------------------ inside a compiled step
+
+    def _graph_value(self, value: Any) -> torch.Tensor:
+        """`value` as a detached tensor (not yet moved), inside a compiled step."""
+        if isinstance(value, torch.Tensor):
+            return value.detach()
+        return torch.as_tensor(value, dtype=torch.float32, device=self._device or "cpu")
+
+    def _graph_state(self, like: torch.Tensor, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """The accumulators `names` inside a compiled step, placed on `like`'s device and
+        created if this is the metric's first update."""
+        if self._device is None:
+            self._place(like.device)
+        for name in names:
+            self._accumulator(name, like)
+        return self._state
 
     def update(self, value: Any, weight: Any = 1.0) -> None:
         raise NotImplementedError
@@ -133,8 +167,8 @@ class Metric:
         constructor or seen in updates; when none is known yet, the first update's (a
         checkpoint loads on the CPU, the values of a resumed run may live elsewhere)."""
         device = self._device
-        self._state = {name: (value.to(device, copy=True) if device is not None
-                              else value.clone()) for name, value in state_dict.items()}
+        self._state = {name: self._new(value.to(device, copy=True) if device is not None
+                                       else value.clone()) for name, value in state_dict.items()}
         self._remembered = {}
         self._host_count = 0
 
@@ -147,7 +181,17 @@ class Mean(Metric):
 
     def update(self, value: Any, weight: Any = 1.0) -> None:
         plain = isinstance(weight, (int, float)) and weight == 1.0
-        if plain and not _compiling():
+        if _compiling():  # in-place tensor ops only: nothing for Dynamo to guard on per step
+            value = self._graph_value(value)
+            state = self._graph_state(value, ("total", "count"))
+            value = value.to(self._device)
+            if plain:
+                state["total"].add_(value.sum())
+                state["count"].add_(value.numel())
+            else:
+                self._add_weighted(value, self._graph_value(weight).to(self._device))
+            return
+        if plain:
             if (isinstance(value, torch.Tensor) and value.dim() == 0 and "total" in self._state
                     and value.device == self._device):  # the hot path: remember it
                 self._remember("total", value.detach())
@@ -158,17 +202,15 @@ class Mean(Metric):
             self._accumulator("count", value)
             self._host_count += value.numel()
             return
-        # Weighted, or inside a compiled step: in-place tensor ops only.
         value = self._tensor(value)
-        total = self._accumulator("total", value)
-        count = self._accumulator("count", value)
-        if plain:
-            total.add_(value.sum())
-            count.add_(value.numel())
-            return
-        weight = self._tensor(weight)
-        total.add_((value * weight).sum())
-        count.add_(weight.expand_as(value).sum() if weight.dim() else weight * value.numel())
+        self._accumulator("total", value)
+        self._accumulator("count", value)
+        self._add_weighted(value, self._tensor(weight))
+
+    def _add_weighted(self, value: torch.Tensor, weight: torch.Tensor) -> None:
+        self._state["total"].add_((value * weight).sum())
+        self._state["count"].add_(weight.expand_as(value).sum() if weight.dim()
+                                  else weight * value.numel())
 
     def result(self) -> torch.Tensor:
         """The mean as a 0-d tensor (NaN before any update)."""
@@ -196,27 +238,39 @@ class Moments(Mean):
     def _accumulator(self, name: str, like: torch.Tensor) -> torch.Tensor:
         acc = self._state.get(name)
         if acc is None:
-            acc = self._state[name] = torch.zeros((), dtype=torch.float64, device=like.device)
+            acc = self._state[name] = self._new(
+                torch.zeros((), dtype=torch.float64, device=like.device))
         return acc
 
     def update(self, value: Any, weight: Any = 1.0) -> None:
-        if not _compiling():  # host sums and remembered values: not in a compiled step
-            if isinstance(value, (int, float)) and isinstance(weight, (int, float)):
-                sums = self._host_sums
-                sums[0] += value * weight
-                sums[1] += value * value * weight
-                sums[2] += weight
-                return
-            if (isinstance(value, torch.Tensor) and value.dim() == 0 and "square" in self._state
-                    and isinstance(weight, (int, float)) and weight == 1.0
-                    and value.device == self._device):
-                self._remember("total", value.detach())  # the hot path: squared when folded
-                self._host_count += 1
-                return
+        names = ("total", "square", "count")
+        if _compiling():  # in-place tensor ops only: no host sums, nothing remembered
+            value = self._graph_value(value)
+            self._graph_state(value, names)
+            value = value.to(self._device).double()
+            if not isinstance(weight, (int, float)):
+                weight = self._graph_value(weight).to(self._device).double()
+            self._add_moments(value, weight)
+            return
+        if isinstance(value, (int, float)) and isinstance(weight, (int, float)):
+            sums = self._host_sums
+            sums[0] += value * weight
+            sums[1] += value * value * weight
+            sums[2] += weight
+            return
+        if (isinstance(value, torch.Tensor) and value.dim() == 0 and "square" in self._state
+                and isinstance(weight, (int, float)) and weight == 1.0
+                and value.device == self._device):
+            self._remember("total", value.detach())  # the hot path: squared when folded
+            self._host_count += 1
+            return
         value = self._tensor(value).double()
         weight = self._tensor(weight).double() if not isinstance(weight, (int, float)) else weight
-        for name in ("total", "square", "count"):
+        for name in names:
             self._accumulator(name, value)
+        self._add_moments(value, weight)
+
+    def _add_moments(self, value: torch.Tensor, weight: Any) -> None:
         weighted = value * weight
         self._state["total"].add_(weighted.sum())
         self._state["square"].add_((weighted * value).sum())
@@ -292,10 +346,17 @@ class Sum(Metric):
     _SUMMED = ("total",)
 
     def update(self, value: Any, weight: Any = 1.0) -> None:
+        plain = isinstance(weight, (int, float)) and weight == 1.0
+        if _compiling():
+            value = self._graph_value(value)
+            total = self._graph_state(value, ("total",))["total"]
+            value = value.to(self._device)
+            total.add_(value.sum() if plain
+                       else (value * self._graph_value(weight).to(self._device)).sum())
+            return
         value = self._tensor(value)
         total = self._accumulator("total", value)
-        total.add_(value.sum() if isinstance(weight, (int, float)) and weight == 1.0
-                   else (value * self._tensor(weight)).sum())
+        total.add_(value.sum() if plain else (value * self._tensor(weight)).sum())
 
     def result(self) -> torch.Tensor:
         """The sum as a 0-d tensor (0 before any update)."""
@@ -338,15 +399,18 @@ class Accuracy(Metric):
     _SUMMED = ("correct", "count")
 
     def update_state(self, labels: torch.Tensor, outputs: torch.Tensor) -> None:
+        if _compiling():  # no Python-side list or counter for Dynamo to guard on
+            labels = self._graph_value(labels)
+            state = self._graph_state(labels, ("correct", "count"))
+            labels = labels.to(self._device)
+            state["correct"].add_((outputs.detach().argmax(dim=-1) == labels).sum())
+            state["count"].add_(labels.numel())
+            return
         labels = self._tensor(labels)
         correct = (outputs.detach().argmax(dim=-1) == labels).sum()
         if "correct" not in self._state:
             self._accumulator("correct", correct)
             self._accumulator("count", correct)
-        if _compiling():  # no Python-side list or counter for Dynamo to guard on
-            self._state["correct"].add_(correct)
-            self._state["count"].add_(labels.numel())
-            return
         self._remember("correct", correct)
         self._host_count += labels.numel()
 

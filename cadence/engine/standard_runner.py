@@ -46,7 +46,7 @@ from cadence.core.callbacks import CallbackList, RunState
 from cadence.core.errors import StopTraining
 from cadence.core.progress import Progress
 from cadence.data.iterator import DataIterator
-from cadence.engine.compile import check_compile_options, compile_step
+from cadence.engine.compile import check_compile_options, compile_step, feed_from_outside
 from cadence.engine.module import Module
 from cadence.engine.runner import AbstractEvaluator, AbstractTrainer, Output
 
@@ -396,8 +396,8 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         if not (options.compile_step or options.cuda_graphs):
             return self.train_step
         if self._compiled_train_step is None:
-            self._compiled_train_step = compile_step(self.train_step, options.compile_mode,
-                                                     options.cuda_graphs)
+            self._compiled_train_step = feed_from_outside(compile_step(
+                self.train_step, options.compile_mode, options.cuda_graphs))
         return self._compiled_train_step
 
 
@@ -506,6 +506,6 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
         if not (options.compile_step or options.cuda_graphs):
             return self.eval_step
         if self._compiled_eval_step is None:
-            self._compiled_eval_step = compile_step(self.eval_step, options.compile_mode,
-                                                    options.cuda_graphs)
+            self._compiled_eval_step = feed_from_outside(compile_step(
+                self.eval_step, options.compile_mode, options.cuda_graphs))
         return self._compiled_eval_step

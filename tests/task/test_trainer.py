@@ -417,3 +417,39 @@ def test_each_training_loop_starts_with_every_module_in_training_mode() -> None:
     trainer.model.eval()  # changed between loops, e.g. by a callback
     trainer.train(1)
     assert all(module.training for module in trainer.model.modules())
+
+
+def test_compiled_steps_compile_in_the_first_loop_and_never_again(compile_counter) -> None:
+    backend = compile_counter
+    x, y = make_classification(32)
+    batches = [(x[i:i + 2], y[i:i + 2]) for i in range(0, 32, 2)]  # passes of 16 batches
+    trainer = make_trainer("trainer.compile_step=true", task=ToyTask(batches=batches),
+                           evaluate=True, validation_dataset=batches)
+    trainer.train(3)  # the first loop: the task's step and its accuracy metric
+    trainer.evaluate(-1)  # a whole evaluation: 16 steps
+    compiled, ran = backend.compiles, backend.runs
+    assert 0 < compiled <= 4  # not one per step (of training or of the evaluation)
+    for _ in range(8):  # 40 more steps, across passes, and 8 more evaluations
+        logs = trainer.train(5)
+        trainer.evaluate(-1)
+    assert backend.compiles == compiled  # no recompilation: not per step, not per loop
+    assert backend.runs - ran >= 40 + 8 * 16  # and the compiled graphs ran every step
+    assert 0 <= float(logs["accuracy"]) <= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_steps_captured_in_cuda_graphs_train_and_count_like_eager_ones() -> None:
+    def run(*overrides: str) -> tuple[list[float], float, torch.Tensor]:
+        torch.manual_seed(0)
+        trainer = make_trainer("runtime.device=cuda", *overrides, evaluate=True,
+                               validation_dataset=ToyTask().batches)
+        losses = [float(trainer.train(4)["training_loss"]) for _ in range(3)]
+        accuracy = float(trainer.evaluate(-1)["accuracy"])
+        return losses, accuracy, trainer.model.weight.detach().cpu()
+
+    eager = run()
+    graphed = run("trainer.cuda_graphs=true")
+    assert graphed[0] == pytest.approx(eager[0], rel=1e-4)  # the kept losses were not overwritten
+    assert graphed[1] == eager[1]
+    torch.testing.assert_close(graphed[2], eager[2], rtol=1e-4, atol=1e-5)
