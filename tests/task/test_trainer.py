@@ -285,7 +285,8 @@ def test_initialize_loads_the_init_checkpoint_only_when_no_checkpoint_exists(tmp
                            task=ToyTask(ToyConfig(init_checkpoint=str(tmp_path / "pretrained"))))
     manager = cadence.CheckpointManager(trainer, tmp_path / "run", init_fn=trainer.initialize)
     controller = cadence.Controller(trainer=trainer, steps_per_loop=2, checkpoint_manager=manager)
-    torch.testing.assert_close(trainer.model.weight, source.weight)  # initialized
+    assert trainer.model.weight.device.type == trainer.device.type  # where the Trainer runs
+    torch.testing.assert_close(trainer.model.weight.cpu(), source.weight)  # initialized
     controller.train(2)
     trained = trainer.model.weight.detach().clone()
     again = make_trainer(task=ToyTask(ToyConfig(init_checkpoint=str(tmp_path / "pretrained"))))
@@ -295,6 +296,41 @@ def test_initialize_loads_the_init_checkpoint_only_when_no_checkpoint_exists(tmp
     cadence.Controller(trainer=again, steps_per_loop=2, checkpoint_manager=manager)
     assert calls == []  # a checkpoint exists: it is restored, initialize() is not called
     torch.testing.assert_close(again.model.weight, trained)
+
+
+class _LoadsOntoTheCpu(ToyTask):
+    def build_model(self) -> nn.Module:
+        model = super().build_model()
+        model.register_buffer("scale", torch.ones(3))
+        return model
+
+    def initialize(self, model: nn.Module) -> None:
+        model.scale = torch.full((3,), 2.0)  # e.g. pretrained statistics loaded on the host
+
+
+def test_initialize_keeps_the_weights_and_the_ema_on_the_trainers_device() -> None:
+    # "meta" stands in for a GPU: what a task's initialize left on the CPU moves back to it
+    trainer = make_trainer("runtime.device=meta", "trainer.ema.enabled=true",
+                           task=_LoadsOntoTheCpu())
+    parameters = list(trainer.model.parameters())
+    trainer.initialize()
+    assert list(trainer.model.parameters()) == parameters  # the optimizer's, still
+    assert {t.device.type for t in trainer.model.state_dict().values()} == {"meta"}
+    assert trainer.ema is not None
+    assert {t.device.type for t in trainer.ema.average.state_dict().values()} == {"meta"}
+    assert trainer.ema._pairs[-1][1] is trainer.model.scale  # the EMA follows the moved buffer
+
+
+class _ReplacesParameters(ToyTask):
+    def initialize(self, model: nn.Module) -> None:
+        model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()},
+                              assign=True)
+
+
+def test_initialize_refuses_a_task_that_replaces_the_parameters() -> None:
+    trainer = make_trainer(task=_ReplacesParameters())
+    with pytest.raises(RuntimeError, match=r"replaced parameters .*load_state_dict\(weights\)"):
+        trainer.initialize()
 
 
 def test_join_waits_for_background_work_and_reraises_its_error():
