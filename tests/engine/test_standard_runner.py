@@ -344,3 +344,23 @@ def test_metrics_in_a_step_captured_in_cuda_graphs_count_like_eager_ones():
     assert graphed[0] == pytest.approx(eager[0], rel=1e-4)
     assert graphed[1] == eager[1]
     torch.testing.assert_close(graphed[2], eager[2], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("where", ["on the device", "on the host, prefetched"])
+def test_on_cuda_the_controller_loop_makes_no_host_syncs_between_log_points(where):
+    from fakes import make_classification
+
+    x, y = make_classification(64)
+    if where == "on the device":
+        x, y = x.cuda(), y.cuda()
+    batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 64, 8)]
+    options = cadence.StandardTrainerOptions(prefetch_to_device="cuda")
+    runner = _Linear(batches, options, None)
+    runner.model.cuda()
+    controller = cadence.Controller(trainer=runner, steps_per_loop=20)
+    controller.train(20)  # warm-up: accumulators, optimizer state, the side stream
+    with cadence.debug.count_host_syncs() as syncs:  # CUDA's sync debug mode is on too
+        runner.train(20)  # a loop between two log points, across passes
+    assert syncs.count == 0, syncs.calls

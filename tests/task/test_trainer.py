@@ -489,3 +489,19 @@ def test_on_cuda_steps_captured_in_cuda_graphs_train_and_count_like_eager_ones()
     assert graphed[0] == pytest.approx(eager[0], rel=1e-4)  # the kept losses were not overwritten
     assert graphed[1] == eager[1]
     torch.testing.assert_close(graphed[2], eager[2], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("where", ["on the device", "on the host, prefetched"])
+def test_on_cuda_the_training_loop_makes_no_host_syncs(where) -> None:
+    x, y = make_classification(64)
+    if where == "on the device":
+        x, y = x.cuda(), y.cuda()
+    task = ToyTask(batches=[(x[i:i + 8], y[i:i + 8]) for i in range(0, 64, 8)])
+    trainer = make_trainer("runtime.device=cuda", "trainer.optimizer_config.gradient_clip_norm=1.0",
+                           "trainer.ema.enabled=true", task=task)
+    trainer.train(10)  # warm-up
+    with cadence.debug.count_host_syncs() as syncs:  # CUDA's sync debug mode is on too
+        trainer.train(20)  # across passes
+    assert syncs.count == 0, syncs.calls
