@@ -34,10 +34,10 @@ from torch.compiler import is_compiling as _compiling
 
 
 def _static(acc: torch.Tensor) -> torch.Tensor:
-    """`acc`, marked as a buffer at a fixed address when torch.compile is in use in this
-    process (``torch._dynamo.mark_static_address``): CUDA graphs may mutate such an input,
-    where a mutated ordinary input makes them skip the graph. Not imported otherwise (it is
-    slow to import); never called inside a compiled region."""
+    """`acc`, marked as a buffer at a fixed address (``torch._dynamo.mark_static_address``):
+    CUDA graphs may mutate such an input, where a mutated ordinary input makes them skip the
+    graph. Only once Dynamo is imported (by torch.compile, or the first backward): importing it
+    takes seconds. Never called inside a compiled region."""
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         dynamo.mark_static_address(acc)
