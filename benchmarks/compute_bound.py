@@ -59,7 +59,8 @@ def main() -> None:
 
         config = cadence.load_config(cadence.ExperimentConfig(), overrides=[
             f"trainer.train_steps={args.steps}", "trainer.steps_per_loop=10",
-            "trainer.optimizer_config.gradient_clip_norm=1.0"])
+            "trainer.optimizer_config.gradient_clip_norm=1.0",
+            "runtime.device=cpu"])  # the raw loop's device, also where CUDA is visible
         trainer = cadence.Trainer(config, Task(config.task), model, optimizer, evaluate=False)
         manager = cadence.CheckpointManager(trainer, f"{args.workdir}/ckpt",
                                             checkpoint_interval=20, async_save=True)

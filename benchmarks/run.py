@@ -16,6 +16,10 @@ round, one untimed warm-up round):
    ``torch.save``, and the host-copy floor.
 5. Start-up: ``import cadence`` and the Trainer stack on top of ``import torch``, and
    ``cadence --help``.
+6. GPU (``benchmarks/gpu.py``): the launch-bound MLP per front-end, the char transformer eager
+   and compiled, the checkpoint stall of state on the GPU, and host syncs per front-end; every
+   variant of a comparison on the same CUDA device. Skipped, with a line in the report, where
+   no GPU is found; ``--smoke`` without one runs a few of its variants on the CPU, tiny.
 
 Benchmarks are not tests: they print figures and write them down; ``--smoke`` only proves that
 every variant still runs.
@@ -41,6 +45,9 @@ OURS = ["raw_loop", "cadence_controller", "cadence_controller_50_callbacks", "ca
 PEERS = ["raw_dl", "lightning_lean", "lightning_defaults", "fabric", "ignite",
          "accelerate_loop", "tnt_autounit", "tnt_trainunit", "keras_dl"]
 CHECKPOINT_KINDS = ["floor", "async", "torch_save", "sync"]
+GPU_SMOKE_ON_CPU = [("mlp", "raw"), ("mlp", "cadence_trainer"), ("lm", "raw"),
+                    ("lm", "cadence_trainer"), ("ckpt", "async"), ("syncs", "cadence_trainer")]
+"""What ``--smoke`` runs of workload 6 where there is no GPU: enough to keep gpu.py working."""
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -128,6 +135,59 @@ def bench_checkpoints(args: argparse.Namespace, tmp: Path, log: Path) -> dict:
     return results
 
 
+def bench_gpu(args: argparse.Namespace, tmp: Path, log: Path) -> dict:
+    """Workload 6: {"device": ..., "skipped": reason} or results by workload and variant."""
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    import gpu
+
+    if torch.cuda.is_available():
+        device, tiny = "cuda", args.smoke
+        plan = [(w, v) for w, vs in (("mlp", gpu.MLP_VARIANTS), ("lm", gpu.LM_VARIANTS))
+                for v in vs]
+        if args.smoke:
+            plan = [(w, v) for w, v in plan if not v.endswith("_compiled")]
+    elif args.smoke:
+        device, tiny, plan = "cpu", True, list(GPU_SMOKE_ON_CPU)
+    else:
+        return {"skipped": "no CUDA device here (torch.cuda.is_available() is False)"}
+    results: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                     "tiny": tiny, "mlp": {}, "lm": {}, "ckpt": {}, "syncs": {}}
+    timed = [(w, v) for w, v in plan if w in ("mlp", "lm")]
+    once = [(w, v) for w, v in plan if w not in ("mlp", "lm")]
+    if device == "cuda":
+        once = [("ckpt", kind) for kind in gpu.CKPT_KINDS[: 2 if args.smoke else None]]
+        once += [("syncs", v) for v in gpu.SYNC_VARIANTS[: 1 if args.smoke else None]]
+    reps = 1 if args.smoke else args.reps
+    for workload in ("mlp", "lm"):
+        names = [v for w, v in timed if w == workload]
+        for r, variant in rounds(names, reps, 0 if args.smoke else 1):
+            record = _gpu_child(workload, variant, device, tiny, tmp, log)
+            if record is not None and r >= 0:
+                results[workload].setdefault(variant, []).append(record)
+                print(f"  round {r} {workload} {variant}: {record['us_per_step']:.0f} us/step",
+                      flush=True)
+    for workload, variant in once:
+        record = _gpu_child(workload, variant, device, tiny, tmp, log)
+        if record is not None:
+            results[workload][variant] = record
+            print(f"  {workload} {variant}: {json.dumps(record)[:300]}", flush=True)
+    return results
+
+
+def _gpu_child(workload: str, variant: str, device: str, tiny: bool, tmp: Path,
+               log: Path) -> dict | None:
+    out = tmp / f"gpu-{workload}-{variant}.json"
+    workdir = Path(tempfile.mkdtemp(dir=tmp))
+    command = [sys.executable, str(HERE / "gpu.py"), workload, variant, "--out", str(out),
+               "--workdir", str(workdir), "--device", device, *(["--tiny"] if tiny else [])]
+    record = run_json(command, out, child_env({"OMP_NUM_THREADS": "1"} if device == "cpu"
+                                              else {"OMP_NUM_THREADS": "4"}), log)
+    subprocess.run(["rm", "-rf", str(workdir)], check=False)
+    return record
+
+
 def bench_startup(args: argparse.Namespace) -> dict:
     cases = {
         "python": "pass",
@@ -187,8 +247,61 @@ def environment(args: argparse.Namespace) -> dict:
     return info
 
 
+def gpu_report(results: dict) -> list[str]:
+    """Section 6 of the report."""
+    if "skipped" in results:
+        return ["", "## 6. GPU", "", f"Skipped: {results['skipped']}. Run the suite where a "
+                "GPU is found (`python benchmarks/run.py --only gpu`)."]
+    on_cpu = results["device"] == "cpu"
+    lines = ["", f"## 6. GPU: {results['device']}", ""]
+    if on_cpu:
+        lines += ["**No GPU here: a few variants ran on the CPU with tiny sizes, only to keep "
+                  "`benchmarks/gpu.py` working. Figures meaningless.**", ""]
+    lines += ["Every variant on the same device; ratios to the raw loop of the same run "
+              "(compiled variants to the raw compiled loop); `steady` leaves out the first "
+              "quarter (mlp: the first epoch) and the end. `recompiles`: Dynamo compilations "
+              "after the first quarter (target 0).", ""]
+    for workload in ("mlp", "lm"):
+        records = results.get(workload, {})
+        if not records:
+            continue
+        lines += [f"### {workload}", "", "| variant | us/step median [min-max] | ratio | "
+                  "steady us/step | steady ratio | recompiles | peak MB |",
+                  "|---|---|---|---|---|---|---|"]
+        for variant, runs in records.items():
+            base = records.get("raw_compiled" if "_compiled" in variant else "raw", [])
+            us = [r["us_per_step"] for r in runs]
+            steady = [r["steady_us_per_step"] for r in runs if "steady_us_per_step" in r]
+            base_us = [r["us_per_step"] for r in base]
+            base_steady = [r["steady_us_per_step"] for r in base if "steady_us_per_step" in r]
+            ratio = (f"{statistics.median(base_us) / statistics.median(us):.3f}x"
+                     if base_us else "n/a")
+            steady_ratio = (f"{statistics.median(base_steady) / statistics.median(steady):.3f}x"
+                            if base_steady and steady else "n/a")
+            recompiles = max((r.get("recompiles", 0) for r in runs), default=0)
+            peak = statistics.median(r.get("peak_mem_mb", 0.0) for r in runs)
+            lines.append(f"| {variant} | {spread(us)} | {ratio} | {spread(steady)} | "
+                         f"{steady_ratio} | {recompiles if '_compiled' in variant else ''} | "
+                         f"{peak:.0f} |")
+        lines.append("")
+    if results.get("ckpt"):
+        lines += ["### checkpoint stall", "", "| kind | state MB | stalls s | completes s |",
+                  "|---|---|---|---|"]
+        for kind, r in results["ckpt"].items():
+            lines.append(f"| {kind} | {r['state_mb']:.0f} | "
+                         f"{[round(x, 3) for x in r['stalls']]} | "
+                         f"{[round(x, 3) for x in r['completes']]} |")
+        lines.append("")
+    if results.get("syncs"):
+        lines += ["### host syncs (whole run: log points included)", ""]
+        for variant, r in results["syncs"].items():
+            lines.append(f"- {variant}: {r['count']} over {r['steps']} steps: "
+                         f"{json.dumps(r['where'])[:600]}")
+    return lines
+
+
 def report(env: dict, overhead: dict, compute: dict, inputs: dict, checkpoints: dict,
-           startup: dict, smoke: bool) -> str:
+           startup: dict, smoke: bool, gpu: dict | None = None) -> str:
     lines = ["# Benchmarks", "",
              "Written by `python benchmarks/run.py` (the one command; `--smoke` for a quick "
              "check). Every figure is from one run of the suite: fresh processes, variants "
@@ -298,11 +411,9 @@ def report(env: dict, overhead: dict, compute: dict, inputs: dict, checkpoints: 
         extra = (f"+{(statistics.median(values) - torch_median) * 1000:.0f} ms"
                  if name.startswith("import torch") and name != "import torch" else "")
         lines.append(f"| `{name}` | {spread(values, '{:.3f}')} | {extra} |")
-    lines += ["", "## Not measured here", "",
-              "6 (GPU): this run had no GPU. The suite runs the same workloads on one; CUDA "
-              "paths (pinned side-stream prefetch, CUDA sync debug mode) are tested only where "
-              "a GPU is found.", "",
-              "Where the time goes and what is not yet met: `docs/performance.md`."]
+    if gpu is not None:
+        lines += gpu_report(gpu)
+    lines += ["", "Where the time goes and what is not yet met: `docs/performance.md`."]
     return "\n".join(lines) + "\n"
 
 
@@ -316,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         "BENCH_PYTHON", str(Path.home() / ".cache/cadence-bench/venv/bin/python")))
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     parser.add_argument("--only", choices=("overhead", "compute", "input", "checkpoint",
-                                           "startup"))
+                                           "startup", "gpu"))
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="cadence-bench-"))
     log = tmp / "children.log"
@@ -326,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     inputs: dict = {"serial": [], "prefetch": [], "train_loop": []}
     checkpoints: dict = {kind: [] for kind in CHECKPOINT_KINDS}
     startup: dict = {"import torch": [float("nan")]}
+    gpu: dict | None = None
     if args.only in (None, "overhead"):
         print("1. overhead-bound MLP", flush=True)
         overhead = bench_overhead(args, tmp, log)
@@ -343,6 +455,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in (None, "startup"):
         print("5. start-up", flush=True)
         startup = bench_startup(args)
+    if args.only in (None, "gpu"):
+        print("6. GPU", flush=True)
+        gpu = bench_gpu(args, tmp, log)
+        if "skipped" in gpu:
+            print(f"  skipped: {gpu['skipped']}", flush=True)
     saved = ROOT / "benchmarks" / "results" / "latest.json"
     if args.only and not args.smoke and saved.exists():  # the other parts: from the last run
         previous = json.loads(saved.read_text())
@@ -351,12 +468,13 @@ def main(argv: list[str] | None = None) -> int:
         inputs = inputs if args.only == "input" else previous.get("inputs", inputs)
         checkpoints = checkpoints if args.only == "checkpoint" else previous["checkpoints"]
         startup = startup if args.only == "startup" else previous["startup"]
+        gpu = gpu if args.only == "gpu" else previous.get("gpu")
     text = report(environment(args), overhead, compute, inputs, checkpoints, startup,
-                  args.smoke)
+                  args.smoke, gpu)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
     results = json.dumps({"overhead": overhead, "compute": compute, "inputs": inputs,
-                          "checkpoints": checkpoints, "startup": startup}, indent=1)
+                          "checkpoints": checkpoints, "startup": startup, "gpu": gpu}, indent=1)
     (tmp / "results.json").write_text(results)
     if not args.smoke:
         saved.parent.mkdir(parents=True, exist_ok=True)

@@ -14,9 +14,11 @@ import cadence
 
 def main() -> None:
     directory = Path(sys.argv[1])
+    # On the CPU, with gloo (as every multi-process test): with CUDA visible, "auto" would put
+    # every rank on cuda:0 -- one device per rank (LOCAL_RANK) is the distributed runtime's job.
     config = cadence.load_config("digits", overrides=[
         "trainer.train_steps=40", "trainer.steps_per_loop=10", "trainer.checkpoint_interval=20",
-        "trainer.validation_interval=20", "task.model.hidden_sizes=[32]"])
+        "trainer.validation_interval=20", "task.model.hidden_sizes=[32]", "runtime.device=cpu"])
     model, logs = cadence.run_experiment(config, "train_and_eval", directory / "run")
     rank = dist.get_rank()
     if rank == 0:  # the same weights evaluated on the whole validation set in one process

@@ -147,3 +147,21 @@ def make_loader(n: int = 64, batch_size: int = 8, shuffle: bool = True,
     return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=shuffle,
                       generator=generator, **kwargs)
 
+
+
+class CountingBackend:
+    """A ``torch.compile`` backend that runs graphs eagerly and counts compilations and runs."""
+
+    def __init__(self) -> None:
+        self.compiles = 0
+        self.runs = 0
+
+    def __call__(self, graph: Any, example_inputs: Any) -> Any:
+        self.compiles += 1
+
+        def run(*args: Any) -> Any:
+            self.runs += 1
+            return graph.forward(*args)
+
+        return run
+

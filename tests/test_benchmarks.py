@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).parent.parent
 
@@ -23,3 +24,8 @@ def test_the_benchmark_suite_runs_every_variant_and_writes_its_report(tmp_path):
         assert kind in text
     assert "| `cadence --help` |" in text
     assert "| Task Trainer + Controller |" in text and "| DataFlow.threaded(4) |" in text
+    gpu = text[text.index("## 6. GPU"):]  # workload 6: on a GPU, or a few variants on the CPU
+    assert "### mlp" in gpu and "### lm" in gpu and "### host syncs" in gpu
+    assert "| raw |" in gpu and "| cadence_trainer |" in gpu
+    if not torch.cuda.is_available():
+        assert "No GPU here" in gpu

@@ -22,7 +22,8 @@ def build(x, y, workdir, metrics=None):
 
     config = cadence.load_config(cadence.ExperimentConfig(), overrides=[
         f"trainer.train_steps={TOTAL_STEPS}", "trainer.steps_per_loop=100",
-        "trainer.summary_interval=100", "trainer.checkpoint_interval=1000"])
+        "trainer.summary_interval=100", "trainer.checkpoint_interval=1000",
+        "runtime.device=cpu"])  # the raw loop's device, also where CUDA is visible
     task = Task(config.task)
     model = make_model()
     trainer = cadence.Trainer(config, task, model, make_sgd(model), evaluate=False)

@@ -15,8 +15,8 @@ logger = logging.getLogger("cadence")
 
 
 class Profiler(Callback):
-    """Profiles the steps ``start_step < global_step <= end_step`` (CPU, and CUDA when present)
-    and writes a Chrome trace (open it in Perfetto or ``chrome://tracing``) to
+    """Profiles the steps ``start_step < global_step <= end_step`` (CPU, and CUDA when the run
+    uses it) and writes a Chrome trace (open it in Perfetto or ``chrome://tracing``) to
     ``<directory>/trace-<start>-<end>.json``. Name scopes of `cadence.Module` appear as ranges.
 
     Args:
@@ -38,10 +38,13 @@ class Profiler(Callback):
     def on_step_begin(self, state: RunState) -> None:
         if state.global_step == self.start_step and self._profile is None:
             activities = [torch.profiler.ProfilerActivity.CPU]
-            if torch.cuda.is_available():
+            # CUDA kernels only when the run has started CUDA: tracing them in a process that
+            # has not would start CUDA inside the trace (the profiler synchronizes the device
+            # when it stops), which Kineto does not survive.
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
             self._profile = torch.profiler.profile(activities=activities, record_shapes=True)
-            self._profile.__enter__()
+            self._profile.start()
 
     def on_step_end(self, state: RunState) -> None:
         if self._profile is not None and state.global_step >= self.end_step:
@@ -53,7 +56,7 @@ class Profiler(Callback):
 
     def _finish(self, state: RunState) -> None:
         profile, self._profile = self._profile, None
-        profile.__exit__(None, None, None)
+        profile.stop()
         run = run_directory(state)
         directory = (Path(self.directory) if self.directory is not None
                      else run.subdir("profile") if run is not None else Path("profile"))

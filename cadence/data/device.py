@@ -1,6 +1,11 @@
 """Moving batches to a device: `to_device`, and `DeviceCopier`, which starts a copy of the next
 batch while the current one is used (on CUDA: from pinned memory, on a side stream, with an event
-that the consuming stream waits for only when the batch is used)."""
+that the consuming stream waits for only when the batch is used).
+
+A batch already on the device is handed on as it is: no copy, no stream, no event. Nothing here
+waits for the device on the host: the consuming stream waits for a copy's event on the device
+(``cudaStreamWaitEvent``), never the CPU.
+"""
 
 from __future__ import annotations
 
@@ -10,15 +15,15 @@ from typing import Any
 import torch
 
 
-def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """`value` (a batch: tensors in tuples, named tuples, lists, mappings) with `fn` applied to
     each of its tensors; other leaves as they are."""
     if isinstance(value, torch.Tensor):
         return fn(value)
     if isinstance(value, Mapping):
-        return {key: _map_tensors(item, fn) for key, item in value.items()}
+        return {key: map_tensors(item, fn) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        mapped = [_map_tensors(item, fn) for item in value]
+        mapped = [map_tensors(item, fn) for item in value]
         return type(value)(*mapped) if hasattr(value, "_fields") else type(value)(mapped)
     return value
 
@@ -26,8 +31,22 @@ def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
 def to_device(value: Any, device: torch.device) -> Any:
     """`value` (a batch: tensors in tuples, lists, mappings) with its tensors moved to `device`
     without waiting for the copy (pinned memory -- ``DataLoader(pin_memory=True)`` -- makes a
-    copy from the host truly asynchronous)."""
-    return _map_tensors(value, lambda tensor: tensor.to(device, non_blocking=True))
+    copy from the host truly asynchronous); `value` itself when they are all there already."""
+    if on_device(value, device):
+        return value
+    return map_tensors(value, lambda tensor: tensor.to(device, non_blocking=True))
+
+
+def on_device(value: Any, device: torch.device) -> bool:
+    """Whether every tensor of `value` (a batch) is on `device`. A device without an index
+    (``cuda``) stands for the current one, as ``tensor.to("cuda")`` does; in a process that
+    uses one device of a type, any index of that type matches."""
+    for tensor in _tensors(value):
+        actual = tensor.device
+        if actual.type != device.type or (device.index is not None
+                                          and actual.index != device.index):
+            return False
+    return True
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -60,8 +79,9 @@ class DeviceCopier:
         self.stream: Any = None
 
     def start(self, batch: Any) -> tuple[Any, Any]:
-        """``(batch on the device, the CUDA event of the copy or None)``."""
-        if self.device.type != "cuda":
+        """``(batch on the device, the CUDA event of the copy or None)``: None when nothing was
+        copied (not CUDA, or the batch was on the device already)."""
+        if self.device.type != "cuda" or on_device(batch, self.device):
             return to_device(batch, self.device), None
         if self.stream is None:
             self.stream = torch.cuda.Stream(self.device)
@@ -72,7 +92,8 @@ class DeviceCopier:
         return moved, ready
 
     def use(self, batch: Any, ready: Any) -> Any:
-        """`batch`, once the current stream waits for its copy and owns its memory."""
+        """`batch`, once the current stream waits for its copy and owns its memory. The wait is
+        on the device (the stream waits for the event); the host goes on at once."""
         if ready is not None:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(ready)
@@ -83,5 +104,5 @@ class DeviceCopier:
 
 def _pinned(value: Any) -> Any:
     """`value` with its host tensors in pinned memory."""
-    return _map_tensors(value, lambda tensor: tensor if tensor.is_cuda or tensor.is_pinned()
+    return map_tensors(value, lambda tensor: tensor if tensor.is_cuda or tensor.is_pinned()
                         else tensor.pin_memory())

@@ -10,7 +10,9 @@ stretch of training to check it::
 On CPU it counts the tensor methods that read a value on the host (``item``, ``tolist``,
 ``__float__``, ``__int__``, ``__bool__``, ``numpy``) -- each of them would wait for the device
 on a GPU. With CUDA initialized it also turns on ``torch.cuda.set_sync_debug_mode("warn")`` and
-counts the synchronizations CUDA itself reports (copies to the host, ``nonzero``, ...).
+counts the synchronizations CUDA itself reports (copies to the host, ``nonzero``, stream and
+event waits on the host, ...), where they happened; a read through one of the methods above is
+counted once, as that method. Other warnings raised inside the block are passed on.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from typing import Any
 import torch
 
 SYNC_METHODS = ("item", "tolist", "__float__", "__int__", "__bool__", "numpy")
+
+CUDA_SYNC_MESSAGE = "called a synchronizing CUDA operation"
+"""What CUDA's sync debug mode warns for each synchronization (its notice that the mode is a
+prototype is not one)."""
 
 
 @dataclass
@@ -58,6 +64,10 @@ def count_host_syncs(with_stack: bool = True) -> Iterator[SyncCounter]:
     """
     counter = SyncCounter()
     originals = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    previous_mode = torch.cuda.get_sync_debug_mode() if cuda else 0
+    reports: list[warnings.WarningMessage] = []  # what the block warned, CUDA's reports too
+    counted_reports: set[int] = set()  # CUDA's reports of reads already counted as a method
 
     def wrap(name: str, original: Any) -> Any:
         def counted(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -66,24 +76,35 @@ def count_host_syncs(with_stack: bool = True) -> Iterator[SyncCounter]:
                 frame = traceback.extract_stack(limit=2)[0]  # the caller of the read
                 where = f"{frame.filename}:{frame.lineno}"
             counter.calls.append((name, where))
-            return original(self, *args, **kwargs)
+            before = len(reports)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                counted_reports.update(range(before, len(reports)))
 
         return counted
 
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    previous_mode = torch.cuda.get_sync_debug_mode() if cuda else 0
-    try:
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, wrap(name, original))
-        with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught:
+        # CUDA's reports are recorded every time; other warnings keep the caller's filters
+        # (an error stays an error) and are issued again after the block.
+        warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype")
+        warnings.filterwarnings("always", message=CUDA_SYNC_MESSAGE)
+        reports = caught
+        try:
+            for name, original in originals.items():
+                setattr(torch.Tensor, name, wrap(name, original))
             if cuda:
-                warnings.simplefilter("always")
                 torch.cuda.set_sync_debug_mode("warn")
             yield counter
-        counter.calls += [("cuda", str(w.message)) for w in caught
-                          if "synchroniz" in str(w.message).lower()]
-    finally:
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, original)
-        if cuda:
-            torch.cuda.set_sync_debug_mode(previous_mode)
+        finally:
+            for name, original in originals.items():
+                setattr(torch.Tensor, name, original)
+            if cuda:
+                torch.cuda.set_sync_debug_mode(previous_mode)
+    counter.calls += [("cuda", f"{report.filename}:{report.lineno}")
+                      for index, report in enumerate(reports)
+                      if CUDA_SYNC_MESSAGE in str(report.message) and index not in counted_reports]
+    for report in reports:
+        if CUDA_SYNC_MESSAGE not in str(report.message):
+            warnings.warn_explicit(report.message, report.category, report.filename,
+                                   report.lineno, source=report.source)

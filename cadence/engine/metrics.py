@@ -6,6 +6,15 @@ moves loop logs to the host once per loop, so a metric updated every step costs 
 remembered values are summed by one kernel when read (or every 1,024 updates) -- one kernel
 launch per loop instead of one per step.
 
+Inside a compiled step (``torch.compile``) an update takes a plain in-place path instead: it adds
+to the accumulators with tensor ops and touches no Python-side counter or list, so that Dynamo
+has nothing per-step to guard on: the step compiles once more after the first update created the
+accumulators, and never again.
+
+Accumulators live on the device of the values: created there on the first update, and moved
+there when they were restored from a checkpoint (which loads on the CPU) or created on the CPU
+from Python numbers before the first tensor arrived.
+
 >>> import torch
 >>> loss = Mean()
 >>> for value in (1.0, 2.0, torch.tensor(6.0)):
@@ -16,14 +25,28 @@ launch per loop instead of one per step.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.compiler import is_compiling as _compiling
+
+
+def _static(acc: torch.Tensor) -> torch.Tensor:
+    """`acc`, marked as a buffer at a fixed address (``torch._dynamo.mark_static_address``):
+    CUDA graphs may mutate such an input, where a mutated ordinary input makes them skip the
+    graph. Only once Dynamo is imported (by torch.compile, or the first backward): importing it
+    takes seconds. Never called inside a compiled region."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.mark_static_address(acc)
+    return acc
 
 
 class Metric:
-    """Base class: holds its accumulators as tensors created on the first update's device."""
+    """Base class: holds its accumulators as tensors on the device of the values it is updated
+    with (`device`, or the first tensor update's device)."""
 
     _SUMMED: tuple[str, ...] = ()
     """Accumulators that add up across processes (see `all_reduce`)."""
@@ -67,18 +90,46 @@ class Metric:
     def _tensor(self, value: Any) -> torch.Tensor:
         if isinstance(value, torch.Tensor):
             if self._device is None:
-                self._device = value.device
+                self._place(value.device)
             elif value.device == self._device and not value.requires_grad:
                 return value  # the hot path: nothing to detach or move
             return value.detach().to(self._device, non_blocking=True)
         return torch.as_tensor(value, dtype=torch.float32, device=self._device or "cpu")
 
+    def _place(self, device: torch.device) -> None:
+        """Makes `device` the accumulators' device, moving those that exist: restored from a
+        checkpoint (loaded on the CPU) or made from Python numbers before the first tensor."""
+        self._device = device
+        if any(acc.device != device for acc in self._state.values()):
+            self._state = {name: self._new(acc.to(device)) for name, acc in self._state.items()}
+
+    def _new(self, acc: torch.Tensor) -> torch.Tensor:
+        """A new accumulator (marked static for CUDA graphs outside a compiled region)."""
+        return acc if _compiling() else _static(acc)
+
     def _accumulator(self, name: str, like: torch.Tensor) -> torch.Tensor:
         acc = self._state.get(name)
         if acc is None:
             dtype = torch.promote_types(like.dtype, torch.float32)
-            acc = self._state[name] = torch.zeros((), dtype=dtype, device=like.device)
+            acc = self._state[name] = self._new(torch.zeros((), dtype=dtype, device=like.device))
         return acc
+
+    # ------------------------------------------------------------------ inside a compiled step
+
+    def _graph_value(self, value: Any) -> torch.Tensor:
+        """`value` as a detached tensor (not yet moved), inside a compiled step."""
+        if isinstance(value, torch.Tensor):
+            return value.detach()
+        return torch.as_tensor(value, dtype=torch.float32, device=self._device or "cpu")
+
+    def _graph_state(self, like: torch.Tensor, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """The accumulators `names` inside a compiled step, placed on `like`'s device and
+        created if this is the metric's first update."""
+        if self._device is None:
+            self._place(like.device)
+        for name in names:
+            self._accumulator(name, like)
+        return self._state
 
     def update(self, value: Any, weight: Any = 1.0) -> None:
         raise NotImplementedError
@@ -112,7 +163,12 @@ class Metric:
         return {name: acc.clone() for name, acc in self._state.items()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._state = {name: value.clone() for name, value in state_dict.items()}
+        """Restores the accumulators onto this metric's device -- the one given to the
+        constructor or seen in updates; when none is known yet, the first update's (a
+        checkpoint loads on the CPU, the values of a resumed run may live elsewhere)."""
+        device = self._device
+        self._state = {name: self._new(value.to(device, copy=True) if device is not None
+                                       else value.clone()) for name, value in state_dict.items()}
         self._remembered = {}
         self._host_count = 0
 
@@ -124,7 +180,18 @@ class Mean(Metric):
     _SUMMED: tuple[str, ...] = ("total", "count")
 
     def update(self, value: Any, weight: Any = 1.0) -> None:
-        if isinstance(weight, (int, float)) and weight == 1.0:
+        plain = isinstance(weight, (int, float)) and weight == 1.0
+        if _compiling():  # in-place tensor ops only: nothing for Dynamo to guard on per step
+            value = self._graph_value(value)
+            state = self._graph_state(value, ("total", "count"))
+            value = value.to(self._device)
+            if plain:
+                state["total"].add_(value.sum())
+                state["count"].add_(value.numel())
+            else:
+                self._add_weighted(value, self._graph_value(weight).to(self._device))
+            return
+        if plain:
             if (isinstance(value, torch.Tensor) and value.dim() == 0 and "total" in self._state
                     and value.device == self._device):  # the hot path: remember it
                 self._remember("total", value.detach())
@@ -136,11 +203,14 @@ class Mean(Metric):
             self._host_count += value.numel()
             return
         value = self._tensor(value)
-        total = self._accumulator("total", value)
-        count = self._accumulator("count", value)
-        weight = self._tensor(weight)
-        total.add_((value * weight).sum())
-        count.add_(weight.expand_as(value).sum() if weight.dim() else weight * value.numel())
+        self._accumulator("total", value)
+        self._accumulator("count", value)
+        self._add_weighted(value, self._tensor(weight))
+
+    def _add_weighted(self, value: torch.Tensor, weight: torch.Tensor) -> None:
+        self._state["total"].add_((value * weight).sum())
+        self._state["count"].add_(weight.expand_as(value).sum() if weight.dim()
+                                  else weight * value.numel())
 
     def result(self) -> torch.Tensor:
         """The mean as a 0-d tensor (NaN before any update)."""
@@ -168,10 +238,20 @@ class Moments(Mean):
     def _accumulator(self, name: str, like: torch.Tensor) -> torch.Tensor:
         acc = self._state.get(name)
         if acc is None:
-            acc = self._state[name] = torch.zeros((), dtype=torch.float64, device=like.device)
+            acc = self._state[name] = self._new(
+                torch.zeros((), dtype=torch.float64, device=like.device))
         return acc
 
     def update(self, value: Any, weight: Any = 1.0) -> None:
+        names = ("total", "square", "count")
+        if _compiling():  # in-place tensor ops only: no host sums, nothing remembered
+            value = self._graph_value(value)
+            self._graph_state(value, names)
+            value = value.to(self._device).double()
+            if not isinstance(weight, (int, float)):
+                weight = self._graph_value(weight).to(self._device).double()
+            self._add_moments(value, weight)
+            return
         if isinstance(value, (int, float)) and isinstance(weight, (int, float)):
             sums = self._host_sums
             sums[0] += value * weight
@@ -186,8 +266,11 @@ class Moments(Mean):
             return
         value = self._tensor(value).double()
         weight = self._tensor(weight).double() if not isinstance(weight, (int, float)) else weight
-        for name in ("total", "square", "count"):
+        for name in names:
             self._accumulator(name, value)
+        self._add_moments(value, weight)
+
+    def _add_moments(self, value: torch.Tensor, weight: Any) -> None:
         weighted = value * weight
         self._state["total"].add_(weighted.sum())
         self._state["square"].add_((weighted * value).sum())
@@ -263,10 +346,17 @@ class Sum(Metric):
     _SUMMED = ("total",)
 
     def update(self, value: Any, weight: Any = 1.0) -> None:
+        plain = isinstance(weight, (int, float)) and weight == 1.0
+        if _compiling():
+            value = self._graph_value(value)
+            total = self._graph_state(value, ("total",))["total"]
+            value = value.to(self._device)
+            total.add_(value.sum() if plain
+                       else (value * self._graph_value(weight).to(self._device)).sum())
+            return
         value = self._tensor(value)
         total = self._accumulator("total", value)
-        total.add_(value.sum() if isinstance(weight, (int, float)) and weight == 1.0
-                   else (value * self._tensor(weight)).sum())
+        total.add_(value.sum() if plain else (value * self._tensor(weight)).sum())
 
     def result(self) -> torch.Tensor:
         """The sum as a 0-d tensor (0 before any update)."""
@@ -309,6 +399,13 @@ class Accuracy(Metric):
     _SUMMED = ("correct", "count")
 
     def update_state(self, labels: torch.Tensor, outputs: torch.Tensor) -> None:
+        if _compiling():  # no Python-side list or counter for Dynamo to guard on
+            labels = self._graph_value(labels)
+            state = self._graph_state(labels, ("correct", "count"))
+            labels = labels.to(self._device)
+            state["correct"].add_((outputs.detach().argmax(dim=-1) == labels).sum())
+            state["count"].add_(labels.numel())
+            return
         labels = self._tensor(labels)
         correct = (outputs.detach().argmax(dim=-1) == labels).sum()
         if "correct" not in self._state:

@@ -51,7 +51,7 @@ from cadence.core.errors import StopTraining
 from cadence.core.progress import Progress
 from cadence.data.iterator import DataIterator
 from cadence.data.nested import NestedIterators, is_nested, iterate_nested
-from cadence.engine.compile import check_compile_options, compile_step
+from cadence.engine.compile import check_compile_options, compile_step, feed_from_outside
 from cadence.engine.distributed import (
     StopAgreement,
     any_rank,
@@ -467,8 +467,8 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         if not (options.compile_step or options.cuda_graphs):
             return self.train_step
         if self._compiled_train_step is None:
-            self._compiled_train_step = compile_step(self.train_step, options.compile_mode,
-                                                     options.cuda_graphs)
+            self._compiled_train_step = feed_from_outside(compile_step(
+                self.train_step, options.compile_mode, options.cuda_graphs))
         return self._compiled_train_step
 
 
@@ -580,6 +580,6 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
         if not (options.compile_step or options.cuda_graphs):
             return self.eval_step
         if self._compiled_eval_step is None:
-            self._compiled_eval_step = compile_step(self.eval_step, options.compile_mode,
-                                                    options.cuda_graphs)
+            self._compiled_eval_step = feed_from_outside(compile_step(
+                self.eval_step, options.compile_mode, options.cuda_graphs))
         return self._compiled_eval_step

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from cadence.data.device import to_device
+from cadence.data.device import on_device, to_device
 from cadence.data.sharding import InputContext
 from cadence.engine.compile import compile_step
 from cadence.engine.distributed import (
@@ -263,8 +263,29 @@ class Trainer(StandardTrainer, StandardEvaluator):
 
     def initialize(self) -> None:
         """Runs when the model directory has no checkpoint (the manager's ``init_fn``):
-        ``task.initialize(model)``, e.g. to load pretrained weights."""
+        ``task.initialize(model)``, e.g. to load pretrained weights.
+
+        The weights stay on the Trainer's device: a task that moved them (loaded onto the CPU)
+        has them moved back, and the EMA follows the moved tensors.
+
+        Raises:
+            RuntimeError: if ``task.initialize`` replaced parameters (e.g.
+                ``load_state_dict(assign=True)``): the optimizer would go on updating the old
+                ones.
+        """
+        before = [id(p) for p in self.model.parameters()]
         self.task.initialize(self.model)
+        if [id(p) for p in self.model.parameters()] != before:
+            raise RuntimeError(
+                f"{type(self.task).__name__}.initialize() replaced parameters of the model, so "
+                "the optimizer (built on the old ones) would not train it. Copy weights into "
+                "the model instead: model.load_state_dict(weights) without assign=True.")
+        if not on_device([*self.model.parameters(), *self.model.buffers()], self._device):
+            self.model.to(self._device)  # in place: the optimizer's parameters stay the same
+            if self.ema is not None:  # it holds the tensors the parameters had
+                ema = self.ema
+                self.ema = ExponentialMovingAverage(self.model, ema.decay, ema.dynamic_decay,
+                                                    ema.start_step)
         if self.ema is not None:
             self.ema.update(0)  # the average starts from the initialized weights
 

@@ -418,6 +418,21 @@ def test_the_profiler_writes_a_trace_of_the_step_range(tmp_path):
     assert any("addmm" in name or "linear" in name for name in names)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_profiler_traces_the_kernels_of_the_step_range(tmp_path):
+    from fakes import TinyClassifier, make_classification
+
+    x, y = make_classification(64)
+    runner = TinyClassifier([(x[i:i + 8].cuda(), y[i:i + 8].cuda()) for i in range(0, 64, 8)])
+    runner.model.cuda()
+    profiler = Profiler(2, 4, directory=tmp_path)
+    cadence.Controller(trainer=runner, steps_per_loop=3, callbacks=[profiler]).train(6)
+    trace = json.loads(profiler.trace_path.read_text())
+    categories = {event.get("cat", "") for event in trace["traceEvents"]}
+    assert "kernel" in categories  # GPU kernels, not only the host side
+
+
 def test_built_ins_work_under_the_controller_too(tmp_path):
     from fakes import TinyClassifier, make_loader
 

@@ -216,6 +216,7 @@ def test_prefetch_is_refused_for_a_loader_that_keeps_its_own_state():
         DataIterator(Stateful(), prefetch_to="cpu")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_prefetch_to_cuda_copies_on_a_side_stream_from_pinned_memory():
     loader = DataLoader(TensorDataset(torch.arange(64.0)), batch_size=8, pin_memory=True)
@@ -224,3 +225,44 @@ def test_prefetch_to_cuda_copies_on_a_side_stream_from_pinned_memory():
     assert all(batch.is_cuda for batch in batches)
     assert torch.cat(batches).cpu().tolist() == list(range(64))
     assert data._copier is not None and data._copier.stream is not None
+
+
+def test_batches_already_on_the_device_are_handed_on_as_they_are():
+    # "meta" stands in for a GPU: nothing to copy, so the very same batch objects come out
+    batches = [(torch.ones(2, device="meta"), {"y": torch.zeros(2, device="meta")})
+               for _ in range(3)]
+    data = DataIterator(batches, prefetch_to="meta")
+    assert [next(data) for _ in range(3)] == batches
+    assert all(a is b for a, b in zip(take(DataIterator(batches, prefetch_to="meta"), 3),
+                                      batches))
+    from cadence.data.device import DeviceCopier, on_device, to_device
+
+    batch = batches[0]
+    assert to_device(batch, torch.device("meta")) is batch
+    assert DeviceCopier(torch.device("meta")).start(batch) == (batch, None)
+    mixed = (torch.ones(2), batch[0])
+    moved = to_device(mixed, torch.device("meta"))
+    assert on_device(moved, torch.device("meta")) and not on_device(mixed, torch.device("meta"))
+    assert moved[1] is batch[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_prefetch_to_cuda_never_synchronizes_and_skips_batches_on_the_device():
+    from cadence.data.device import DeviceCopier
+
+    on_gpu = [torch.full((8,), float(i), device="cuda") for i in range(6)]
+    data = DataIterator(on_gpu, prefetch_to="cuda")
+    assert [next(data) for _ in range(6)] == on_gpu  # the same tensors: no copy
+    assert data._copier is not None and data._copier.stream is None  # no stream, no event
+    assert DeviceCopier(torch.device("cuda:0")).start(on_gpu[0])[1] is None
+
+    loader = DataLoader(TensorDataset(torch.arange(64.0)), batch_size=8)  # not pinned
+    host = DataIterator(loader, prefetch_to="cuda")
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")  # any host-device synchronization raises
+    try:
+        batches = [next(host)[0] for _ in range(8)]
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    assert torch.cat(batches).cpu().tolist() == list(range(64))

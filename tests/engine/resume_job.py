@@ -3,7 +3,8 @@
 It trains `TinyClassifier` (dropout, Adam, StepLR) on a shuffled DataLoader under a Controller
 with frequent checkpoints, and on reaching the target writes the final model and optimizer state
 to --out. With --pause-in-write, every checkpoint write prints WRITING and sleeps half-way, so a
-test can kill it in the middle of a write.
+test can kill it in the middle of a write. With --device cuda it trains on the GPU (batches
+prefetched there, dropout drawing from the CUDA generator, deterministic algorithms).
 """
 
 from __future__ import annotations
@@ -37,11 +38,17 @@ def main() -> None:
     parser.add_argument("--generator", action="store_true")
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--pause-in-write", action="store_true")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
 
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(7) if args.generator else None
-    runner = TinyClassifier(make_loader(n=64, batch_size=8, generator=generator))
+    options = None
+    if args.device != "cpu":  # CUBLAS_WORKSPACE_CONFIG comes from the test's environment
+        torch.use_deterministic_algorithms(True)
+        options = cadence.StandardTrainerOptions(prefetch_to_device=args.device)
+    runner = TinyClassifier(make_loader(n=64, batch_size=8, generator=generator), options=options)
+    runner.model.to(args.device)  # in place: the optimizer keeps the same parameters
     if args.step_sleep:
         step = runner.train_step
 

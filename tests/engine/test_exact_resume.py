@@ -5,6 +5,7 @@ write."""
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -23,7 +24,8 @@ def run(directory, steps, out=None, *extra):
     command = [sys.executable, str(JOB), "--dir", str(directory), "--steps", str(steps), *extra]
     if out is not None:
         command += ["--out", str(out)]
-    subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
+    env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8")  # deterministic cuBLAS (GPU runs)
+    subprocess.run(command, check=True, capture_output=True, text=True, timeout=120, env=env)
 
 
 def assert_bitwise_equal(a, b):
@@ -95,3 +97,14 @@ def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path, reference):
     run(tmp_path, TARGET, tmp_path / "final.pt", *flags)
     assert_bitwise_equal(out, tmp_path / "final.pt")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-ckpt-")]
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_stop_and_resume_in_a_new_process_is_bitwise_equal(tmp_path):
+    # Metrics, weights, Adam's state and the CUDA generator (dropout) are restored onto the GPU
+    run(tmp_path / "reference", TARGET, tmp_path / "reference.pt", "--device", "cuda")
+    run(tmp_path / "resumed", 17, None, "--device", "cuda")
+    run(tmp_path / "resumed", TARGET, tmp_path / "resumed.pt", "--device", "cuda")
+    assert_bitwise_equal(tmp_path / "reference.pt", tmp_path / "resumed.pt")

@@ -299,3 +299,126 @@ def test_eval_steps_per_second_counts_the_steps_that_ran_not_those_requested():
     logs = cadence.Controller(evaluator=runner).evaluate(1000)  # the data runs out first
     assert runner.last_eval_steps == 3
     assert logs["steps_per_second"] < 3 / 0.06 * 1.01  # 3 steps of >= 20 ms, not 1000
+
+
+class _Linear(cadence.StandardTrainer, cadence.StandardEvaluator):
+    """A compiled linear classifier with a loss metric (training) and an accuracy (evaluation),
+    both updated inside the compiled steps."""
+
+    def __init__(self, data, options, eval_options):
+        cadence.StandardTrainer.__init__(self, data, options)
+        cadence.StandardEvaluator.__init__(self, data, eval_options)
+        self.model = torch.nn.Linear(4, 3)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.loss = cadence.Mean()
+        self.accuracy = cadence.Mean()
+
+    def train_loop_begin(self):
+        self.loss.reset()
+
+    def train_step(self, iterator):
+        x, y = next(iterator)
+        # zero_grad first: Dynamo checks `.grad` of a non-leaf loss that crosses a graph break
+        # (torch warns about that, an error under this suite's filter)
+        self.optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        self.loss.update(loss)
+
+    def train_loop_end(self):
+        return {"loss": self.loss.result()}
+
+    def eval_begin(self):
+        self.accuracy.reset()
+
+    def eval_step(self, iterator):
+        x, y = next(iterator)
+        self.accuracy.update((self.model(x).argmax(-1) == y).float())
+
+    def eval_end(self):
+        return {"accuracy": self.accuracy.result()}
+
+
+def test_compiled_steps_compile_in_the_first_loop_and_never_again(compile_counter):
+    from fakes import make_classification
+
+    backend = compile_counter
+    x, y = make_classification(32)
+    batches = [(x[i:i + 2], y[i:i + 2]) for i in range(0, 32, 2)]  # passes of 16 batches
+    runner = _Linear(batches, cadence.StandardTrainerOptions(compile_step=True),
+                     cadence.StandardEvaluatorOptions(compile_step=True))
+    runner.train(3)  # the first loop
+    runner.evaluate(-1)  # and a whole evaluation: 16 steps
+    compiled, ran = backend.compiles, backend.runs
+    assert 0 < compiled <= 6  # not one per step (of training or of the evaluation)
+    for _ in range(8):  # 40 more steps, across passes, and 8 more evaluations
+        logs = runner.train(5)
+        runner.evaluate(-1)
+    assert backend.compiles == compiled  # no recompilation: not per step, not per loop
+    assert backend.runs - ran >= 40 + 8 * 16  # and the compiled graphs ran every step
+    assert float(logs["loss"]) > 0
+    eager = _Linear(batches, None, None)  # the metrics count as they do eagerly
+    eager.model.load_state_dict(runner.model.state_dict())
+    eager.train_dataset = runner.train_dataset = batches[:4]
+    eager.train(4), runner.train(4)
+    assert float(runner.loss.result()) == pytest.approx(float(eager.loss.result()), rel=1e-5)
+    assert float(runner.evaluate(-1)["accuracy"]) == float(eager.evaluate(-1)["accuracy"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_step_that_cannot_be_captured_in_cuda_graphs_is_a_clear_error():
+    from cadence.engine.compile import compile_step
+
+    weight = torch.ones(4, 4, device="cuda")
+
+    def step(x):
+        return (x.to("cuda") @ weight).sum()  # a CPU tensor in the graph: cannot be captured
+
+    graphed = compile_step(step, cuda_graphs=True)
+    with pytest.raises(RuntimeError, match="cannot be captured in a CUDA graph"):
+        for _ in range(3):
+            graphed(torch.ones(4, 4))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_metrics_in_a_step_captured_in_cuda_graphs_count_like_eager_ones():
+    from fakes import make_classification
+
+    def run(options, eval_options):
+        torch.manual_seed(0)
+        x, y = make_classification(64)
+        batches = [(x[i:i + 8].cuda(), y[i:i + 8].cuda()) for i in range(0, 64, 8)]
+        runner = _Linear(batches, options, eval_options)
+        runner.model.cuda()
+        losses = [float(runner.train(4)["loss"]) for _ in range(4)]
+        return losses, float(runner.evaluate(-1)["accuracy"]), runner.model.weight.cpu()
+
+    eager = run(None, None)
+    graphed = run(cadence.StandardTrainerOptions(cuda_graphs=True),
+                  cadence.StandardEvaluatorOptions(cuda_graphs=True))
+    assert graphed[0] == pytest.approx(eager[0], rel=1e-4)
+    assert graphed[1] == eager[1]
+    torch.testing.assert_close(graphed[2], eager[2], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("where", ["on the device", "on the host, prefetched"])
+def test_on_cuda_the_controller_loop_makes_no_host_syncs_between_log_points(where):
+    from fakes import make_classification
+
+    x, y = make_classification(64)
+    if where == "on the device":
+        x, y = x.cuda(), y.cuda()
+    batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 64, 8)]
+    options = cadence.StandardTrainerOptions(prefetch_to_device="cuda")
+    runner = _Linear(batches, options, None)
+    runner.model.cuda()
+    controller = cadence.Controller(trainer=runner, steps_per_loop=20)
+    controller.train(20)  # warm-up: accumulators, optimizer state, the side stream
+    with cadence.debug.count_host_syncs() as syncs:  # CUDA's sync debug mode is on too
+        runner.train(20)  # a loop between two log points, across passes
+    assert syncs.count == 0, syncs.calls

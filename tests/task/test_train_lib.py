@@ -229,3 +229,50 @@ def test_a_task_that_returns_extra_scalars_resumes_in_a_new_trainer(tmp_path):
     assert fresh.global_step == 10
     for a, b in zip(trainer.model.parameters(), fresh.model.parameters()):
         assert torch.equal(a, b)
+
+
+def _assert_same(left, right, path=""):
+    """Tensors bitwise equal, everything else equal, all the way down."""
+    if isinstance(left, torch.Tensor):
+        assert isinstance(right, torch.Tensor) and torch.equal(left.cpu(), right.cpu()), path
+    elif isinstance(left, dict):
+        assert left.keys() == right.keys(), path
+        for key in left:
+            _assert_same(left[key], right[key], f"{path}/{key}")
+    elif isinstance(left, (list, tuple)):
+        assert len(left) == len(right), path
+        for index, (a, b) in enumerate(zip(left, right)):
+            _assert_same(a, b, f"{path}/{index}")
+    else:
+        assert left == right, path
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_an_interrupted_run_resumes_bitwise_equal(tmp_path, monkeypatch):
+    """fp16 (the grad scaler), EMA, dropout (the CUDA generator) and metrics, on the GPU: the
+    resumed run's last checkpoint -- every tensor of its state and every generator -- is the
+    uninterrupted run's."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    overrides = ["runtime.device=cuda", "runtime.mixed_precision=fp16",
+                 "runtime.deterministic=true", "trainer.ema.enabled=true"]
+
+    class StopAt(cadence.Callback):
+        def on_loop_end(self, state, logs):
+            if state.global_step == 30:
+                state.request_stop("test")
+
+    try:
+        run_experiment(digits(*overrides), "train", tmp_path / "straight")
+        run_experiment(digits(*overrides), "train", tmp_path / "stopped", callbacks=[StopAt()])
+        assert (tmp_path / "stopped" / "checkpoints" / "ckpt-30").is_dir()
+        run_experiment(digits(*overrides), "train", tmp_path / "stopped")
+    finally:
+        torch.use_deterministic_algorithms(False)
+    straight, stopped = (tmp_path / run / "checkpoints" / "ckpt-40"
+                         for run in ("straight", "stopped"))
+    assert {p.name for p in straight.iterdir()} == {p.name for p in stopped.iterdir()}
+    for part in straight.glob("*.pt"):
+        _assert_same(torch.load(part, weights_only=True),
+                     torch.load(stopped / part.name, weights_only=True), part.name)

@@ -286,7 +286,8 @@ def test_initialize_loads_the_init_checkpoint_only_when_no_checkpoint_exists(tmp
                            task=ToyTask(ToyConfig(init_checkpoint=str(tmp_path / "pretrained"))))
     manager = cadence.CheckpointManager(trainer, tmp_path / "run", init_fn=trainer.initialize)
     controller = cadence.Controller(trainer=trainer, steps_per_loop=2, checkpoint_manager=manager)
-    torch.testing.assert_close(trainer.model.weight, source.weight)  # initialized
+    assert trainer.model.weight.device.type == trainer.device.type  # where the Trainer runs
+    torch.testing.assert_close(trainer.model.weight.cpu(), source.weight)  # initialized
     controller.train(2)
     trained = trainer.model.weight.detach().clone()
     again = make_trainer(task=ToyTask(ToyConfig(init_checkpoint=str(tmp_path / "pretrained"))))
@@ -317,6 +318,41 @@ def test_tfm_evaluate_returns_after_the_best_export_it_triggered_is_on_disk(tmp_
     assert (tmp_path / "best" / "best-0" / "model.safetensors").is_file()
     assert [e["step"] for e in json.loads((tmp_path / "best" / "info.json").read_text())[
         "exports"]] == [0]
+
+
+class _LoadsOntoTheCpu(ToyTask):
+    def build_model(self) -> nn.Module:
+        model = super().build_model()
+        model.register_buffer("scale", torch.ones(3))
+        return model
+
+    def initialize(self, model: nn.Module) -> None:
+        model.scale = torch.full((3,), 2.0)  # e.g. pretrained statistics loaded on the host
+
+
+def test_initialize_keeps_the_weights_and_the_ema_on_the_trainers_device() -> None:
+    # "meta" stands in for a GPU: what a task's initialize left on the CPU moves back to it
+    trainer = make_trainer("runtime.device=meta", "trainer.ema.enabled=true",
+                           task=_LoadsOntoTheCpu())
+    parameters = list(trainer.model.parameters())
+    trainer.initialize()
+    assert list(trainer.model.parameters()) == parameters  # the optimizer's, still
+    assert {t.device.type for t in trainer.model.state_dict().values()} == {"meta"}
+    assert trainer.ema is not None
+    assert {t.device.type for t in trainer.ema.average.state_dict().values()} == {"meta"}
+    assert trainer.ema._pairs[-1][1] is trainer.model.scale  # the EMA follows the moved buffer
+
+
+class _ReplacesParameters(ToyTask):
+    def initialize(self, model: nn.Module) -> None:
+        model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()},
+                              assign=True)
+
+
+def test_initialize_refuses_a_task_that_replaces_the_parameters() -> None:
+    trainer = make_trainer(task=_ReplacesParameters())
+    with pytest.raises(RuntimeError, match=r"replaced parameters .*load_state_dict\(weights\)"):
+        trainer.initialize()
 
 
 def test_join_waits_for_background_work_and_reraises_its_error():
@@ -439,3 +475,55 @@ def test_each_training_loop_starts_with_every_module_in_training_mode() -> None:
     trainer.model.eval()  # changed between loops, e.g. by a callback
     trainer.train(1)
     assert all(module.training for module in trainer.model.modules())
+
+
+def test_compiled_steps_compile_in_the_first_loop_and_never_again(compile_counter) -> None:
+    backend = compile_counter
+    x, y = make_classification(32)
+    batches = [(x[i:i + 2], y[i:i + 2]) for i in range(0, 32, 2)]  # passes of 16 batches
+    trainer = make_trainer("trainer.compile_step=true", task=ToyTask(batches=batches),
+                           evaluate=True, validation_dataset=batches)
+    trainer.train(3)  # the first loop: the task's step and its accuracy metric
+    trainer.evaluate(-1)  # a whole evaluation: 16 steps
+    compiled, ran = backend.compiles, backend.runs
+    assert 0 < compiled <= 4  # not one per step (of training or of the evaluation)
+    for _ in range(8):  # 40 more steps, across passes, and 8 more evaluations
+        logs = trainer.train(5)
+        trainer.evaluate(-1)
+    assert backend.compiles == compiled  # no recompilation: not per step, not per loop
+    assert backend.runs - ran >= 40 + 8 * 16  # and the compiled graphs ran every step
+    assert 0 <= float(logs["accuracy"]) <= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_steps_captured_in_cuda_graphs_train_and_count_like_eager_ones() -> None:
+    def run(*overrides: str) -> tuple[list[float], float, torch.Tensor]:
+        torch.manual_seed(0)
+        trainer = make_trainer("runtime.device=cuda", *overrides, evaluate=True,
+                               validation_dataset=ToyTask().batches)
+        losses = [float(trainer.train(4)["training_loss"]) for _ in range(3)]
+        accuracy = float(trainer.evaluate(-1)["accuracy"])
+        return losses, accuracy, trainer.model.weight.detach().cpu()
+
+    eager = run()
+    graphed = run("trainer.cuda_graphs=true")
+    assert graphed[0] == pytest.approx(eager[0], rel=1e-4)  # the kept losses were not overwritten
+    assert graphed[1] == eager[1]
+    torch.testing.assert_close(graphed[2], eager[2], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("where", ["on the device", "on the host, prefetched"])
+def test_on_cuda_the_training_loop_makes_no_host_syncs(where) -> None:
+    x, y = make_classification(64)
+    if where == "on the device":
+        x, y = x.cuda(), y.cuda()
+    task = ToyTask(batches=[(x[i:i + 8], y[i:i + 8]) for i in range(0, 64, 8)])
+    trainer = make_trainer("runtime.device=cuda", "trainer.optimizer_config.gradient_clip_norm=1.0",
+                           "trainer.ema.enabled=true", task=task)
+    trainer.train(10)  # warm-up
+    with cadence.debug.count_host_syncs() as syncs:  # CUDA's sync debug mode is on too
+        trainer.train(20)  # across passes
+    assert syncs.count == 0, syncs.calls

@@ -323,3 +323,24 @@ def test_an_input_that_yields_nothing_is_a_clear_error():
                         lambda params: torch.optim.SGD(params, lr=0.1), model=model)
     with pytest.raises(ValueError, match="yields no batches"):
         trainer.train(steps_per_epoch=3, max_epoch=1)  # a generator: the second pass is empty
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_steps_make_no_host_syncs():
+    from fakes import make_classification
+
+    from cadence.tensorpack import cost_from_model
+
+    x, y = make_classification(32)
+    x, y = x.cuda(), y.cuda()
+    model = nn.Linear(4, 3).cuda()
+    trainer = SimpleTrainer()
+    trainer.setup_graph([(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)],
+                        cost_from_model(model, nn.functional.cross_entropy),
+                        lambda params: torch.optim.SGD(params, lr=0.5), model=model)
+    trainer.run_step()  # warm-up
+    with cadence.debug.count_host_syncs() as syncs:  # CUDA's sync debug mode is on too
+        for _ in range(10):  # crosses passes over the data
+            trainer.run_step()
+    assert syncs.count == 0, syncs.calls

@@ -457,3 +457,22 @@ def test_sigterm_ends_the_loops_saves_and_raises_preempted(tmp_path):
 def test_max_epoch_and_max_step_must_be_positive_ints(name, bad):
     with pytest.raises(ValueError, match=rf"`{name}` \(got {bad!r}\) must be a positive int"):
         cadence.TrainLoop(nn.Linear(1, 1), **{name: bad})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_steps_make_no_host_syncs_until_printing():
+    model = nn.Linear(2, 1).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = [torch.randn(4, 2, device="cuda") for _ in range(5)]
+    with TrainLoop(model, max_epoch=2, print_func=lambda line: None) as loop:
+        for _ in loop.iter_epochs():
+            with cadence.debug.count_host_syncs() as syncs:  # CUDA's sync debug mode too
+                for _, x in loop.iter_steps(data):
+                    loss = model(x).square().mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                    loop.collect_metrics(loss=loss)
+            assert syncs.count == 0, syncs.calls
+            loop.print_logs()
