@@ -6,6 +6,8 @@ on what they save, and on where the rest of a pass goes after a resume.
     job.py trials DIR N                              N runs, each SIGTERMed at random steps
     job.py stuck DIR                                 rank 1 stops itself (SIGSTOP) at step 3
     job.py rundir DIR                                run_experiment in DIR/node-<rank>
+    job.py flow DIR [STEP]                           TrainLoop on a sharded DataFlow, 2 epochs
+                                                     (SIGTERM to rank 1 at STEP, then resumed)
 
 Every rank writes what it saw to DIR/<mode>-<rank>.json.
 """
@@ -147,6 +149,26 @@ def main() -> None:
         except cadence.Preempted as stopped:
             code, step = stopped.code, loop.step
         record(directory, "trainloop", code=code, step=step)
+    elif mode == "flow":  # each rank its share of a shuffled DataFlow, resumed mid-epoch
+        kill = int(sys.argv[3]) if len(sys.argv) > 3 else None
+        flow = cadence.DataFlow.arrays([torch.arange(21)], batch_size=3, shuffle=True,
+                                       random_state=5).shard()
+        seen: list[list[int]] = []
+        for attempt in range(2):
+            try:
+                with cadence.TrainLoop(nn.Linear(1, 1), max_epoch=2,
+                                       checkpoint_dir=directory / "ckpt",
+                                       callbacks=[Kill(kill)] if rank == 1 and kill and
+                                       attempt == 0 else [],
+                                       checkpoint_save_objects={"flow": flow},
+                                       print_func=lambda line: None) as loop:
+                    for _ in loop.iter_epochs():
+                        for _, (index,) in loop.iter_steps(flow):
+                            seen.append(index.tolist())
+                break
+            except cadence.Preempted:
+                continue
+        record(directory, "flow", seen=seen, batches=len(flow))
     elif mode in ("fsdp2", "fsdp2restore"):  # sharded training and DCP checkpoints
         from cadence.engine.sharded import full_model_state
         from cadence.task.registry import get_task

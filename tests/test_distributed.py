@@ -203,6 +203,23 @@ def test_a_train_loop_stops_every_rank_at_the_same_step_on_a_sigterm_to_one(tmp_
 
 @pytest.mark.slow
 @pytest.mark.distributed
+def test_a_train_loop_on_a_sharded_data_flow_gives_each_rank_its_share_and_resumes_mid_epoch(
+        tmp_path):
+    launch(tmp_path / "straight", "flow")
+    zero, one = records(tmp_path / "straight", "flow")
+    assert zero["batches"] == one["batches"] == 4  # 21 examples, padded to 22: 11 a rank
+    for epoch in range(2):
+        share = [sum(r["seen"][epoch * 4:(epoch + 1) * 4], []) for r in (zero, one)]
+        assert len(share[0]) == len(share[1]) == 11
+        assert set(share[0]) | set(share[1]) == set(range(21))  # all of it, one padded twice
+    launch(tmp_path / "resumed", "flow", "3")  # SIGTERM to rank 1 after step 3, then resumed
+    resumed = records(tmp_path / "resumed", "flow")
+    for straight, again in zip((zero, one), resumed):
+        assert again["seen"] == straight["seen"]  # the same batches, in the same order
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_fsdp2_trains_checkpoints_with_dcp_and_resumes_on_one_or_two_processes(tmp_path):
     launch(tmp_path, "fsdp2")
     assert records(tmp_path, "fsdp2")[0]["accuracy"] > 0.2  # trained (chance: 0.1), evaluated

@@ -247,9 +247,47 @@ class ArrayFlow(DataFlow):
         self._position = 0
         self._in_pass = False
         self._resume = False
+        self.rank, self.world_size = 0, 1
+
+    def shard(self, rank: int | None = None, world_size: int | None = None) -> ArrayFlow:
+        """Makes each pass this process's share of the examples (``torch.distributed``'s rank
+        and world size by default), as ``DistributedSampler`` does: the pass's order (shuffled
+        or not) is padded with its first examples to a multiple of `world_size`, and rank `r`
+        takes every `world_size`-th example from the `r`-th. Every rank has the same number of
+        batches, so the ranks' epochs end at the same step.
+
+        The ranks must order a pass alike: give a shuffled flow the same `random_state` on
+        every rank (a flow seeded from torch's global generator is alike where every rank
+        called ``torch.manual_seed`` with the same seed). The position saved in a checkpoint
+        is this rank's own, restored at the same world size. Returns the flow itself.
+
+        Raises:
+            ValueError: for a rank outside ``[0, world_size)``, or during a pass.
+        """
+        if rank is None or world_size is None:
+            import torch.distributed as dist
+
+            running = dist.is_available() and dist.is_initialized()
+            rank = (dist.get_rank() if running else 0) if rank is None else rank
+            world_size = ((dist.get_world_size() if running else 1) if world_size is None
+                          else world_size)
+        for name, value in (("rank", rank), ("world_size", world_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"`{name}` (got {value!r}) must be a non-negative int.")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"`rank` {rank} is not in [0, world_size={world_size}).")
+        if self._iterating:
+            raise ValueError("shard() during a pass: shard the flow before iterating it.")
+        self.rank, self.world_size = rank, world_size
+        return self
+
+    @property
+    def _share(self) -> int:
+        """How many examples a pass of this rank holds."""
+        return -(-self.data_length // self.world_size)  # padded to a multiple of the ranks
 
     def __len__(self) -> int:
-        full, rest = divmod(self.data_length, self.batch_size)
+        full, rest = divmod(self._share, self.batch_size)
         return full + (1 if rest and not self.skip_incomplete else 0)
 
     @property
@@ -272,16 +310,28 @@ class ArrayFlow(DataFlow):
             return array[index]
         return array[index.numpy()]
 
+    def _new_order(self) -> torch.Tensor | None:
+        """The indices of this rank's examples for a new pass (None: all of them, in order)."""
+        order = (torch.randperm(self.data_length, generator=self.generator)
+                 if self.shuffle else None)
+        if self.world_size == 1:
+            return order
+        if order is None:
+            order = torch.arange(self.data_length)
+        padding = self._share * self.world_size - self.data_length
+        if padding:
+            order = torch.cat([order, order.repeat(-(-padding // len(order)))[:padding]])
+        return order[self.rank::self.world_size].clone()
+
     def _iterate(self) -> Iterator[Batch]:
         if not (self._resume and self._in_pass and self._position < len(self)):
-            self._order = (torch.randperm(self.data_length, generator=self.generator)
-                           if self.shuffle else None)
+            self._order = self._new_order()
             self._position = 0
         self._resume = False
         self._in_pass = True
         for batch in range(self._position, len(self)):
             start = batch * self.batch_size
-            stop = min(start + self.batch_size, self.data_length)
+            stop = min(start + self.batch_size, self._share)
             index: torch.Tensor | slice = (self._order[start:stop] if self._order is not None
                                            else slice(start, stop))
             self._position = batch + 1
@@ -291,9 +341,16 @@ class ArrayFlow(DataFlow):
     def state_dict(self) -> dict[str, Any]:
         in_pass = self._in_pass and self._position < len(self)  # a finished pass is not open
         return {"order": self._order, "position": self._position, "in_pass": in_pass,
-                "generator": self.generator.get_state()}
+                "generator": self.generator.get_state(), "rank": self.rank,
+                "world_size": self.world_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = (int(state.get("rank", 0)), int(state.get("world_size", 1)))
+        if saved != (self.rank, self.world_size) and bool(state["in_pass"]):
+            raise ValueError(
+                f"This position was saved by rank {saved[0]} of {saved[1]} in the middle of a "
+                f"pass; this flow is rank {self.rank} of {self.world_size}. Resume with the same "
+                "number of processes (or from a checkpoint at the end of an epoch).")
         self._order = state["order"]
         self._position = int(state["position"])
         self._in_pass = bool(state["in_pass"])

@@ -181,6 +181,7 @@ class TrainLoop(LoopReporting):
         self._progress = Progress()
         self._entered = self._exited = False
         self._within_epoch = self._within_step = False
+        self._pass_over = False  # the running epoch's pass of the data ended
         self._epoch_closed = self._step_closed = False  # by print_logs (see get_progress)
         self._step_data: Any = None
         self._committed: set[str] = set()
@@ -369,6 +370,7 @@ class TrainLoop(LoopReporting):
                     if self.max_step is not None and progress.global_step >= self.max_step:
                         break
                 progress.begin_epoch()
+                self._pass_over = False
                 self._within_epoch, self._epoch_closed = True, False
                 self._epoch_start = self._clock()
                 self._committed.discard("epoch_time")
@@ -376,7 +378,9 @@ class TrainLoop(LoopReporting):
                 self._events.fire(EventKeys.BEFORE_EPOCH, self)
                 self._callbacks.fire("on_epoch_begin", state)
                 yield progress.epoch
-                if not state.stop_requested:  # a stop ends the epoch without finishing it
+                # A stop ends the epoch without finishing it -- unless its pass was over: then
+                # a resumed run goes on with the next epoch, not an empty rerun of this one.
+                if not state.stop_requested or self._pass_over:
                     progress.finish_epoch()
                 self._sync_state()
                 self._events.reverse_fire(EventKeys.AFTER_EPOCH, self)
@@ -434,6 +438,7 @@ class TrainLoop(LoopReporting):
                     try:
                         batch = data.next_in_pass()
                     except StopIteration:
+                        self._pass_over = True
                         break
                 if step_hooks is not None:
                     self._sync_state()  # completed steps, before this one
@@ -457,6 +462,7 @@ class TrainLoop(LoopReporting):
                 self._within_step = False
                 if data is not None and data.batches == data.pass_length:
                     data.end_pass()  # the last batch of a sized source: the pass ends now
+                    self._pass_over = True
                     break
                 if agreement is not None and agreement.step(state.stop_requested):
                     self._stop_agreed()

@@ -209,3 +209,31 @@ def test_tfsnippet_arrays_and_map_check_their_arguments():
         flow.map(lambda y: (y,), array_indices=[1.5])
     with pytest.raises(TypeError, match=r"must return a tuple or a list of arrays, got a ndarray"):
         next(iter(flow.map(lambda x, y: x + y)))
+
+
+def test_sharded_flows_give_each_rank_an_equal_share_of_every_pass():
+    """As a DistributedSampler: the pass's order padded to a multiple of the ranks, rank r taking
+    every world_size-th example from the r-th; each rank has as many batches as the others."""
+    shards = [DataFlow.arrays([np.arange(7)], batch_size=2, shuffle=True, random_state=3)
+              .shard(rank, 3) for rank in range(3)]
+    assert [len(flow) for flow in shards] == [2, 2, 2]  # 7 examples padded to 9: 3 a rank
+    for _ in range(2):  # two passes, each a new order shared by the ranks
+        taken = [np.concatenate([batch[0] for batch in flow]) for flow in shards]
+        assert [len(t) for t in taken] == [3, 3, 3]
+        assert set(np.concatenate(taken)) == set(range(7))
+    assert len(DataFlow.arrays([np.arange(8)], 2).shard(1, 2)) == 2
+
+
+def test_a_sharded_position_resumes_only_on_the_same_rank_and_world_size():
+    flow = DataFlow.arrays([np.arange(8)], batch_size=2, shuffle=True, random_state=1).shard(0, 2)
+    passes = iter(flow)
+    next(passes)
+    state = flow.state_dict()
+    expected = [b[0].tolist() for b in passes]
+    resumed = DataFlow.arrays([np.arange(8)], batch_size=2, shuffle=True).shard(0, 2)
+    resumed.load_state_dict(state)
+    assert [b[0].tolist() for b in resumed] == expected
+    with pytest.raises(ValueError, match="saved by rank 0 of 2 in the middle of a pass"):
+        DataFlow.arrays([np.arange(8)], batch_size=2).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"`rank` 2 is not in \[0, world_size=2\)"):
+        flow.shard(2, 2)

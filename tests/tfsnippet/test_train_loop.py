@@ -476,3 +476,28 @@ def test_on_cuda_steps_make_no_host_syncs_until_printing():
                     loop.collect_metrics(loss=loss)
             assert syncs.count == 0, syncs.calls
             loop.print_logs()
+
+
+def test_a_sigterm_at_the_last_step_of_an_epoch_resumes_with_the_next_epoch(tmp_path):
+    """The stop came after the epoch's pass was over: the resumed run does not run that epoch
+    again on a new pass."""
+    import os
+    import signal
+
+    def run(directory, kill_at=None):
+        flow = DataFlow.arrays([np.arange(8)], batch_size=2, shuffle=True, random_state=0)
+        seen = []
+        with TrainLoop(nn.Linear(1, 1), max_epoch=2, checkpoint_dir=directory,
+                       checkpoint_save_objects={"flow": flow},
+                       print_func=lambda line: None) as loop:
+            for _ in loop.iter_epochs():
+                for step, (x,) in loop.iter_steps(flow):
+                    seen.append(x.tolist())
+                    if step == kill_at:
+                        os.kill(os.getpid(), signal.SIGTERM)
+        return seen
+
+    straight = run(tmp_path / "straight")
+    with pytest.raises(cadence.Preempted):
+        run(tmp_path / "stopped", kill_at=4)  # the first epoch's last step
+    assert run(tmp_path / "stopped") == straight[4:]  # the second epoch, once
