@@ -209,7 +209,8 @@ def test_a_train_loop_on_a_sharded_data_flow_gives_each_rank_its_share_and_resum
     zero, one = records(tmp_path / "straight", "flow")
     assert zero["batches"] == one["batches"] == 4  # 21 examples, padded to 22: 11 a rank
     for epoch in range(2):
-        share = [sum(r["seen"][epoch * 4:(epoch + 1) * 4], []) for r in (zero, one)]
+        share = [[i for batch in r["seen"][epoch * 4:(epoch + 1) * 4] for i in batch]
+                 for r in (zero, one)]
         assert len(share[0]) == len(share[1]) == 11
         assert set(share[0]) | set(share[1]) == set(range(21))  # all of it, one padded twice
     launch(tmp_path / "resumed", "flow", "3")  # SIGTERM to rank 1 after step 3, then resumed
