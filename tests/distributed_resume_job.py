@@ -169,6 +169,21 @@ def main() -> None:
             except cadence.Preempted:
                 continue
         record(directory, "flow", seen=seen, batches=len(flow))
+    elif mode == "dcpasync":  # FSDP2 shards written in DCP's background thread
+        from cadence.task.registry import get_task
+        from cadence.task.train_lib import create_trainer
+
+        config = cadence.load_config("digits", overrides=[
+            "task.model.hidden_sizes=[32]", "runtime.strategy=fsdp2"])
+        trainer = create_trainer(config, get_task(config.task), train=True, evaluate=False)
+        manager = cadence.CheckpointManager(trainer, directory / "ckpt", async_save=True)
+        path = Path(manager.save(1))
+        committed_early = path.is_dir()
+        pending = manager._pending_shards is not None
+        manager.wait()  # every rank: the write is done, rank 0 commits
+        record(directory, mode, pending=pending,
+               committed_early=committed_early, committed=path.is_dir(),
+               shards=sorted(p.name for p in (path / "sharded").iterdir()))
     elif mode in ("fsdp2", "fsdp2restore"):  # sharded training and DCP checkpoints
         from cadence.engine.sharded import full_model_state
         from cadence.task.registry import get_task

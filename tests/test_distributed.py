@@ -221,6 +221,17 @@ def test_a_train_loop_on_a_sharded_data_flow_gives_each_rank_its_share_and_resum
 
 @pytest.mark.slow
 @pytest.mark.distributed
+def test_an_async_save_of_fsdp2_shards_commits_once_every_rank_has_written(tmp_path):
+    """DCP's async_save writes the shards in the background; nothing is committed until every
+    rank's write is done (`wait`, the next save, the end of training)."""
+    launch(tmp_path, "dcpasync")
+    for record in records(tmp_path, "dcpasync"):
+        assert record["pending"] and not record["committed_early"] and record["committed"]
+        assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(record["shards"])
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_fsdp2_trains_checkpoints_with_dcp_and_resumes_on_one_or_two_processes(tmp_path):
     launch(tmp_path, "fsdp2")
     assert records(tmp_path, "fsdp2")[0]["accuracy"] > 0.2  # trained (chance: 0.1), evaluated

@@ -62,7 +62,14 @@ from cadence.engine.rank_state import (
     write_rank_state,
 )
 from cadence.engine.rng import capture_rng_state
-from cadence.engine.sharded import dcp_parts, load_sharded, save_sharded, sharded_names, uses_dcp
+from cadence.engine.sharded import (
+    dcp_parts,
+    load_sharded,
+    save_sharded,
+    save_sharded_async,
+    sharded_names,
+    uses_dcp,
+)
 from cadence.engine.state_file import HostSnapshot, PackedState
 
 __all__ = ["CheckpointIO", "CheckpointManager", "HostSnapshot", "StateFileIO", "TorchSaveIO",
@@ -133,8 +140,11 @@ class CheckpointManager:
             save to the next); the files are written and committed in a background thread. A
             second save, a restore, or `wait` first waits for the pending write and raises its
             error. The commit stays atomic: a crash during the write leaves the previous
-            checkpoint as the newest. Single-process jobs only (a distributed job saves
-            synchronously). "Saved checkpoint ..." is logged once the commit is done.
+            checkpoint as the newest. In a distributed job, sharded state (FSDP2) is written
+            in the background by ``torch.distributed.checkpoint.async_save`` and committed by
+            rank 0 at the next `save`, `wait` or restore, once every rank's write is done; the
+            rest of a distributed checkpoint is written synchronously. "Saved checkpoint ..."
+            is logged once the commit is done.
 
     Raises:
         TypeError: if `state` is neither a Module nor a dict of stateful objects, or `init_fn`
@@ -177,6 +187,7 @@ class CheckpointManager:
         self._snapshot = HostSnapshot()
         self._rank_snapshot = HostSnapshot()  # this rank's random state and data position
         self._pending: threading.Thread | None = None
+        self._pending_shards: tuple[Any, Path, int, int] | None = None  # a DCP write, by rank
         self._pending_error: BaseException | None = None
         self.logs_saves = True
         """The manager logs "Saved checkpoint ..." itself, after the commit (the Controller
@@ -282,18 +293,47 @@ class CheckpointManager:
                     "mounts (NFS, Lustre, a shared volume)."
                 )
             write_rank_state(rank_state, staging, rank)
+            if sharded and self.async_save:  # shards written by DCP's thread: commit later
+                future = save_sharded_async(sharded, staging)
+                if rank == 0:
+                    self.io.save(payload, staging)
+                self._pending_shards = (future, staging, step, world)
+                return str(final)
             if sharded:
                 save_sharded(sharded, staging)
             if rank == 0:
                 self.io.save(payload, staging)
-            dist.barrier()
-            if rank == 0:
-                self._directory.commit(staging, step, extra={"world_size": world})
-                logger.info("Saved checkpoint %s.", final)
-            dist.barrier()
-            if rank == 0:
-                self._prune()
+            self._commit_distributed(staging, step, world)
         return str(final)
+
+    def _commit_distributed(self, staging: Path, step: int, world: int) -> None:
+        """Once every rank has written its files: rank 0 commits and applies retention."""
+        dist.barrier()
+        if _distributed()[0] == 0:
+            self._directory.commit(staging, step, extra={"world_size": world})
+            logger.info("Saved checkpoint %s.", self._directory.path_for(step))
+        dist.barrier()
+        if _distributed()[0] == 0:
+            self._prune()
+
+    def _wait_for_shards(self) -> None:
+        """Waits for this rank's background DCP write; commits once every rank's is done, or
+        discards the checkpoint on every rank when one failed (a collective)."""
+        pending, self._pending_shards = self._pending_shards, None
+        if pending is None:
+            return
+        future, staging, step, world = pending
+        error: BaseException | None = None
+        try:
+            future.result()
+        except Exception as failure:
+            error = failure
+        if any_rank(error is not None, "finishing a background checkpoint write"):
+            if _distributed()[0] == 0:
+                shutil.rmtree(staging, ignore_errors=True)
+            reason = str(error) if error is not None else "another rank's write failed"
+            raise CheckpointError(self._failure(step, RuntimeError(reason), background=True))
+        self._commit_distributed(staging, step, world)
 
     def _write(self, payload: dict[str, Any] | PackedState,
                rank_state: dict[str, Any] | PackedState, step: int, background: bool = False,
@@ -346,7 +386,9 @@ class CheckpointManager:
     @property
     def writing(self) -> bool:
         """Whether a background write (``async_save``) is still running."""
-        return self._pending is not None and self._pending.is_alive()
+        shards = self._pending_shards
+        return ((self._pending is not None and self._pending.is_alive())
+                or (shards is not None and not shards[0].done()))
 
     def wait(self) -> None:
         """Waits for a background write to be committed.
@@ -355,6 +397,7 @@ class CheckpointManager:
             CheckpointError: if the background write failed (the message names the newest
                 good checkpoint, which is still the newest complete one).
         """
+        self._wait_for_shards()
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.join()

@@ -90,6 +90,31 @@ def save_sharded(parts: dict[str, Any], directory: Path) -> None:
              checkpoint_id=str(directory / SHARDED_DIR))
 
 
+_write_group: Any = None
+
+
+def _background_group() -> Any:
+    """A gloo group of its own for DCP's background writes: their collectives run in another
+    thread, and must not interleave with the training thread's on the other groups. Created on
+    the first asynchronous save (a collective: every rank saves at the same step)."""
+    global _write_group
+    if _write_group is None:
+        import torch.distributed as dist
+
+        _write_group = dist.new_group(backend="gloo")
+    return _write_group
+
+
+def save_sharded_async(parts: dict[str, Any], directory: Path) -> Any:
+    """`save_sharded` in the background: the shards are copied to host memory now (the
+    stall), written by DCP's thread; returns the future of the write."""
+    import torch.distributed.checkpoint as dcp
+
+    return dcp.async_save({name: part.state_dict() for name, part in parts.items()},
+                          checkpoint_id=str(directory / SHARDED_DIR),
+                          process_group=_background_group())
+
+
 def load_sharded(parts: dict[str, Any], directory: Path) -> None:
     """Loads ``directory/sharded`` into `parts`, resharded to this job (a collective under
     torchrun; a single process reads the full tensors)."""
