@@ -298,8 +298,8 @@ class WandbConfig(Config):
     Attributes:
         project: null: ``WANDB_PROJECT``, else the config's `experiment`, else wandb's default.
         entity: the W&B user or team; null: wandb's default (``WANDB_ENTITY``, your login).
-        mode: ``online``, ``offline`` or ``disabled``; null: wandb's default (``WANDB_MODE``,
-            else online).
+        mode: ``online``, ``offline``, ``disabled`` (or ``shared``); null: wandb's default
+            (``WANDB_MODE``, else online).
         dir: where wandb writes its files; null: ``WANDB_DIR``, else the model directory.
         name: the W&B run's name; null: the model directory's name.
     """
@@ -401,7 +401,7 @@ MODES = ("train", "train_and_eval", "train_and_post_eval", "eval", "continuous_e
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
 SCHEDULES = ("constant", "cosine", "linear", "step", "exponential")
 PRECISIONS = (None, "bf16", "fp16")
-WANDB_MODES = (None, "online", "offline", "disabled")
+WANDB_MODES = (None, "online", "offline", "disabled", "shared")
 STRATEGIES = ("auto", "none", "ddp", "fsdp2")
 """``runtime.strategy``'s values (`cadence.engine.distributed.STRATEGIES`)."""
 
@@ -470,7 +470,7 @@ def _problems(config: ExperimentConfig) -> Iterable[str]:
         yield (f"runtime.writers: unknown writer{'s' if len(unknown) > 1 else ''} "
                f"{', '.join(map(repr, unknown))}; valid: {', '.join(WRITERS)}.")
     if config.runtime.wandb.mode not in WANDB_MODES:
-        yield (f"runtime.wandb.mode: must be null, 'online', 'offline' or 'disabled' "
+        yield (f"runtime.wandb.mode: must be null, 'online', 'offline', 'disabled' or 'shared' "
                f"(got {config.runtime.wandb.mode!r}).")
     if config.runtime.mixed_precision not in PRECISIONS:
         yield (f"runtime.mixed_precision: must be null, 'bf16' or 'fp16' "

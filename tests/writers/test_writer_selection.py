@@ -67,6 +67,8 @@ def test_an_unknown_writer_is_a_config_error_that_lists_the_valid_ones(tmp_path,
     with pytest.raises(ConfigError, match="runtime.writers: unknown writer 'mlfow'; valid: "
                                           "tensorboard, jsonl, csv, mlflow, wandb."):
         load_config("digits", overrides=["runtime.writers=[tensorboard,mlfow]"])
+    with pytest.raises(ConfigError, match="runtime.wandb.mode: must be null, 'online', "):
+        load_config("digits", overrides=["runtime.wandb.mode=ofline"])
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--no-progress", "--set", "runtime.writers=[mlfow]"]) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
@@ -150,3 +152,24 @@ def test_a_process_other_than_rank_zero_writes_nothing(tmp_path, monkeypatch):
     train.write_summaries({"loss": 1.0}, step=10)
     train.close()
     assert not run_dir.exists()  # no table, no MLflow store or run, no W&B files
+
+
+def test_every_front_end_refuses_a_writer_it_does_not_know_the_same_way(tmp_path, monkeypatch):
+    from cadence.callbacks import TensorBoardWriter
+
+    builders = [lambda writers: SummaryManager(tmp_path, writers=writers),
+                lambda writers: Controller(trainer=CountingTrainer(), steps_per_loop=1,
+                                           summary_dir=str(tmp_path), writers=writers),
+                lambda writers: TrainLoop(nn.Linear(2, 1), summary_dir=tmp_path,
+                                          writers=writers),
+                lambda writers: TensorBoardWriter(writers=writers)]
+    for build in builders:
+        with pytest.raises(ValueError, match="Unknown metric writer 'tb'; known: tensorboard"):
+            build(["tb"])
+        with pytest.raises(TypeError, match=r"must be a list of writers, e.g. \['csv'\]"):
+            build("csv")
+        with pytest.raises(TypeError, match="A writer \\(got int\\) must be a name"):
+            build([3])
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if it were not installed
+    with pytest.raises(ImportError, match=r"pip install 'cadence\[wandb\]'"):
+        builders[1](["wandb"])
