@@ -7,14 +7,16 @@ nothing per step. Put them last: they then see what every other callback recorde
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cadence.callbacks.logdir import resolve_directory
+from cadence.callbacks.logdir import resolve_directory, run_directory
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.logs import format_logs
 from cadence.core.rank import is_chief
-from cadence.core.summary import SummaryManager
+from cadence.core.summary import DEFAULT_WRITERS, SummaryManager, WriterSpec, check_writers
 from cadence.writers.jsonl import JSONLWriter
 
 logger = logging.getLogger("cadence")
@@ -54,19 +56,33 @@ class JSONWriter(Callback):
 
 
 class TensorBoardWriter(Callback):
-    """Writes every scalar of each loop as TensorBoard summaries at the global step.
+    """Writes every scalar of each loop as summaries at the global step: TensorBoard event files
+    and JSON lines, or the metric `writers` given.
 
     Args:
         directory: where; default ``<logdir>/train``.
+        writers: the metric writers: names (``tensorboard``, ``jsonl``, ``csv``, ``mlflow``,
+            ``wandb``) or functions of a directory (see ``docs/writers.md``). MLflow and W&B
+            keep their run in the logdir (when `directory` is inside it).
+
+    Raises:
+        ValueError: for an unknown writer name.
     """
 
-    def __init__(self, directory: str | Path | None = None) -> None:
+    def __init__(self, directory: str | Path | None = None,
+                 writers: Sequence[WriterSpec] = DEFAULT_WRITERS) -> None:
         self.directory = directory
+        self.writers = check_writers(writers)
         self._summaries: SummaryManager | None = None
 
     def on_train_begin(self, state: RunState) -> None:
         directory = resolve_directory(state, self.directory, "TensorBoardWriter", "train")
-        self._summaries = SummaryManager(str(directory), lambda: state.global_step)
+        run = run_directory(state)
+        inside = run is not None and os.path.abspath(directory).startswith(
+            os.path.join(os.path.abspath(run.root), ""))
+        self._summaries = SummaryManager(str(directory), lambda: state.global_step,
+                                         writers=self.writers,
+                                         run_dir=run.root if run is not None and inside else None)
 
     def on_loop_end(self, state: RunState, logs: dict[str, Any]) -> None:
         if self._summaries is None:

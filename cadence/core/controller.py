@@ -38,7 +38,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from cadence.core.callbacks import Callback, CallbackList, RunState
@@ -61,7 +61,7 @@ from cadence.core.protocols import (
     Trainable,
 )
 from cadence.core.rank import world_size
-from cadence.core.summary import RunSummaries
+from cadence.core.summary import DEFAULT_WRITERS, RunSummaries, WriterSpec
 
 logger = logging.getLogger("cadence")
 loop_logger = logging.getLogger("cadence.loop")
@@ -84,8 +84,8 @@ class Controller(ControllerEvaluation):
             that returns one). Required with a trainer. Bookkeeping happens between loops.
         checkpoint_manager: saves and restores state. Constructing the Controller restores the
             newest complete checkpoint, or runs the manager's ``init_fn`` when there is none.
-        summary_dir: where train logs are written as summaries (TensorBoard and JSON lines);
-            None writes none.
+        summary_dir: where train logs are written as summaries (by `writers`); None writes
+            none.
         summary_interval: write train summaries (and record `cadence.summary.scalar` calls
             made inside steps) every this many steps, exactly on multiples; None: every loop.
         eval_summary_dir: where evaluation logs go; defaults to `summary_dir`.
@@ -94,6 +94,10 @@ class Controller(ControllerEvaluation):
             Controller flushes it but does not close it.
         eval_summary_manager: the same for evaluation logs; defaults to the train one when
             `eval_summary_dir` is not given.
+        writers: the metric writers of the summaries written to `summary_dir` and
+            `eval_summary_dir`: names (``tensorboard``, ``jsonl``, ``csv``, ``mlflow``,
+            ``wandb``) or functions of a directory. MLflow and W&B keep one run for both
+            directories, in their parent when they are siblings (see ``docs/writers.md``).
         callbacks: `Callback` objects, called in this order (or a `CallbackList`, used as is).
         train_actions: Orbit actions, called with each loop's raw output.
         eval_actions: Orbit actions, called with each evaluation's raw output.
@@ -101,10 +105,11 @@ class Controller(ControllerEvaluation):
             and `Preempted` (only from the main thread).
 
     Raises:
-        ValueError: if neither a trainer nor an evaluator is given, or an interval or
-            `steps_per_loop` is not a positive int.
+        ValueError: if neither a trainer nor an evaluator is given, an interval or
+            `steps_per_loop` is not a positive int, or a writer's name is unknown.
         TypeError: if the trainer has no ``train`` method, the evaluator no ``evaluate``
             method, or the global step cannot be found.
+        ImportError: if a writer's library is not installed.
     """
 
     def __init__(
@@ -120,6 +125,7 @@ class Controller(ControllerEvaluation):
         eval_summary_dir: str | None = None,
         summary_manager: SummaryManagerLike | None = None,
         eval_summary_manager: SummaryManagerLike | None = None,
+        writers: Sequence[WriterSpec] = DEFAULT_WRITERS,
         callbacks: Iterable[Callback] = (),
         train_actions: Iterable[Action] = (),
         eval_actions: Iterable[Action] = (),
@@ -163,7 +169,7 @@ class Controller(ControllerEvaluation):
         # Managers built here are closed at the end of every entry point (train,
         # train_and_evaluate, evaluate, evaluate_continuously); injected ones are flushed.
         self._summaries = RunSummaries(summary_dir, eval_summary_dir, summary_manager,
-                                       eval_summary_manager, self._global_step)
+                                       eval_summary_manager, self._global_step, writers)
         self.summary_manager = self._summaries.train
         self.eval_summary_manager = self._summaries.eval
         self._depth = 0  # nesting of entry points: the outermost one closes the writers

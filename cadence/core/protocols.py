@@ -70,6 +70,12 @@ class MetricWriter(Protocol):
     ``{"eval": {...}}``); ``extra`` describes the record (e.g. the checkpoint an evaluation ran
     on) and is given with the top-level group only. A writer shows what it can (TensorBoard:
     scalars) and ignores the rest.
+
+    A writer that records a whole run in one place (MLflow, W&B) rather than files in each
+    directory says so with a class attribute ``run_scoped = True``: a `SummaryManager` then builds
+    it by name with ``run_dir=`` (the run's root), and it names values by the path of its
+    directory below the run's root (``train/loss``). A writer that can record the run's
+    hyper-parameters also has `HParamsWriter`'s ``write_hparams``.
     """
 
     def write(self, step: int, values: Mapping[str, Any], group: tuple[str, ...] = (),
@@ -78,6 +84,17 @@ class MetricWriter(Protocol):
     def flush(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class HParamsWriter(Protocol):
+    """A `MetricWriter` that records hyper-parameters: MLflow's params, W&B's config.
+
+    ``params`` is flat: dotted names (``trainer.optimizer_config.optimizer.learning_rate``) to
+    numbers, strings, booleans, None or lists, as the run's config holds them.
+    """
+
+    def write_hparams(self, params: Mapping[str, Any]) -> None: ...
 
 
 class SummaryManagerLike(Protocol):

@@ -6,10 +6,13 @@ Every front-end and built-in callback that writes into a run's directory finds i
       params.yaml        the final config of a Task run (reloads exactly)
       train.lock         held while a process trains here (`RunLock`)
       checkpoints/       ckpt-<step>/ (atomic; a run resumes from the newest)
-      train/             training summaries: TensorBoard event files, metrics.jsonl
+      train/             training summaries: TensorBoard event files, metrics.jsonl (or the
+                         run's metric writers': metrics.csv, ...)
       eval/              evaluation summaries
       best/              the best exports (safetensors + metrics.json, ledger info.json)
       stats.jsonl        the tensorpack monitors' one line per epoch
+      mlflow_run.json    the run's MLflow run (with the mlflow writer; mlruns/ is its default
+                         store); wandb_run.json and wandb/ the same for W&B
 
 The Task front-end (``run_experiment``, the ``cadence`` command) calls the root its model
 directory, the tensorpack front-end its ``logdir``. Callbacks read the run directory of the run

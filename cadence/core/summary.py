@@ -4,9 +4,13 @@ It is Orbit's summary manager: one per directory, and nested logs written one ne
 group -- a sub-directory for TensorBoard and JSON lines -- so that TensorBoard shows
 ``{"train": {...}, "eval": {...}}`` as two runs on shared axes. *Where* the values go is the
 writers' business (`cadence.core.protocols.MetricWriter`): TensorBoard event files and a
-``metrics.jsonl`` by default, any other backend by name or as a factory. Backends are imported
-by name when an active manager is built (TensorBoard's import takes ~0.1 s: never on the first
-write inside a training loop), so nothing here imports them, or torch.
+``metrics.jsonl`` by default; ``csv``, ``mlflow`` and ``wandb`` by name (`WRITERS`), any other
+backend as a factory. Backends are imported by name when an active manager is built
+(TensorBoard's import takes ~0.1 s, MLflow's seconds: never on the first write inside a training
+loop), so nothing here imports them, or torch. MLflow and W&B record a whole run in one place:
+the managers of a run's train and eval directories share one MLflow or W&B run, kept in the
+run's root (``run_dir``), and name values by the directory below it (``train/loss``,
+``eval/accuracy``). ``docs/writers.md`` says how to choose them.
 
 In a distributed run only rank 0 writes.
 
@@ -19,53 +23,112 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import importlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cadence.core.logs import Logs, iter_groups, to_host
-from cadence.core.protocols import MetricWriter, SummaryManagerLike
+from cadence.core.logs import Logs, flatten, iter_groups, to_host
+from cadence.core.protocols import HParamsWriter, MetricWriter, SummaryManagerLike
 from cadence.core.rank import process_rank
 from cadence.core.scope import scoped
 
 WRITERS: dict[str, str] = {
     "tensorboard": "cadence.writers.tensorboard:TensorBoardWriter",
     "jsonl": "cadence.writers.jsonl:JSONLWriter",
+    "csv": "cadence.writers.csv:CSVWriter",
+    "mlflow": "cadence.writers.mlflow:MLflowWriter",
+    "wandb": "cadence.writers.wandb:WandbWriter",
 }
-"""The metric writers a `SummaryManager` knows by name, as ``module:class``."""
+"""The metric writers a `SummaryManager` knows by name, as ``module:class``. ``mlflow`` and
+``wandb`` need their library (``pip install 'cadence[mlflow]'``, ``'cadence[wandb]'``)."""
 DEFAULT_WRITERS = ("tensorboard", "jsonl")
 
 WriterSpec = str | Callable[[Path], MetricWriter]
-"""A writer's name in `WRITERS`, or a function that builds a writer for a directory."""
+"""A writer's name in `WRITERS`, or a function that builds a writer for a directory (e.g.
+``functools.partial(MLflowWriter, experiment_name="digits")``)."""
 
 
-def writer_factory(spec: WriterSpec) -> Callable[[Path], MetricWriter]:
+def check_writers(specs: Sequence[WriterSpec]) -> tuple[WriterSpec, ...]:
+    """Returns `specs` if each is a name in `WRITERS` or callable; imports nothing.
+
+    Raises:
+        ValueError: for a name that is not in `WRITERS` (the message lists them).
+        TypeError: for anything that is neither a name nor callable, or a lone string.
+    """
+    if isinstance(specs, str):
+        raise TypeError(f"`writers` (got {specs!r}) must be a list of writers, e.g. "
+                        f"[{specs!r}].")
+    for spec in specs:
+        if callable(spec):
+            continue
+        if not isinstance(spec, str):
+            raise TypeError(f"A writer (got {type(spec).__name__}) must be a name "
+                            f"({', '.join(WRITERS)}) or a function of the directory.")
+        if spec not in WRITERS:
+            raise ValueError(f"Unknown metric writer {spec!r}; known: {', '.join(WRITERS)}. "
+                             "Pass a function of the directory that returns a writer for "
+                             "another backend.")
+    return tuple(specs)
+
+
+def writer_factory(spec: WriterSpec, run_dir: str | os.PathLike[str] | None = None
+                   ) -> Callable[[Path], MetricWriter]:
     """The function that builds the writer `spec` names for a directory (importing its module).
+
+    Args:
+        spec: a name in `WRITERS`, or a function of the directory (returned as it is).
+        run_dir: the run's root, given to a named writer of the whole run (``run_scoped``).
 
     Raises:
         ValueError: for a name that is not in `WRITERS`.
         TypeError: for anything that is neither a name nor callable.
     """
+    check_writers([spec])
     if callable(spec):
         return spec
-    if not isinstance(spec, str):
-        raise TypeError(f"A writer (got {type(spec).__name__}) must be a name "
-                        f"({', '.join(WRITERS)}) or a function of the directory.")
-    if spec not in WRITERS:
-        raise ValueError(f"Unknown metric writer {spec!r}; known: {', '.join(WRITERS)}. Pass a "
-                         "function of the directory that returns a writer for another backend.")
     module, _, name = WRITERS[spec].partition(":")
-    factory: Callable[[Path], MetricWriter] = getattr(importlib.import_module(module), name)
+    factory: Callable[..., MetricWriter] = getattr(importlib.import_module(module), name)
+    if run_dir is not None and getattr(factory, "run_scoped", False):
+        return functools.partial(factory, run_dir=Path(run_dir))
     return factory
 
 
-def import_writer() -> None:
-    """Imports the default writers now (TensorBoard's import takes about 0.1 s, once per
-    process), so that the first summary written inside a training loop does not pay for it."""
-    for spec in DEFAULT_WRITERS:
+def import_writer(writers: Sequence[WriterSpec] = DEFAULT_WRITERS) -> None:
+    """Imports the modules of `writers` now (TensorBoard's import takes about 0.1 s, once per
+    process), so that the first summary written inside a training loop does not pay for it.
+
+    Raises:
+        ValueError, TypeError: as `check_writers`.
+    """
+    for spec in check_writers(writers):
         writer_factory(spec)
+
+
+def shared_run_dir(summary_dir: str | os.PathLike[str] | None,
+                   eval_summary_dir: str | os.PathLike[str] | None) -> Path | None:
+    """The root of a run whose train and eval summaries go to these directories: where writers
+    of the whole run (MLflow, W&B) keep it.
+
+    It is the train directory when evaluations write there or below it, and the parent of both
+    when they are siblings (``<run>/train``, ``<run>/eval``); None for unrelated directories
+    (each manager then keeps its own run).
+
+    >>> str(shared_run_dir("runs/a/train", "runs/a/eval")), str(shared_run_dir("runs/a", None))
+    ('runs/a', 'runs/a')
+    """
+    if summary_dir is None or eval_summary_dir is None:
+        given = summary_dir if summary_dir is not None else eval_summary_dir
+        return Path(given) if given is not None else None
+    train, evaluation = Path(summary_dir), Path(eval_summary_dir)
+    train_abs, eval_abs = Path(os.path.abspath(train)), Path(os.path.abspath(evaluation))
+    if eval_abs == train_abs or train_abs in eval_abs.parents:
+        return train
+    if train_abs.parent == eval_abs.parent:
+        return train.parent
+    return None
 
 
 class SummaryManager:
@@ -76,9 +139,15 @@ class SummaryManager:
         global_step: returns the step to write at when `write_summaries` gets none.
         writers: the metric writers, by name (see `WRITERS`) or as functions of the directory.
         enabled: whether this process writes; defaults to "rank 0 only".
+        run_dir: the run's root, for the writers of a whole run (MLflow, W&B): they keep the
+            run there and name values by the path of `summary_dir` below it. Defaults to
+            `summary_dir`.
 
     Raises:
         ValueError: for an unknown writer name.
+        TypeError: for a writer that is neither a name nor callable.
+        ImportError: for a writer whose library is not installed (the message says what to
+            install).
     """
 
     def __init__(
@@ -88,16 +157,18 @@ class SummaryManager:
         *,
         writers: Sequence[WriterSpec] = DEFAULT_WRITERS,
         enabled: bool | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.summary_dir = Path(summary_dir) if summary_dir is not None else None
+        self.run_dir = Path(run_dir) if run_dir is not None else self.summary_dir
         self._global_step = global_step
         self.enabled = (process_rank() == 0) if enabled is None else enabled
-        self._specs = tuple(writers)
+        self._specs = check_writers(writers)  # on every rank, so a typo fails everywhere
         self._factories: list[Callable[[Path], MetricWriter]] = []
         self._writers: list[MetricWriter] | None = None
         self._pending: list[tuple[str, Any, int]] = []
         if self.active:  # built now, so that imports happen here, not inside the first loop
-            self._factories = [writer_factory(spec) for spec in self._specs]
+            self._factories = [writer_factory(spec, self.run_dir) for spec in self._specs]
             self._writers = self.writers
 
     @property
@@ -145,6 +216,20 @@ class SummaryManager:
         for group, leaves in iter_groups(to_host(logs)):
             for writer in writers:
                 writer.write(step, leaves, group, extra if not group else None)
+
+    def write_hparams(self, params: Mapping[str, Any]) -> None:
+        """Records the run's hyper-parameters with every writer that can (`HParamsWriter`:
+        MLflow's params, W&B's config); the others ignore them.
+
+        Args:
+            params: a (possibly nested) mapping; nested keys are joined with dots.
+        """
+        if not self.active:
+            return
+        flat = flatten(params, sep=".")
+        for writer in self.writers:
+            if isinstance(writer, HParamsWriter):
+                writer.write_hparams(flat)
 
     def add_pending(self, tag: str, value: Any, step: int) -> None:
         """Queues one in-step summary; it is converted and written at the next `flush`."""
@@ -197,21 +282,27 @@ class RunSummaries:
         summary_manager, eval_summary_manager: managers to use instead (the eval one defaults to
             the train one when no eval directory is given).
         global_step: the default step of the managers built here.
+        writers: the writers of the managers built here; writers of a whole run (MLflow, W&B)
+            keep it in `shared_run_dir`.
     """
 
     def __init__(self, summary_dir: str | None, eval_summary_dir: str | None,
                  summary_manager: SummaryManagerLike | None,
                  eval_summary_manager: SummaryManagerLike | None,
-                 global_step: Callable[[], int]) -> None:
+                 global_step: Callable[[], int],
+                 writers: Sequence[WriterSpec] = DEFAULT_WRITERS) -> None:
         self._owned: list[SummaryManagerLike] = []
+        run_dir = shared_run_dir(summary_dir, eval_summary_dir)
         if summary_manager is None:
-            summary_manager = SummaryManager(summary_dir, global_step)
+            summary_manager = SummaryManager(summary_dir, global_step, writers=writers,
+                                             run_dir=run_dir)
             self._owned.append(summary_manager)
         if eval_summary_manager is None:
             if eval_summary_dir is None or eval_summary_dir == summary_dir:
                 eval_summary_manager = summary_manager
             else:
-                eval_summary_manager = SummaryManager(eval_summary_dir, global_step)
+                eval_summary_manager = SummaryManager(eval_summary_dir, global_step,
+                                                      writers=writers, run_dir=run_dir)
                 self._owned.append(eval_summary_manager)
         self.train: SummaryManagerLike = summary_manager
         self.eval: SummaryManagerLike = eval_summary_manager

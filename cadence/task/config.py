@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from cadence.core.errors import ConfigError
+from cadence.core.summary import DEFAULT_WRITERS, WRITERS
 from cadence.engine.compile import COMPILE_MODES
 
 C = TypeVar("C", bound="Config")
@@ -83,7 +84,8 @@ _PATHS = {"ExperimentConfig": "config", "TrainerConfig": "trainer", "RuntimeConf
           "OptimizationConfig": "trainer.optimizer_config",
           "OptimizerConfig": "trainer.optimizer_config.optimizer",
           "LearningRateConfig": "trainer.optimizer_config.learning_rate",
-          "EMAConfig": "trainer.ema"}
+          "EMAConfig": "trainer.ema", "MLflowConfig": "runtime.mlflow",
+          "WandbConfig": "runtime.wandb"}
 """Where the built-in config classes sit in an `ExperimentConfig`, for error messages."""
 
 
@@ -273,6 +275,43 @@ class TrainerConfig(Config):
 
 
 @dataclass
+class MLflowConfig(Config):
+    """Where the ``mlflow`` writer logs (`cadence.writers.mlflow.MLflowWriter`).
+
+    Attributes:
+        tracking_uri: the MLflow store or server; null: ``MLFLOW_TRACKING_URI``, else a file
+            store in the model directory (``file:<model_dir>/mlruns``).
+        experiment_name: null: ``MLFLOW_EXPERIMENT_NAME``, else the config's `experiment`
+            (e.g. ``digits``), else MLflow's ``Default``.
+        run_name: null: the model directory's name.
+    """
+
+    tracking_uri: str | None = None
+    experiment_name: str | None = None
+    run_name: str | None = None
+
+
+@dataclass
+class WandbConfig(Config):
+    """Where the ``wandb`` writer logs (`cadence.writers.wandb.WandbWriter`).
+
+    Attributes:
+        project: null: ``WANDB_PROJECT``, else the config's `experiment`, else wandb's default.
+        entity: the W&B user or team; null: wandb's default (``WANDB_ENTITY``, your login).
+        mode: ``online``, ``offline``, ``disabled`` (or ``shared``); null: wandb's default
+            (``WANDB_MODE``, else online).
+        dir: where wandb writes its files; null: ``WANDB_DIR``, else the model directory.
+        name: the W&B run's name; null: the model directory's name.
+    """
+
+    project: str | None = None
+    entity: str | None = None
+    mode: str | None = None
+    dir: str | None = None
+    name: str | None = None
+
+
+@dataclass
 class RuntimeConfig(Config):
     """Where and how precisely to run.
 
@@ -292,6 +331,11 @@ class RuntimeConfig(Config):
             ``torch.distributed.checkpoint``).
         collective_timeout: seconds a collective waits for the other ranks: a dead or stuck rank
             ends the job after this long, with a message that says so.
+        writers: where summaries go (rank 0 only): ``tensorboard``, ``jsonl``, ``csv``,
+            ``mlflow``, ``wandb`` (see ``docs/writers.md``). MLflow and W&B need their extra
+            (``pip install 'cadence[mlflow]'``) and get the config as hyper-parameters.
+        mlflow: where the ``mlflow`` writer logs.
+        wandb: where the ``wandb`` writer logs.
     """
 
     device: str = "auto"
@@ -301,6 +345,9 @@ class RuntimeConfig(Config):
     num_threads: int | None = None
     strategy: str = "auto"
     collective_timeout: float = 600.0
+    writers: list[str] = field(default_factory=lambda: list(DEFAULT_WRITERS))
+    mlflow: MLflowConfig = field(default_factory=MLflowConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
 @dataclass
@@ -354,6 +401,7 @@ MODES = ("train", "train_and_eval", "train_and_post_eval", "eval", "continuous_e
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
 SCHEDULES = ("constant", "cosine", "linear", "step", "exponential")
 PRECISIONS = (None, "bf16", "fp16")
+WANDB_MODES = (None, "online", "offline", "disabled", "shared")
 STRATEGIES = ("auto", "none", "ddp", "fsdp2")
 """``runtime.strategy``'s values (`cadence.engine.distributed.STRATEGIES`)."""
 
@@ -417,6 +465,13 @@ def _problems(config: ExperimentConfig) -> Iterable[str]:
     if not config.runtime.collective_timeout > 0:
         yield (f"runtime.collective_timeout: must be a positive number of seconds "
                f"(got {config.runtime.collective_timeout}).")
+    unknown = [name for name in config.runtime.writers if name not in WRITERS]
+    if unknown:
+        yield (f"runtime.writers: unknown writer{'s' if len(unknown) > 1 else ''} "
+               f"{', '.join(map(repr, unknown))}; valid: {', '.join(WRITERS)}.")
+    if config.runtime.wandb.mode not in WANDB_MODES:
+        yield (f"runtime.wandb.mode: must be null, 'online', 'offline', 'disabled' or 'shared' "
+               f"(got {config.runtime.wandb.mode!r}).")
     if config.runtime.mixed_precision not in PRECISIONS:
         yield (f"runtime.mixed_precision: must be null, 'bf16' or 'fp16' "
                f"(got {config.runtime.mixed_precision!r}).")

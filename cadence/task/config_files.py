@@ -224,20 +224,27 @@ def save_config(config: ExperimentConfig, path: str | os.PathLike[str]) -> Path:
     return write_atomically(Path(path), config_to_yaml(config))
 
 
+def flatten_config(config: Any, prefix: str = "") -> dict[str, Any]:
+    """A config as ``{"key.path": value}`` (an empty dict is a value): what differences are
+    reported in, and the hyper-parameters metric writers record.
+
+    >>> flatten_config(ExperimentConfig())["trainer.optimizer_config.optimizer.name"]
+    'adamw'
+    """
+    value = config
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, dict) and (value or not prefix):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(flatten_config(item, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): value}
+
+
 def config_differences(old: ExperimentConfig, new: ExperimentConfig) -> list[str]:
     """Key paths whose values differ, as ``"key: old -> new"`` lines."""
-
-    def flat(value: Any, prefix: str = "") -> dict[str, Any]:
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-        if isinstance(value, dict) and (value or not prefix):
-            out: dict[str, Any] = {}
-            for key, item in value.items():
-                out.update(flat(item, f"{prefix}{key}."))
-            return out
-        return {prefix.rstrip("."): value}
-
-    a, b = flat(old), flat(new)
+    a, b = flatten_config(old), flatten_config(new)
     return [f"{key}: {a.get(key)!r} -> {b.get(key)!r}" for key in sorted(set(a) | set(b))
             if not _same(a.get(key), b.get(key))]
 

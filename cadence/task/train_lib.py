@@ -7,8 +7,10 @@ The model directory of a run is a `cadence.core.run_dir.RunDirectory`::
                          reloads exactly, custom task configs included)
       train.lock         held while a process trains here: a second trainer is refused
       checkpoints/       ckpt-<step>/ (atomic, newest kept, resumed from automatically)
-      train/  eval/      TensorBoard event files and metrics.jsonl
+      train/  eval/      summaries: TensorBoard event files and metrics.jsonl (runtime.writers)
       best/              the best exports (safetensors + metrics.json, ledger info.json)
+      mlflow_run.json    the MLflow run of the run (with the mlflow writer; mlruns/ its
+                         default store), wandb_run.json and wandb/ the same for W&B
 
 Modes (TF Model Garden's ``train_lib``):
 
@@ -35,12 +37,13 @@ was: ``params.yaml`` is written (and, for a changed config, the old one kept as
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import random
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +59,14 @@ from cadence.core.controller import Action, Controller
 from cadence.core.errors import CheckpointError, ConfigError
 from cadence.core.rank import process_rank
 from cadence.core.run_dir import PARAMS_FILE, RunDirectory
+from cadence.core.summary import SummaryManager, WriterSpec, writer_factory
 from cadence.engine.checkpoint import CheckpointManager
 from cadence.engine.distributed import gather_objects, init_distributed, local_device
 from cadence.engine.exporter import BestCheckpointExporter
 from cadence.task.config import MODES, ExperimentConfig
 from cadence.task.config_files import (
     config_differences,
+    flatten_config,
     load_config,
     save_config,
     saved_task_class,
@@ -255,6 +260,50 @@ def check_best_metric(config: ExperimentConfig, task: Task) -> None:
         )
 
 
+def create_writers(config: ExperimentConfig, run: RunDirectory) -> list[WriterSpec]:
+    """The metric writers ``runtime.writers`` names, with the options of ``runtime.mlflow`` and
+    ``runtime.wandb``; MLflow and W&B keep their run in the model directory.
+
+    An MLflow experiment or W&B project that neither the config nor the environment names is
+    the config's `experiment` (``digits``).
+    """
+    runtime = config.runtime
+    experiment = config.experiment or None
+    options: dict[str, dict[str, Any]] = {
+        "mlflow": {"tracking_uri": runtime.mlflow.tracking_uri,
+                   "experiment_name": (runtime.mlflow.experiment_name
+                                       or os.environ.get("MLFLOW_EXPERIMENT_NAME") or experiment),
+                   "run_name": runtime.mlflow.run_name},
+        "wandb": {"project": (runtime.wandb.project or os.environ.get("WANDB_PROJECT")
+                              or experiment),
+                  "entity": runtime.wandb.entity, "mode": runtime.wandb.mode,
+                  "dir": runtime.wandb.dir, "name": runtime.wandb.name},
+    }
+    writers: list[WriterSpec] = []
+    for name in runtime.writers:
+        factory = writer_factory(name, run.root)
+        writers.append(functools.partial(factory, **options[name]) if name in options
+                       else factory)
+    return writers
+
+
+def create_summaries(config: ExperimentConfig, run: RunDirectory,
+                     global_step: Callable[[], int]) -> tuple[SummaryManager, SummaryManager]:
+    """The train and eval summary managers of the run (one, when both write to one directory).
+
+    Raises:
+        ConfigError: when a writer's library is not installed (on rank 0, the one that writes).
+    """
+    writers = create_writers(config, run)
+    try:
+        train = SummaryManager(run.train, global_step, writers=writers, run_dir=run.root)
+        if run.eval == run.train:
+            return train, train
+        return train, SummaryManager(run.eval, global_step, writers=writers, run_dir=run.root)
+    except ImportError as error:
+        raise ConfigError(f"runtime.writers: {error}") from None
+
+
 def create_trainer(config: ExperimentConfig, task: Task, train: bool, evaluate: bool,
                    checkpoint_exporter: BestCheckpointExporter | None = None) -> Trainer:
     """The `Trainer` for `task`: the model from ``task.build_model()`` and the optimizer from
@@ -388,6 +437,7 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
     )
     agree_on_checkpoint(manager)
     trainer.coordinator_for_async().add_waitable(manager)
+    summaries, eval_summaries = create_summaries(config, run, lambda: trainer.global_step)
     builtin: list[Callback] = [ProgressBar(enabled=progress_bar)] if trains else []
     if trains:
         builtin.append(LossGuard("training_loss", trainer_config.loss_upper_bound,
@@ -398,9 +448,9 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
         evaluator=trainer if evaluates else None,
         steps_per_loop=trainer_config.steps_per_loop if trains else None,
         checkpoint_manager=manager,
-        summary_dir=str(run.train),
+        summary_manager=summaries,
         summary_interval=trainer_config.summary_interval,
-        eval_summary_dir=str(run.eval),
+        eval_summary_manager=eval_summaries,
         callbacks=[*builtin, *callbacks],
         train_actions=train_actions,
         eval_actions=eval_actions,
@@ -408,6 +458,7 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
     controller.state.run_dir = run
     if trains:  # the run has started: its config is the directory's from now on
         save_run_config(config, run, differences)
+        summaries.write_hparams(flatten_config(config))  # MLflow params, W&B config
     eval_logs: dict[str, Any] | None = None
     try:
         if mode == "train":
@@ -431,4 +482,6 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
     finally:
         trainer.join()
         controller.close()
+        summaries.close()
+        eval_summaries.close()
     return trainer.model, dict(eval_logs or {})

@@ -10,6 +10,7 @@ from typing import Any
 
 from cadence.callbacks.progress import ProgressBar
 from cadence.core.callbacks import Callback
+from cadence.core.summary import DEFAULT_WRITERS, WriterSpec, check_writers
 from cadence.tensorpack.trainer import ModelDesc, SingleCostTrainer
 
 
@@ -18,11 +19,12 @@ def default_callbacks() -> list[Callback]:
     return [ProgressBar()]
 
 
-def default_monitors() -> list[Callback]:
-    """tensorpack's ``DEFAULT_MONITORS``: TensorBoard, JSON lines and a printed line."""
+def default_monitors(writers: Sequence[WriterSpec] = DEFAULT_WRITERS) -> list[Callback]:
+    """tensorpack's ``DEFAULT_MONITORS``: summaries (TensorBoard and JSON lines, or the metric
+    `writers` given), ``stats.jsonl`` and a printed line."""
     from cadence.callbacks import JSONWriter, ScalarPrinter, TensorBoardWriter
 
-    return [TensorBoardWriter(), JSONWriter(), ScalarPrinter()]
+    return [TensorBoardWriter(writers=writers), JSONWriter(), ScalarPrinter()]
 
 
 @dataclass
@@ -34,13 +36,15 @@ class TrainConfig:
         dataflow: the input (a `DataFlow`, DataLoader, list of batches...); `data` is an alias.
         callbacks: callbacks, in order.
         extra_callbacks: appended to `callbacks`; None means `default_callbacks()`.
-        monitors: None means `default_monitors()` (with a `logdir`).
+        monitors: None means `default_monitors(writers)` (with a `logdir`).
         steps_per_epoch: steps per epoch; None: one pass over the input (its length).
         starting_epoch: the first epoch of a fresh run.
         max_epoch: the last epoch.
         session_init: weights to start from (a ``.safetensors`` file, an export directory or
             a checkpoint) when there is no checkpoint to resume.
         logdir: where checkpoints, summaries and ``stats.jsonl`` go; training resumes from it.
+        writers: the metric writers of the default monitors' summaries in ``<logdir>/train``:
+            ``tensorboard``, ``jsonl``, ``csv``, ``mlflow``, ``wandb`` (see ``docs/writers.md``).
     """
 
     model: ModelDesc | None = None
@@ -54,6 +58,7 @@ class TrainConfig:
     max_epoch: int = 99999
     session_init: str | Path | None = None
     logdir: str | Path | None = None
+    writers: Sequence[WriterSpec] = DEFAULT_WRITERS
 
     def __post_init__(self) -> None:
         if (self.dataflow is None) == (self.data is None):
@@ -65,6 +70,7 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, (list, tuple)):
                 raise TypeError(f"`{name}` must be a list of callbacks.")
+        self.writers = check_writers(self.writers)
         if self.steps_per_epoch is None:
             try:
                 self.steps_per_epoch = len(self.input)
@@ -93,8 +99,11 @@ def launch_train_with_config(config: TrainConfig, trainer: SingleCostTrainer) ->
         trainer.logdir = Path(config.logdir)
     trainer.setup_graph(config.input, config.model.build_graph, config.model.optimizer,
                         model=config.model)
+    monitors = config.monitors
+    if monitors is None and trainer.logdir is not None:
+        monitors = default_monitors(config.writers)
     trainer.train_with_defaults(
-        callbacks=list(config.callbacks), monitors=config.monitors,
+        callbacks=list(config.callbacks), monitors=monitors,
         session_init=config.session_init, steps_per_epoch=config.steps_per_epoch,
         starting_epoch=config.starting_epoch, max_epoch=config.max_epoch,
         extra_callbacks=config.extra_callbacks,

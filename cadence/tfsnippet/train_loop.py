@@ -46,7 +46,13 @@ from cadence.core.eta import ETA
 from cadence.core.preemption import Preemption
 from cadence.core.progress import Progress
 from cadence.core.rank import is_chief
-from cadence.core.summary import SummaryManager, import_writer
+from cadence.core.summary import (
+    DEFAULT_WRITERS,
+    SummaryManager,
+    WriterSpec,
+    check_writers,
+    import_writer,
+)
 from cadence.data.iterator import DataIterator
 from cadence.engine.checkpoint import CheckpointManager
 from cadence.engine.distributed import StopAgreement, any_rank, is_distributed
@@ -83,7 +89,7 @@ class TrainLoop(LoopReporting):
             schedulers, ...).
         restore_checkpoint: True resumes from the newest checkpoint in `checkpoint_dir`; a path
             restores that checkpoint; False starts afresh (and still saves).
-        summary_dir: write TensorBoard summaries here.
+        summary_dir: write summaries here (TensorBoard and JSON lines; see `writers`).
         summary_writer: a `SummaryManager` to write to instead (not closed by the loop).
         summary_metric_prefix: prefix of metric summary tags.
         summary_skip_pattern: metrics whose names match are not written (durations by default).
@@ -96,11 +102,14 @@ class TrainLoop(LoopReporting):
         handle_signals: inside the ``with`` block, SIGTERM and Ctrl-C end the loops after the
             current step (the epoch then ends as usual); on leaving the block a checkpoint is
             saved (with a `checkpoint_dir`) and `cadence.Preempted` is raised.
+        writers: the metric writers of `summary_dir`: names (``tensorboard``, ``jsonl``,
+            ``csv``, ``mlflow``, ``wandb``) or functions of a directory (see
+            ``docs/writers.md``); MLflow and W&B keep their run in `summary_dir`.
 
     Raises:
         ValueError: for a `max_epoch` or `max_step` that is not a positive int (or None), a bad
-            `checkpoint_epoch_freq`, or checkpoint options without a
-            `checkpoint_dir`.
+            `checkpoint_epoch_freq`, checkpoint options without a `checkpoint_dir`, or an
+            unknown writer.
         KeyError: if `checkpoint_save_objects` uses a reserved name.
     """
 
@@ -129,6 +138,7 @@ class TrainLoop(LoopReporting):
         callbacks: Iterable[Callback] = (),
         clock: Callable[[], float] = time.perf_counter,
         handle_signals: bool = True,
+        writers: Sequence[WriterSpec] = DEFAULT_WRITERS,
     ) -> None:
         for name, limit in (("max_epoch", max_epoch), ("max_step", max_step)):
             if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
@@ -162,8 +172,9 @@ class TrainLoop(LoopReporting):
         self._summary_dir = summary_dir
         self._summary_writer = summary_writer
         self._own_writer = summary_writer is None and summary_dir is not None
+        self._writers = check_writers(writers)
         if self._own_writer and is_chief():
-            import_writer()  # at construction: not inside the first epoch
+            import_writer(self._writers)  # at construction: not inside the first epoch
         skip = (re.compile(summary_skip_pattern) if isinstance(summary_skip_pattern, str)
                 else summary_skip_pattern)
         self._log = MetricLog(metric_formatter or DefaultMetricFormatter(),
@@ -274,7 +285,8 @@ class TrainLoop(LoopReporting):
             raise RuntimeError("A TrainLoop can be entered only once; create a new one.")
         self._entered = True
         if self._own_writer:
-            self._summary_writer = SummaryManager(str(self._summary_dir), lambda: self.step)
+            self._summary_writer = SummaryManager(str(self._summary_dir), lambda: self.step,
+                                                  writers=self._writers)
         if self._checkpoint_dir is not None:
             objects: dict[str, Any] = {"loop": self, "callbacks": self._callbacks,
                                        **self._params.stateful(), **self._save_objects}

@@ -2,5 +2,7 @@
 (`cadence.core.protocols.MetricWriter`).
 
 Each backend is one module, imported on first use by the name a `SummaryManager` is given
-(``writers=["tensorboard", "jsonl"]``, the default). Nothing here imports torch.
+(``writers=["tensorboard", "jsonl"]``, the default; also ``csv``, ``mlflow``, ``wandb``). MLflow
+and W&B are optional dependencies, imported when their writer is built
+(``pip install 'cadence[mlflow]'``, ``'cadence[wandb]'``). Nothing here imports torch.
 """

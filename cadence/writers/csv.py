@@ -1,0 +1,134 @@
+"""`CSVWriter`: a ``metrics.csv`` table in each (sub-)directory of nested logs -- one row per
+write, one column per name -- for spreadsheets and ``pandas.read_csv``.
+
+The table is wide, as spreadsheet and pandas users expect (``df.plot(x="step")``): the first
+column is the step, then the record's extra fields (an evaluation's ``checkpoint``), then each
+scalar in the order its name first appeared. A row leaves empty the names it does not have (pandas
+reads NaN). A name that appears later adds a column: the file is rewritten once with the wider
+header (through a temporary file and a rename, so a crash leaves the old table or the new one,
+never half of either); every other write appends one line.
+
+A resumed run appends to the table it finds, under its header; rows written after the checkpoint
+it resumed from stay, so a step may appear twice (``df.drop_duplicates("step", keep="last")``
+keeps the resumed run's). A last line cut short by a crash is dropped on reopening.
+Non-scalar values (lists, strings) are left out, as TensorBoard leaves them.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from cadence.core.logs import is_scalar
+
+CSV_NAME = "metrics.csv"
+
+
+def _is_cell(value: Any) -> bool:
+    """Whether an extra field goes into the table (a number, a string, a flag or None)."""
+    return value is None or isinstance(value, (int, float, str, bool))
+
+
+class _Table:
+    """One CSV file: its columns, and a handle open for appending."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.columns: list[str] = []
+        self._handle: IO[str] | None = None
+        if path.is_file() and path.stat().st_size > 0:
+            self._drop_cut_line()
+            with open(path, newline="", encoding="utf-8") as handle:
+                self.columns = next(csv.reader(handle), [])
+
+    def _drop_cut_line(self) -> None:
+        """Truncates a last line that a crash cut short (it has no newline)."""
+        with open(self.path, "rb+") as handle:
+            data = handle.read()
+            if not data.endswith(b"\n"):
+                handle.truncate(data.rfind(b"\n") + 1)
+
+    def append(self, row: dict[str, Any]) -> None:
+        new = [name for name in row if name not in self.columns]
+        if new:
+            self._widen(self.columns + new)
+        if self._handle is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._handle = open(self.path, "a", newline="", encoding="utf-8")  # noqa: SIM115
+        csv.DictWriter(self._handle, self.columns, restval="").writerow(row)
+
+    def _widen(self, columns: list[str]) -> None:
+        """Rewrites the table with `columns` as its header (the earlier rows keep their cells)."""
+        self.close()
+        rows: list[dict[str, str]] = []
+        if self.path.is_file() and self.columns:
+            with open(self.path, newline="", encoding="utf-8") as handle:
+                rows = list(csv.DictReader(handle))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_name(f".{self.path.name}.tmp")
+        with open(temporary, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, columns, restval="")
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(temporary, self.path)
+        self.columns = columns
+
+    def flush(self) -> None:
+        if self._handle is not None:
+            self._handle.flush()
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+class CSVWriter:
+    """Writes ``step, <extra fields>, <scalars>`` rows to a CSV table per nesting group.
+
+    Args:
+        directory: the root directory; created on the first write.
+        filename: the file name in each directory.
+        step_key: the name of the step column.
+
+    >>> import tempfile
+    >>> directory = Path(tempfile.mkdtemp())
+    >>> writer = CSVWriter(directory)
+    >>> writer.write(10, {"loss": 0.5})
+    >>> writer.write(20, {"loss": 0.25, "accuracy": 0.9})
+    >>> writer.close()
+    >>> print((directory / "metrics.csv").read_text(), end="")
+    step,loss,accuracy
+    10,0.5,
+    20,0.25,0.9
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], filename: str = CSV_NAME,
+                 step_key: str = "step") -> None:
+        self.directory = Path(directory)
+        self.filename = filename
+        self.step_key = step_key
+        self._tables: dict[tuple[str, ...], _Table] = {}
+
+    def write(self, step: int, values: Mapping[str, Any], group: tuple[str, ...] = (),
+              extra: Mapping[str, Any] | None = None) -> None:
+        """Appends one row: the step, `extra`'s plain fields and the scalar `values`."""
+        row: dict[str, Any] = {self.step_key: int(step)}
+        row.update((k, v) for k, v in (extra or {}).items() if _is_cell(v))
+        row.update((k, v) for k, v in values.items() if is_scalar(v))
+        table = self._tables.get(group)
+        if table is None:
+            table = self._tables[group] = _Table(self.directory.joinpath(*group, self.filename))
+        table.append(row)
+
+    def flush(self) -> None:
+        for table in self._tables.values():
+            table.flush()
+
+    def close(self) -> None:
+        for table in self._tables.values():
+            table.close()
+        self._tables.clear()
