@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from cadence.callbacks.logdir import run_directory
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.errors import DivergenceError
 from cadence.engine.rng import capture_rng_state, restore_rng_state
@@ -138,6 +139,9 @@ class LossGuard(Callback):
             data.load_state_dict(data_state)
         restore_rng_state(rng)
         self._last_loop_end = controller.global_step
+        run = run_directory(state)
+        if run is not None:  # the summaries go back to this step: say why
+            run.record_resume(controller.global_step, path, reason="recovery")
         logger.warning(
             "At step %d %s: restored %s (step %d), skipping the batches since then (attempt %d "
             "of %d).", bad_step, problem, path, controller.global_step, self.failures_in_a_row,

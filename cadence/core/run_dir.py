@@ -13,6 +13,7 @@ Every front-end and built-in callback that writes into a run's directory finds i
       stats.jsonl        the tensorpack monitors' one line per epoch
       mlflow_run.json    the run's MLflow run (with the mlflow writer; mlruns/ is its default
                          store); wandb_run.json and wandb/ the same for W&B
+      resumes.jsonl      one line each time training continued from a checkpoint
 
 The Task front-end (``run_experiment``, the ``cadence`` command) calls the root its model
 directory, the tensorpack front-end its ``logdir``. Callbacks read the run directory of the run
@@ -36,6 +37,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cadence.core.rank import process_rank
+
 try:
     import fcntl
 except ImportError:  # not POSIX: the lock falls back to an exclusively created file
@@ -45,6 +48,10 @@ logger = logging.getLogger("cadence")
 
 PARAMS_FILE = "params.yaml"
 LOCK_FILE = "train.lock"
+RESUMES_FILE = "resumes.jsonl"
+RESUME_REASONS = ("resume", "recovery")
+"""Why training continued from a checkpoint: a new process resumed the run, or the loss guard
+restored the newest checkpoint after a blow-up."""
 
 
 class RunDirectory:
@@ -99,6 +106,40 @@ class RunDirectory:
     def lock_file(self) -> Path:
         """Held while a process trains in the run (see `RunLock`)."""
         return self.root / LOCK_FILE
+
+    @property
+    def resumes(self) -> Path:
+        """The record of resumes: one JSON line each time training continued from a checkpoint
+        (see `record_resume`)."""
+        return self.root / RESUMES_FILE
+
+    def record_resume(self, step: int, checkpoint: str | None, reason: str = "resume") -> None:
+        """Appends ``{"step", "checkpoint", "reason", "time"}`` to `resumes` (rank 0 only).
+
+        Summaries alone cannot tell where a run resumed (the steps after a clean resume simply
+        go on), so the front-ends say so when they restore a checkpoint to continue training;
+        ``cadence plot`` marks these steps.
+
+        Args:
+            step: the restored step: training continues with step ``step + 1``.
+            checkpoint: the restored checkpoint's path.
+            reason: one of `RESUME_REASONS`.
+
+        Raises:
+            ValueError: for a negative `step` or an unknown `reason`.
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"`step` (got {step!r}) must be a non-negative int.")
+        if reason not in RESUME_REASONS:
+            raise ValueError(f"`reason` (got {reason!r}) must be one of "
+                             f"{', '.join(RESUME_REASONS)}.")
+        if process_rank() != 0:
+            return
+        record = {"step": step, "checkpoint": None if checkpoint is None else str(checkpoint),
+                  "reason": reason, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.resumes, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
 
     def subdir(self, name: str) -> Path:
         """Another directory of the run (a callback's own, e.g. ``profile``)."""

@@ -10,6 +10,8 @@
     cadence eval  --model-dir runs/mine    evaluate the newest checkpoint of a run
     cadence experiments                    list the registered experiments
     cadence config --experiment char_lm    print the final config as YAML
+    cadence plot runs/a runs/b             PNG curves of the runs' scalars, resumes and best
+                                           exports marked (needs matplotlib: cadence[plot])
 
 On a terminal a progress bar shows the step, ETA, steps/sec and the latest metrics; otherwise
 (CI, a log file) one plain line per loop. Ctrl-C (or SIGTERM) saves a checkpoint and exits with
@@ -84,7 +86,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     config = commands.add_parser("config", help="print the final config as YAML")
     _add_config_arguments(config, run_default=False)
+
+    plot = commands.add_parser(
+        "plot", help="draw runs' training and evaluation scalars as PNG curves",
+        description="One PNG per scalar, one colour per run: training solid, evaluation dashed, "
+        "dotted lines where a run resumed, a star at its best export. Needs matplotlib "
+        "(pip install 'cadence[plot]').")
+    plot.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
+                      help="run directories (or summary directories) to compare")
+    plot.add_argument("--out", "-o", type=Path, metavar="DIR",
+                      help="where the PNGs go (default: <first RUN_DIR>/plots)")
+    plot.add_argument("--metrics", nargs="+", action="extend", metavar="NAME",
+                      help="only these scalars: names or patterns, e.g. --metrics accuracy "
+                      "'*loss' (default: all)")
+    plot.add_argument("--smooth", type=_smoothing_weight, default=0.0, metavar="W",
+                      help="TensorBoard's smoothing weight in [0, 1), e.g. 0.6 (default: 0, "
+                      "the values as they are)")
     return parser
+
+
+def _smoothing_weight(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; pass a weight in "
+                                         "[0, 1), e.g. 0.6.") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not in [0, 1); pass e.g. 0.6.")
+    return value
 
 
 def _add_progress_arguments(parser: argparse.ArgumentParser) -> None:
@@ -267,11 +296,64 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plot_input(path: Path) -> Any:
+    """What `read_run` reads from `path`, which must hold scalars.
+
+    Raises:
+        ConfigError: for a path that does not exist, a file, or a directory without scalars
+            (naming the run directories it holds, if any).
+    """
+    from cadence.writers.reading import is_run_directory, read_run
+
+    if not path.exists():
+        raise ConfigError(f"{str(path)!r} does not exist: pass run directories, e.g. "
+                          f"{RUNS_DIR}/<experiment>-<time>.")
+    if not path.is_dir():
+        raise ConfigError(f"{str(path)!r} is a file: pass run directories, e.g. "
+                          f"{RUNS_DIR}/<experiment>-<time>.")
+    run = read_run(path)
+    if not run.series:
+        runs = sorted(str(p) for p in path.iterdir() if p.is_dir() and is_run_directory(p))
+        hint = (f" It holds run directories ({', '.join(runs[:3])}"
+                f"{', ...' if len(runs) > 3 else ''}): pass them." if runs else
+                " Is it a run directory? Its train/ and eval/ summaries are written as the run "
+                "trains (metrics.jsonl or TensorBoard event files).")
+        raise ConfigError(f"{str(path)!r} holds no scalars.{hint}")
+    return run
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from cadence.task.plot import plot_runs, select_metrics
+
+    runs = [_plot_input(path) for path in args.run_dirs]
+    try:
+        metrics = select_metrics(runs, args.metrics)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    out = args.out if args.out is not None else args.run_dirs[0] / "plots"
+    try:
+        paths = plot_runs(runs, out, metrics, args.smooth)
+    except ModuleNotFoundError as error:
+        if error.name != "matplotlib":
+            raise
+        print(f"cadence: error: {error}", file=sys.stderr)
+        return 2
+    for run in runs:
+        resumes = ", ".join(f"{r.reason} at step {r.step}" for r in run.resumes) or "no resumes"
+        best = (f"best export at step {run.best.step} ({run.best.metric} = {run.best.value:.6g})"
+                if run.best is not None else "no best export")
+        print(f"{run.root}: {len(run.metrics)} scalars ({run.source}), {resumes}, {best}",
+              file=sys.stderr)
+    for path in paths:
+        print(path)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the ``cadence`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
     command = {"train": _train, "eval": _eval, "experiments": _experiments,
-               "config": _config}[args.command]
+               "config": _config, "plot": _plot}[args.command]
     try:
         return command(args)
     except Preempted as stop:

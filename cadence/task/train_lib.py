@@ -7,6 +7,7 @@ The model directory of a run is a `cadence.core.run_dir.RunDirectory`::
                          reloads exactly, custom task configs included)
       train.lock         held while a process trains here: a second trainer is refused
       checkpoints/       ckpt-<step>/ (atomic, newest kept, resumed from automatically)
+      resumes.jsonl      a line for each time training continued from a checkpoint
       train/  eval/      summaries: TensorBoard event files and metrics.jsonl (runtime.writers)
       best/              the best exports (safetensors + metrics.json, ledger info.json)
       mlflow_run.json    the MLflow run of the run (with the mlflow writer; mlruns/ its
@@ -459,6 +460,8 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
     if trains:  # the run has started: its config is the directory's from now on
         save_run_config(config, run, differences)
         summaries.write_hparams(flatten_config(config))  # MLflow params, W&B config
+        if 0 < trainer.global_step < trainer_config.train_steps:  # it continues from there
+            run.record_resume(trainer.global_step, manager.latest_checkpoint)
     eval_logs: dict[str, Any] | None = None
     try:
         if mode == "train":

@@ -86,7 +86,7 @@ class Trainer(StandardTrainer):
     """
 
     _TRACKING_IGNORED = frozenset({"logdir", "_setup_done", "_trained", "_controller",
-                                   "_epoch_start"})
+                                   "_epoch_start", "_resumed_from"})
 
     def __init__(self, logdir: str | Path | None = None, name: str | None = None) -> None:
         StandardTrainer.__init__(self, None, name=name)
@@ -95,6 +95,7 @@ class Trainer(StandardTrainer):
         self._setup_done = False
         self._trained = False
         self._controller: Controller | None = None
+        self._resumed_from: str | None = None
         self._epoch_start = 0.0
         if self.logdir is not None and is_chief():
             import_writer()  # the default monitors write summaries there; not in epoch 1
@@ -241,6 +242,7 @@ class Trainer(StandardTrainer):
                         self.global_step)
             if session_init:
                 logger.info("Not loading session_init=%s: resuming instead.", session_init)
+        self._resumed_from = latest
         return latest
 
     def _initialize(self, session_init: str | Path | None) -> None:
@@ -329,6 +331,9 @@ class Trainer(StandardTrainer):
             progress.epoch = max(starting_epoch - 1, 0)
         self.steps_per_epoch, self.max_epoch = steps_per_epoch, max_epoch
         controller.state.extra["last_epoch"] = max_epoch
+        if (self._resumed_from is not None and self.logdir is not None
+                and progress.epochs_completed < max_epoch):  # training goes on from there
+            RunDirectory(self.logdir).record_resume(self.global_step, self._resumed_from)
         controller.handle_signals = handle_signals
         if self.global_step:
             logger.info("Start training with global_step=%d.", self.global_step)

@@ -176,6 +176,16 @@ def test_recovery_restores_the_last_checkpoint_and_skips_the_bad_batches(tmp_pat
     assert (tmp_path / "checkpoints" / "ckpt-40").is_dir()
 
 
+def test_a_recovery_is_recorded_where_the_training_summaries_go_back(tmp_path):
+    from cadence.writers.reading import Resume, read_run
+
+    run_experiment(exploding("trainer.recovery_max_trials=2"), "train", tmp_path)
+    run = read_run(tmp_path)  # the loop ending at step 30 blew up: ckpt-20 was restored
+    assert run.resumes == (Resume(20, "recovery", str(tmp_path / "checkpoints" / "ckpt-20")),)
+    (loss,) = run.get("training_loss")
+    assert loss.steps == (10, 20, 30, 40) and all(math.isfinite(v) for v in loss.values)
+
+
 def test_recovery_gives_up_after_the_configured_failures_in_a_row(tmp_path):
     config = exploding("trainer.recovery_max_trials=1")
     config.task.explosions = 100

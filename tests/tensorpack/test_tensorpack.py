@@ -229,6 +229,30 @@ def test_a_resumed_run_continues_mid_epoch_and_ends_bitwise_equal(tmp_path):
         assert torch.equal(a, b)
 
 
+def test_a_resume_is_recorded_in_the_logdir_and_a_finished_run_adds_none(tmp_path):
+    from cadence.writers.reading import Resume, read_run
+
+    def saver():
+        return PeriodicTrigger(ModelSaver(max_to_keep=None), every_k_steps=7)  # at each epoch's end
+
+    class Crash(cadence.Callback):
+        def on_step_end(self, state):
+            if state.global_step == 12:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        launch_train_with_config(regression_config(tmp_path, callbacks=[saver(), Crash()]),
+                                 SimpleTrainer())
+    assert not (tmp_path / "resumes.jsonl").exists()
+    for _ in range(2):  # resumes from ckpt-7; then finds the run finished
+        launch_train_with_config(regression_config(tmp_path, callbacks=[saver()]),
+                                 SimpleTrainer())
+    run = read_run(tmp_path)
+    assert run.resumes == (Resume(7, "resume", str(tmp_path / "checkpoints" / "ckpt-7")),)
+    (cost,) = run.get("cost")
+    assert cost.split == "train" and cost.steps == (7, 14, 21)
+
+
 def test_session_init_loads_weights_for_a_fresh_run_only(tmp_path):
     source = Regression()
     cadence.BestCheckpointExporter(tmp_path / "pretrained", "x").maybe_export_checkpoint(
