@@ -65,14 +65,15 @@ class StatisticsCollector(Moments):
         Raises:
             ValueError: if the shape of `values` does not end with `shape`.
         """
-        if not self.shape and _is_number(weight):
-            if _is_number(values):
-                self.counter += 1  # the host path: no tensor is made
-                self.update(float(values), float(weight))
-                return
-            if isinstance(values, torch.Tensor) and values.dim() == 0:
+        if not self.shape and (type(weight) is float or _is_number(weight)):
+            kind = type(values)  # exact types first: this runs for every metric of every step
+            if (kind is torch.Tensor or isinstance(values, torch.Tensor)) and values.dim() == 0:
                 self.counter += 1  # the per-step path of a collected loss: stays on the device
                 self.update(values.detach(), weight)
+                return
+            if kind is float or kind is int or _is_number(values):
+                self.counter += 1  # the host path (a step time): no tensor is made
+                self.update(float(values), float(weight))
                 return
         if isinstance(values, torch.Tensor):
             tensor = values.detach()
