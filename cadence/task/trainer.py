@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cadence.core.protocols import is_stateful
 from cadence.data.device import on_device, to_device
 from cadence.data.sharding import InputContext
 from cadence.engine.compile import compile_step
@@ -216,8 +217,11 @@ class Trainer(StandardTrainer, StandardEvaluator):
             how = (trainer_config.compile_mode, trainer_config.cuda_graphs)
             self._task_train_step = compile_step(task.train_step, *how)
             self._task_validation_step = compile_step(task.validation_step, *how)
-        # On CUDA the next batch is copied while the step computes (side stream, pinned memory).
-        prefetch = self._device if self._device.type == "cuda" else None
+        # On CUDA the next batch is copied while the step computes (side stream, pinned memory)
+        # -- not from a loader that keeps its own state (a StatefulDataLoader), whose state
+        # would then be a batch ahead of training: the step copies each batch itself.
+        prefetch = (self._device if self._device.type == "cuda"
+                    and not is_stateful(train_dataset) else None)
         StandardTrainer.__init__(self, train_dataset if train else [],
                                  StandardTrainerOptions(prefetch_to_device=prefetch),
                                  name=task.name)
