@@ -9,8 +9,9 @@ cadence does with one, where it does the same for its own metrics:
 - **update**: a `Task`'s ``process_metrics`` calls ``metric.update(outputs, labels)``
   (torchmetrics' order: predictions first) where it calls ``update_state(labels, outputs)`` on
   cadence's. The update itself is torchmetrics': for most metrics in-place tensor arithmetic, no
-  host sync (``validate_args=False`` skips the checks of the inputs, which read values on some
-  devices; ``MeanMetric`` checks for NaNs with a host read unless ``nan_strategy="disable"``).
+  host sync (with integer predictions ``validate_args=True`` counts distinct input values, a sync
+  on CUDA; ``MeanMetric`` checks for NaNs with a host read unless ``nan_strategy="disable"``; see
+  ``docs/metrics.md``).
 - **read**: ``compute()``, once per loop or evaluation (`read_metric`, `compute_in_logs`).
   ``compute()`` gathers the states of every rank itself (torchmetrics' machinery, with
   ``dist_sync_on_step=False``): cadence does not all-reduce them too (`reduce_across_ranks`).
