@@ -333,7 +333,8 @@ class DataIterator:
 
         Raises:
             CheckpointError: when the rest of the pass cannot be covered exactly once by ranks
-                that take equal numbers of steps; the message names both world sizes.
+                that take equal numbers of steps, or the source keeps its own state and has no
+                ``load_resharded``; the message names both world sizes.
         """
         saved = len(states)
 

@@ -143,6 +143,12 @@ def test_a_trainer_with_torchmetrics_makes_no_host_syncs_between_log_points():
     assert syncs.count == 0, syncs.calls
 
 
+def test_a_metric_that_is_neither_cadences_nor_torchmetrics_is_refused_by_name():
+    task = MetricsTask()
+    with pytest.raises(TypeError, match="Metric 'odd' .* is not a torchmetrics Metric"):
+        task.process_metrics({"odd": object()}, Y[:2], torch.zeros(2, 3))
+
+
 # ---------------------------------------------------------------------------- StandardTrainer
 
 
