@@ -29,3 +29,14 @@ def test_the_benchmark_suite_runs_every_variant_and_writes_its_report(tmp_path):
     assert "| raw |" in gpu and "| cadence_trainer |" in gpu
     if not torch.cuda.is_available():
         assert "No GPU here" in gpu
+
+
+@pytest.mark.slow
+def test_the_metrics_benchmark_runs_and_reports_both_accuracies():
+    pytest.importorskip("torchmetrics")
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "metrics.py"), "--smoke"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for row in ("| 32 x 10 | cadence Accuracy |", "| 32 x 10 | torchmetrics micro",
+                "| cadence_trainer_accuracy |", "| cadence_trainer_torchmetrics |"):
+        assert row in result.stdout, row

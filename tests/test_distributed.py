@@ -246,3 +246,28 @@ def test_fsdp2_trains_checkpoints_with_dcp_and_resumes_on_one_or_two_processes(t
         assert set(restored) == set(full)
         for key, value in full.items():  # the same weights, resharded to 1 or 2 processes
             assert torch.equal(restored[key], value), (nproc, key)
+
+
+# ---------------------------------------------------------------------------- issue 15:
+# torchmetrics' metrics across ranks (tests/torchmetrics_job.py)
+
+METRICS_JOB = Path(__file__).parent / "torchmetrics_job.py"
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_torchmetrics_under_two_ranks_equal_the_single_process_value(tmp_path):
+    pytest.importorskip("torchmetrics")
+    torchrun(str(tmp_path), job=METRICS_JOB)
+    zero, one = (json.loads((tmp_path / f"metrics-{rank}.json").read_text()) for rank in (0, 1))
+    for part in ("train", "eval"):  # gathered by compute(): every rank reads the same value
+        assert zero[part] == one[part], part
+        # each example once: the same examples as cadence's accuracy, all-reduced by cadence
+        assert abs(zero[part]["micro"] - zero[part]["cadence"]) < 1e-6, part
+    for key, value in zero["single"].items():  # the whole data in one process, same weights
+        expected = value if not isinstance(value, dict) else value["auroc"]
+        got = zero["eval"][key] if not isinstance(value, dict) else zero["eval"][key]["auroc"]
+        assert abs(got - expected) < 1e-6, key
+    for rank in (zero, one):  # each rank's own states came back from its rank file
+        assert rank["loop_resumed"] == rank["loop_straight"] and len(rank["loop_straight"]) == 2
+    assert zero["loop_straight"] == one["loop_straight"]

@@ -8,7 +8,10 @@ The position is part of every checkpoint, so a resumed run continues with the ne
   The generators of the loader and its sampler are saved too, so later passes shuffle as in an
   uninterrupted run;
 - a source with ``state_dict``/``load_state_dict`` (torchdata's ``StatefulDataLoader``):
-  its own state;
+  its own state -- which covers what the loader's workers hold (an iterable dataset's
+  position, the dataset's own random generators), where cadence's recorded order covers only
+  the indices. At another world size it is refused, unless the source has its own
+  ``load_resharded`` (``docs/data.md``);
 - a list or tuple of batches: the index of the next batch;
 - anything else (a generator, an ``IterableDataset`` loader): no position is saved, and the
   first checkpoint warns that a resumed run starts that source from its beginning.
@@ -123,6 +126,8 @@ class DataIterator:
         self._skip = 0
         self._warned = False
         self._recorder: _RecordingSampler | None = None
+        self._saved_generators: dict[str, torch.Tensor] = {}
+        """A stateful loader's generator states at the checkpoint, set once it restarts."""
         stateful = is_stateful(source)
         try:
             self.pass_length: int | None = len(source)
@@ -246,6 +251,8 @@ class DataIterator:
         self._resuming = False
         if self.kind == "sequence":
             return itertools.islice(iter(self.source), self._skip, None)
+        if self.kind == "stateful":
+            return self._start_stateful()
         if self.kind == "loader":
             # The pass's random draws (worker base seed, sampler seed) happened before the
             # checkpoint; the restored generator states are already past them. Starting the
@@ -258,6 +265,34 @@ class DataIterator:
                 generator.set_state(saved)
             return iterator
         return iter(self.source)
+
+    def _generators(self) -> dict[str, torch.Generator]:
+        """The random generators of the source and of its sampler, by name."""
+        sampler = self._recorder.inner if self._recorder is not None else getattr(
+            self.source, "sampler", None)
+        found = {"loader": _generator_of(self.source), "sampler": _generator_of(sampler)}
+        return {name: generator for name, generator in found.items() if generator is not None}
+
+    def _start_stateful(self) -> Iterator[Any]:
+        """The iterator of a stateful loader resumed from its own state, with its generators
+        where an uninterrupted run has them: a pass's random draws (worker base seed, sampler
+        order) happen when its iterator starts, and a loader that replays them while it
+        restores a pass (torchdata's, without workers) would leave its generator past the
+        uninterrupted one, so that every later pass is shuffled differently. In mid-pass the
+        generators are set back after the iterator started; at a pass boundary before."""
+        saved = self._saved_generators
+        self._saved_generators = {}
+        generators = self._generators()
+        if not self.batches:
+            for name, state in saved.items():
+                if name in generators:
+                    generators[name].set_state(state)
+        iterator = iter(self.source)
+        if self.batches:
+            for name, state in saved.items():
+                if name in generators:
+                    generators[name].set_state(state)
+        return iterator
 
     def state_dict(self) -> dict[str, Any]:
         """The position: passes done, batches taken, and what the source needs to resume."""
@@ -276,6 +311,8 @@ class DataIterator:
             }
         elif self.kind == "stateful":
             state["source"] = self.source.state_dict()
+            state["generators"] = {name: generator.get_state()
+                                   for name, generator in self._generators().items()}
         elif self.kind == "plain" and not self._warned:
             self._warned = True
             warnings.warn(
@@ -296,7 +333,8 @@ class DataIterator:
 
         Raises:
             CheckpointError: when the rest of the pass cannot be covered exactly once by ranks
-                that take equal numbers of steps; the message names both world sizes.
+                that take equal numbers of steps, or the source keeps its own state and has no
+                ``load_resharded``; the message names both world sizes.
         """
         saved = len(states)
 
@@ -308,6 +346,8 @@ class DataIterator:
             )
 
         first = states[0]
+        if "stateful" in (self.kind, first.get("kind")):
+            return self._reshard_stateful(states, rank, world_size)
         if any(state.get("kind") != first.get("kind") or state.get("epoch") != first.get("epoch")
                or state.get("batches") != first.get("batches") for state in states):
             raise refuse("the old ranks' positions disagree")
@@ -340,6 +380,32 @@ class DataIterator:
                 f"{world_size} ranks ({counts[0]} batches each); the next passes are sharded "
                 "as usual.")
 
+    def _reshard_stateful(self, states: list[dict[str, Any]], rank: int, world_size: int) -> str:
+        """A loader that keeps its own state, at another world size: its own
+        ``load_resharded(states, rank, world_size)`` when it has one; else a refusal. Its state
+        is one rank's (worker RNG streams, an iterable dataset's position in its shard) and
+        cadence cannot deal it to other ranks -- not even at a pass boundary, where an iterable
+        dataset's position still says what was read."""
+        reshard = getattr(self.source, "load_resharded", None)
+        kinds = {state.get("kind") for state in states}
+        if kinds != {"stateful"} or self.kind != "stateful" or not callable(reshard):
+            raise CheckpointError(
+                f"The checkpoint's data position was saved by {len(states)} processes and this "
+                f"job has {world_size}; the position is the state of a loader that keeps its "
+                f"own ({type(self.source).__name__} here, {sorted(map(str, kinds))} saved), which "
+                "belongs to one rank's shard (worker RNG streams, an iterable dataset's "
+                "position) and cannot be dealt to other ranks: the loader has no "
+                f"load_resharded(). Resume with {len(states)} processes, or train from a map-style "
+                "DataLoader, whose position cadence tracks and reshards.")
+        how = reshard([state["source"] for state in states], rank, world_size)
+        self.epoch = int(states[0]["epoch"])
+        self.batches = 0  # of the resharded rest: the loader says where it is
+        self.pass_length = None
+        self._iterator = None
+        self._ahead = None
+        self._resuming = True
+        return str(how)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from a saved position with the next batch.
 
@@ -371,3 +437,4 @@ class DataIterator:
                 self._recorder.resume = (order.tolist() if order is not None else None, skip)
         elif self.kind == "stateful":
             self.source.load_state_dict(state["source"])
+            self._saved_generators = dict(state.get("generators", {}))

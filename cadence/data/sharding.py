@@ -3,6 +3,7 @@ DataLoader of one process's share of a dataset as a `DataConfig` describes it.""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -71,9 +72,14 @@ def build_dataloader(dataset: Dataset[Any], params: Any,
     summed across processes at the end). Where CUDA is available, batches come in pinned memory,
     so that copying them to the GPU does not block the host.
 
+    With ``params.stateful_loader`` the loader is torchdata's ``StatefulDataLoader``, with the
+    same arguments: its ``state_dict`` (the sampler's position, each worker's dataset state) is
+    what checkpoints hold (see ``docs/data.md``).
+
     Raises:
         ConfigError: if ``params.drop_remainder`` is set and this process's share of the data
-            is smaller than one batch (no batch would ever be made).
+            is smaller than one batch (no batch would ever be made), or for
+            ``params.stateful_loader`` without torchdata installed.
     """
     context = input_context or InputContext()
     training = bool(params.is_training)
@@ -97,8 +103,7 @@ def build_dataloader(dataset: Dataset[Any], params: Any,
             f"{key}.global_batch_size to at most {length * context.num_replicas_in_sync}, or "
             f"{key}.drop_remainder=false."
         )
-    return DataLoader(
-        dataset,
+    arguments: dict[str, Any] = dict(
         batch_size=batch_size,
         shuffle=shuffle if sampler is None else None,
         sampler=sampler,
@@ -107,3 +112,23 @@ def build_dataloader(dataset: Dataset[Any], params: Any,
         pin_memory=torch.cuda.is_available(),
         generator=torch.Generator().manual_seed(seed) if sampler is None else None,
     )
+    if getattr(params, "stateful_loader", False):
+        loader_class = _stateful_loader_class(training)
+        with warnings.catch_warnings():  # torchdata calls a deprecated torch function
+            warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+            return loader_class(dataset, **arguments)
+    return DataLoader(dataset, **arguments)
+
+
+def _stateful_loader_class(training: bool) -> Any:
+    """torchdata's ``StatefulDataLoader`` (imported on first use: torchdata is optional)."""
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:
+        key = "task.train_data" if training else "task.validation_data"
+        raise ConfigError(
+            f"{key}.stateful_loader is true but torchdata is not installed: pip install "
+            f"torchdata, or set {key}.stateful_loader=false (cadence then records the index "
+            "order of each pass itself)."
+        ) from None
+    return StatefulDataLoader

@@ -53,6 +53,7 @@ from cadence.engine.checkpoint_io import (
     read_checkpoint,
 )
 from cadence.engine.distributed import any_rank
+from cadence.engine.external_metrics import checkpoint_part
 from cadence.engine.module import Module, load_stateful
 from cadence.engine.rank_state import (
     rank_file,
@@ -91,7 +92,8 @@ class _DictState:
                     "load_state_dict(); pass modules, optimizers, schedulers or other stateful "
                     "objects."
                 )
-        self.objects = dict(objects)
+        # A torchmetrics metric is saved with its states (see cadence.engine.external_metrics).
+        self.objects = {name: checkpoint_part(obj) for name, obj in objects.items()}
 
     def state_dict(self) -> dict[str, Any]:
         return {name: obj.state_dict() for name, obj in self.objects.items()}

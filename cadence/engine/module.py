@@ -20,7 +20,8 @@ parameters, buffers, plain tensor attributes and optimizer state -- each once, i
 A Module is also what a `CheckpointManager` saves, and what that means is declared, not found:
 `checkpoint_items` names the stateful parts a checkpoint holds. By default they are the public
 attributes that have ``state_dict``/``load_state_dict`` (models, optimizers, schedulers,
-scalers, metrics, ...), and the parts of public attributes that are themselves Modules; private
+scalers, metrics -- torchmetrics' too, with their states: see `cadence.engine.external_metrics`
+-- ...), and the parts of public attributes that are themselves Modules; private
 attributes (a leading ``_``) are saved only where a class declares them -- a runner declares its
 step counter and data position. Seed 000's discovery (`submodules`, `variables`) is a separate
 contract and walks everything.
@@ -45,6 +46,7 @@ from torch import nn
 from cadence.core.errors import CheckpointMismatchError
 from cadence.core.protocols import is_stateful
 from cadence.core.scope import push_scope
+from cadence.engine.external_metrics import checkpoint_part
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -264,7 +266,7 @@ class Module:
                             seen.add(id(obj))
                             found[f"{path}.{inner}"] = obj
                 elif is_stateful(leaf):
-                    found[path] = leaf
+                    found[path] = checkpoint_part(leaf)  # a torchmetrics metric: its states
         return found
 
     def state_dict(self) -> dict[str, Any]:

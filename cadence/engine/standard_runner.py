@@ -58,6 +58,7 @@ from cadence.engine.distributed import (
     collective_errors,
     is_distributed,
 )
+from cadence.engine.external_metrics import compute_in_logs
 from cadence.engine.module import Module
 from cadence.engine.runner import AbstractEvaluator, AbstractTrainer, Output
 
@@ -308,7 +309,8 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         """
 
     def train_loop_end(self) -> Output | None:
-        """Runs at the end of every `train` call; its return value is `train`'s."""
+        """Runs at the end of every `train` call; its return value is `train`'s. A torchmetrics
+        metric in it is replaced by its ``compute()``: logs may hold the metrics themselves."""
         return None
 
     def train(self, num_steps: int) -> Output | None:
@@ -326,7 +328,9 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         with collective_errors("training") if is_distributed() else contextlib.nullcontext():
             self.create_train_loop_fn()(self._train_data, num_steps)
         state.global_step = self._progress.global_step
-        output = self.train_loop_end()
+        # A torchmetrics metric in the logs is computed here, once per loop (its compute()
+        # gathers every rank's states); the runner resets it, as its own, in train_loop_begin.
+        output = compute_in_logs(self.train_loop_end())
         if not driven:
             self.end_pending_epoch()
         return output
@@ -526,7 +530,8 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
 
     def eval_end(self, *args: Any) -> Output | None:
         """Runs after the last step with the final state (no argument if it is None); its
-        return value is `evaluate`'s."""
+        return value is `evaluate`'s, with a torchmetrics metric in it replaced by its
+        ``compute()``."""
         return None
 
     def evaluate(self, num_steps: int) -> Output | None:
@@ -543,7 +548,8 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
         with torch.no_grad() if self._eval_options.no_grad else contextlib.nullcontext():
             state = loop_fn(self._eval_iterator, num_steps, state=state,
                             reduce_fn=self.eval_reduce)
-        return self.eval_end(state) if state is not None else self.eval_end()
+        # A torchmetrics metric in the logs is computed here, once per evaluation.
+        return compute_in_logs(self.eval_end(state) if state is not None else self.eval_end())
 
     def create_eval_loop_fn(self, has_state: bool) -> Callable[..., Any]:
         """The loop that `evaluate` runs: ``loop_fn(iterator, num_steps, state=None,

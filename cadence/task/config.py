@@ -121,6 +121,9 @@ class DataConfig(Config):
         seed: seed of the pipeline's own shuffling generator; None derives it from the
             runtime seed.
         split: which part of the data (e.g. "train", "validation"); its meaning is the task's.
+        stateful_loader: `cadence.build_dataloader` returns torchdata's ``StatefulDataLoader``
+            (``pip install torchdata``): checkpoints then hold the loader's own state, workers'
+            included, instead of cadence's record of the index order (see ``docs/data.md``).
     """
 
     global_batch_size: int = 32
@@ -130,6 +133,7 @@ class DataConfig(Config):
     num_workers: int = 0
     seed: int | None = None
     split: str = ""
+    stateful_loader: bool = False
 
 
 @dataclass

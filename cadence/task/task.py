@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from cadence.data.sharding import InputContext
+from cadence.engine.external_metrics import is_torchmetric
 from cadence.engine.module import Module
 
 logger = logging.getLogger("cadence")
@@ -179,20 +180,34 @@ class Task(Module):
         return torch.stack([torch.as_tensor(loss) for loss in aux_losses]).sum()
 
     def build_metrics(self, training: bool = True) -> Mapping[str, Any]:
-        """Metrics by name, built once for training and once for evaluation. Each needs
-        ``update_state(labels, model_outputs)``, ``result()`` and ``reset()``."""
+        """Metrics by name, built once for training and once for evaluation: cadence's
+        (``update_state(labels, model_outputs)``, ``result()``, ``reset()``, ``all_reduce()``),
+        or torchmetrics' ``Metric`` and ``MetricCollection`` objects (a ``MetricCollection`` may
+        also be returned instead of the mapping: its metrics by name). The `Trainer` moves
+        torchmetrics' to its device, reads them with ``compute()`` once per loop or evaluation
+        (which gathers every rank's states) and resets them where it resets its own; see
+        `cadence.engine.external_metrics`."""
         return {}
 
     def process_metrics(self, metrics: Mapping[str, Any] | None, labels: Any,
                         model_outputs: Any, **kwargs: Any) -> None:
-        """Updates every metric with ``update_state(labels, model_outputs)``."""
+        """Updates every metric with ``update_state(labels, model_outputs)``, or a torchmetrics
+        metric with ``update(model_outputs, labels)``.
+
+        Raises:
+            TypeError: for a metric that is neither.
+        """
         for name, metric in (metrics or {}).items():
+            if is_torchmetric(metric):
+                metric.update(model_outputs, labels)  # torchmetrics' order: predictions first
+                continue
             update = getattr(metric, "update_state", None)
             if update is None:
                 raise TypeError(
                     f"Metric {name!r} ({type(metric).__name__}) has no update_state(labels, "
-                    "outputs); update it in train_step/validation_step, or use a metric such "
-                    "as cadence.Accuracy."
+                    "outputs) and is not a torchmetrics Metric; update it in train_step/"
+                    "validation_step, or use a metric such as cadence.Accuracy or "
+                    "torchmetrics.classification.MulticlassAccuracy."
                 )
             update(labels, model_outputs)
 

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cadence.core.protocols import is_stateful
 from cadence.data.device import on_device, to_device
 from cadence.data.sharding import InputContext
 from cadence.engine.compile import compile_step
@@ -46,6 +47,7 @@ from cadence.engine.distributed import (
     prepare_model,
     resolve_strategy,
 )
+from cadence.engine.external_metrics import move_metrics, read_metric, reduce_across_ranks
 from cadence.engine.metrics import Mean
 from cadence.engine.runner import Output
 from cadence.engine.sharded import full_model_state
@@ -189,6 +191,10 @@ class Trainer(StandardTrainer, StandardEvaluator):
             dict(task.build_metrics(training=True)) if train else {})
         self.validation_metrics: dict[str, Any] = (
             dict(task.build_metrics(training=False)) if evaluate else {})
+        # torchmetrics' metrics hold their states as tensors: on the model's device, as
+        # cadence's own accumulators are (those are created where the first update's values are).
+        move_metrics([*self.train_metrics.values(), *self.validation_metrics.values()],
+                     self._device)
         self._extra_train_logs: dict[str, Mean] = {}
         self._validation_loss_seen = False
         optimization = trainer_config.optimizer_config
@@ -211,8 +217,11 @@ class Trainer(StandardTrainer, StandardEvaluator):
             how = (trainer_config.compile_mode, trainer_config.cuda_graphs)
             self._task_train_step = compile_step(task.train_step, *how)
             self._task_validation_step = compile_step(task.validation_step, *how)
-        # On CUDA the next batch is copied while the step computes (side stream, pinned memory).
-        prefetch = self._device if self._device.type == "cuda" else None
+        # On CUDA the next batch is copied while the step computes (side stream, pinned memory)
+        # -- not from a loader that keeps its own state (a StatefulDataLoader), whose state
+        # would then be a batch ahead of training: the step copies each batch itself.
+        prefetch = (self._device if self._device.type == "cuda"
+                    and not is_stateful(train_dataset) else None)
         StandardTrainer.__init__(self, train_dataset if train else [],
                                  StandardTrainerOptions(prefetch_to_device=prefetch),
                                  name=task.name)
@@ -223,8 +232,9 @@ class Trainer(StandardTrainer, StandardEvaluator):
     def checkpoint_items(self) -> dict[str, Any]:
         """What a checkpoint of the Trainer holds: the model, the optimizer, the learning-rate
         schedule, the fp16 grad scaler, the EMA weights, the task's own stateful parts, the step
-        counter and the data position. Metrics are not saved: they cover one loop, and
-        checkpoints are taken between loops."""
+        counter and the data position. Metrics (cadence's and torchmetrics') are not saved:
+        they cover one loop or one evaluation, checkpoints are taken between loops, and the
+        next loop starts by resetting them."""
         parts: dict[str, Any] = {"model": self.model, "optimizer": self.optimizer,
                                  "lr_scheduler": self.lr_scheduler,
                                  "grad_scaler": self.grad_scaler, "ema": self.ema}
@@ -443,9 +453,10 @@ class Trainer(StandardTrainer, StandardEvaluator):
         self.join()
         for metric in (self.training_loss, self.gradient_norm, *self.train_metrics.values(),
                        *self._extra_train_logs.values()):
-            metric.all_reduce()  # across processes; a no-op in one
+            reduce_across_ranks(metric)  # a no-op in one process, and for torchmetrics'
         logs: dict[str, Any] = {"training_loss": self.training_loss.result()}
-        logs.update({name: metric.result() for name, metric in self.train_metrics.items()})
+        # torchmetrics' compute() gathers the ranks' states: every rank reads every metric.
+        logs.update({name: read_metric(metric) for name, metric in self.train_metrics.items()})
         logs.update({name: metric.result() for name, metric in self._extra_train_logs.items()})
         if self._clip_norm is not None:
             logs["gradient_norm"] = self.gradient_norm.result()
@@ -501,8 +512,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
         when the exporter keeps these weights, ``best_<metric>`` is added."""
         self.join()
         for metric in (self.validation_loss, *self.validation_metrics.values()):
-            metric.all_reduce()
-        logs: dict[str, Any] = {name: metric.result()
+            reduce_across_ranks(metric)
+        logs: dict[str, Any] = {name: read_metric(metric)
                                 for name, metric in self.validation_metrics.items()}
         if self._validation_loss_seen:
             logs["validation_loss"] = self.validation_loss.result()

@@ -4,6 +4,13 @@ Metrics are collected per epoch and, inside a step, per step too; each name has 
 `StatisticsCollector` (tensors stay on their device). A print turns them into ``mean (±std)``
 text and writes the means as summaries -- skipping durations by default, and writing a metric
 only every k-th time when asked -- then forgets them.
+
+A torchmetrics metric collected as a value (``loop.collect_metrics(accuracy=metric)``, at any
+step or once per epoch) is kept as it is, and read at the print with ``compute()`` -- once, and
+across ranks by torchmetrics' own gathering; its result counts as the values of an array do (a
+scalar prints as itself), a collection's results as ``name/key``. Once the epoch's print has read
+it, it is reset, as the collected values are forgotten; a step's print reads it without
+resetting it when the epoch collects it too.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cadence.core.summary import SummaryManager
+from cadence.engine.external_metrics import compute_metric, is_torchmetric
 from cadence.tfsnippet.formatting import DefaultMetricFormatter, format_stats
 from cadence.tfsnippet.statistics import StatisticsCollector
 
@@ -39,22 +47,50 @@ class MetricLog:
         self._commit_counts: dict[str, int] = {}
         self.epoch: dict[str, StatisticsCollector] = {}
         self.step: dict[str, StatisticsCollector] = {}
+        self.epoch_metrics: dict[str, Any] = {}
+        """torchmetrics metrics collected in the epoch, by name (read when printed)."""
+        self.step_metrics: dict[str, Any] = {}
 
     def collect(self, name: str, value: Any, within_step: bool) -> None:
-        """Adds a value to the epoch's collector of `name`, and to the step's inside a step."""
+        """Adds a value to the epoch's collector of `name`, and to the step's inside a step.
+
+        Raises:
+            TypeError: for a name collected both as values and as a torchmetrics metric.
+        """
+        if is_torchmetric(value):
+            self._collect_metric(name, value, within_step)
+            return
         for metrics in (self.epoch, self.step) if within_step else (self.epoch,):
             collector = metrics.get(name)  # per step: no collector is built unless it is new
             if collector is None:
+                if name in self.epoch_metrics:
+                    raise TypeError(f"Metric {name!r} was collected as a torchmetrics metric "
+                                    "and now as a value: collect one or the other.")
                 collector = metrics[name] = StatisticsCollector()
             collector.collect(value)
 
+    def _collect_metric(self, name: str, metric: Any, within_step: bool) -> None:
+        if name in self.epoch:
+            raise TypeError(f"Metric {name!r} was collected as values and now as a torchmetrics "
+                            "metric: collect one or the other.")
+        self.epoch_metrics[name] = metric
+        if within_step:
+            self.step_metrics[name] = metric
+
     def take(self, within_step: bool) -> Stats:
         """The statistics of the step's (inside a step) or the epoch's metrics, which are then
-        forgotten (a host read of each)."""
+        forgotten (a host read of each); torchmetrics metrics are computed, and reset once the
+        epoch's are read."""
         collectors = self.step if within_step else self.epoch
         stats = {name: (c.mean, c.stddev if c.weight_sum > 1 else None)
                  for name, c in collectors.items() if c.has_value}
         collectors.clear()
+        metrics = self.step_metrics if within_step else self.epoch_metrics
+        for name, metric in metrics.items():
+            stats.update(_stats_of(name, compute_metric(metric)))
+            if not within_step:
+                metric.reset()
+        metrics.clear()
         return stats
 
     def line(self, stats: Stats) -> str:
@@ -77,7 +113,30 @@ class MetricLog:
         if values:
             writer.write_summaries(values, step=step)
 
+    def clear_step(self) -> None:
+        """Forgets what the step collected (when the step loop ends)."""
+        self.step.clear()
+        self.step_metrics.clear()
+
     def clear(self) -> None:
-        """Forgets everything collected."""
+        """Forgets everything collected (torchmetrics metrics keep their states: they are the
+        caller's)."""
         self.epoch.clear()
         self.step.clear()
+        self.epoch_metrics.clear()
+        self.step_metrics.clear()
+
+
+def _stats_of(name: str, value: Any) -> Stats:
+    """The statistics of a computed metric: a scalar as itself, an array as its elements, a
+    mapping (a collection's results) key by key as ``name/key``."""
+    if isinstance(value, Mapping):
+        stats: Stats = {}
+        for key, item in value.items():
+            stats.update(_stats_of(f"{name}/{key}", item))
+        return stats
+    collector = StatisticsCollector()
+    collector.collect(value)
+    if not collector.has_value:
+        return {}
+    return {name: (collector.mean, collector.stddev if collector.weight_sum > 1 else None)}

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cadence.engine.external_metrics import MetricState
 from cadence.engine.module import Module
 
 
@@ -35,6 +36,8 @@ def _walk(param_vars: Any) -> list[tuple[str, nn.Module | torch.Tensor]]:
             found.append((name or "model", value))
         elif isinstance(value, Module):
             for path, obj in value.checkpoint_items().items():
+                if isinstance(obj, MetricState):  # a torchmetrics metric: saved with its states
+                    obj = obj.metric
                 if isinstance(obj, nn.Module):
                     found.append((f"{name}.{path}" if name else path, obj))
         elif isinstance(value, torch.Tensor):

@@ -21,6 +21,7 @@ from cadence.core.eta import ETA
 from cadence.core.logs import humanize_duration
 from cadence.core.progress import Progress
 from cadence.core.summary import SummaryManager
+from cadence.engine.external_metrics import compute_metric, is_torchmetric
 from cadence.tfsnippet.events import EventKeys, EventSource
 from cadence.tfsnippet.formatting import (
     environment_lines,
@@ -106,6 +107,11 @@ class LoopReporting:
         next `print_logs`). Collecting the validation metric updates the best value (one host
         read) and, with early stopping, remembers the parameters.
 
+        A torchmetrics ``Metric`` (or ``MetricCollection``) is collected as itself: the print
+        reads it with ``compute()`` (across ranks, by torchmetrics' own gathering) and, at the
+        end of the epoch, resets it. Pass it in ``checkpoint_save_objects`` too for a
+        checkpoint taken inside an epoch to hold its states.
+
         Raises:
             TypeError: if `metrics` is not a mapping.
             RuntimeError: outside an epoch or a step.
@@ -122,6 +128,11 @@ class LoopReporting:
             self._update_valid_metric(merged[self._best.monitor])
 
     def _update_valid_metric(self, value: Any) -> None:
+        if is_torchmetric(value):  # computed now (and again, from its cache, when printed)
+            value = compute_metric(value)
+        if isinstance(value, Mapping):
+            raise TypeError(f"The validation metric {self._best.monitor!r} computes several "
+                            f"values ({sorted(value)}); collect one of them under that name.")
         if isinstance(value, torch.Tensor):  # the one host read of the metric
             value = float(value.detach().double().mean())
         if not self._best.update(float(np.mean(value)), self.step):

@@ -486,7 +486,7 @@ class TrainLoop(LoopReporting):
         finally:
             self._within_step = False
             self._step_data = None
-            self._log.step.clear()
+            self._log.clear_step()
 
     # ------------------------------------------------------------------ checkpoints
 

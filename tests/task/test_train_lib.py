@@ -76,7 +76,19 @@ def test_running_again_resumes_and_a_longer_target_continues(tmp_path):
     assert list(tmp_path.glob("params.*.yaml"))  # the old config is kept beside the new one
 
 
-def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path):
+STATEFUL_LOADER = pytest.param(
+    ["task.train_data.stateful_loader=true"], id="stateful_loader",
+    marks=pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"))  # torchdata's
+
+
+@pytest.mark.parametrize("loader", [pytest.param([], id="dataloader"), STATEFUL_LOADER])
+def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path, loader):
+    if loader:
+        pytest.importorskip("torchdata.stateful_dataloader")
+
+    def digits(*overrides):
+        return load_config("digits", overrides=[*FAST, *loader, *overrides])
+
     run_experiment(digits(), "train", tmp_path / "straight")
 
     class StopAt(cadence.Callback):
