@@ -374,6 +374,7 @@ class SingleCostTrainer(Trainer):
     def __init__(self, logdir: str | Path | None = None, name: str | None = None) -> None:
         super().__init__(logdir, name)
         self._cost_fn: Callable[..., torch.Tensor] | None = None
+        self._data_parallel = False
         self.cost = Mean()
 
     def setup_graph(self, inputs: Any, get_cost_fn: Callable[..., torch.Tensor],
@@ -406,6 +407,7 @@ class SingleCostTrainer(Trainer):
         self.optimizer = get_opt_fn(model.parameters()) if takes_params and model is not None \
             else get_opt_fn()
         self.train_dataset = inputs
+        self._data_parallel = is_distributed()  # asked once, not per step
         if model is not None:  # under torchrun: data-parallel, replicas start equal
             broadcast_module(model)
 
@@ -433,7 +435,7 @@ class SingleCostTrainer(Trainer):
                              f"{getattr(cost, 'shape', type(cost).__name__)}.")
         self.optimizer.zero_grad(set_to_none=True)
         cost.backward()
-        if is_distributed():  # every rank's gradient counts: replicas stay equal
+        if self._data_parallel:  # every rank's gradient counts: replicas stay equal
             average_gradients(p for group in self.optimizer.param_groups for p in group["params"])
         self.optimizer.step()
         self.cost.update(cost.detach())
