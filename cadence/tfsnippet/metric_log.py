@@ -19,6 +19,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from cadence.core.summary import SummaryManager
 from cadence.engine.external_metrics import compute_metric, is_torchmetric
 from cadence.tfsnippet.formatting import DefaultMetricFormatter, format_stats
@@ -57,7 +59,8 @@ class MetricLog:
         Raises:
             TypeError: for a name collected both as values and as a torchmetrics metric.
         """
-        if is_torchmetric(value):
+        kind = type(value)  # a step's tensor or time is not a torchmetrics metric: no lookup
+        if kind is not torch.Tensor and kind is not float and is_torchmetric(value):
             self._collect_metric(name, value, within_step)
             return
         for metrics in (self.epoch, self.step) if within_step else (self.epoch,):
