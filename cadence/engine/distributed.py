@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cadence.core.callbacks import RunState
 from cadence.core.rank import local_rank, process_rank, world_size
 
 logger = logging.getLogger("cadence")
@@ -158,6 +159,21 @@ def any_rank(flag: bool, what: str = "agreeing on a stop") -> bool:
     return bool(value.item())  # a CPU tensor: no device sync
 
 
+def join_stop(state: RunState) -> None:
+    """The ranks agreed to stop: this one stops too, if the request came from another."""
+    if not state.stop_requested:
+        state.request_stop("a stop was requested on another rank")
+
+
+def agree_on_stop(state: RunState) -> bool:
+    """At a point every rank reaches (the end of a loop or an epoch): whether any rank asked to
+    stop; if so, every rank's `state` has a stop request now. A collective."""
+    if any_rank(state.stop_requested):
+        join_stop(state)
+        return True
+    return False
+
+
 class StopAgreement:
     """Agrees across ranks on a stop requested on any of them, at the same step on every rank.
 
@@ -202,6 +218,20 @@ class StopAgreement:
                                async_op=True)
         self._pending = (work, value)
         return agreed
+
+    def after_step(self, state: RunState) -> bool:
+        """`step` with `state`'s stop flag; when the ranks agreed, `state` has a stop request
+        on every rank (at this same step) and this returns True."""
+        if self.step(state.stop_requested):
+            join_stop(state)
+            return True
+        return False
+
+    def at_loop_end(self, state: RunState) -> None:
+        """`reset`, then agree at once (`agree_on_stop`): the ranks leave a loop with the same
+        stop decision."""
+        self.reset()
+        agree_on_stop(state)
 
 
 def broadcast_object(value: Any) -> Any:

@@ -416,13 +416,10 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
                 self._pass_ended(at_loop_end=done == num_steps)
             elif epoch_done:
                 self._close_epoch(at_loop_end=done == num_steps)
-            if agreement is not None and agreement.step(state.stop_requested):
-                self._stop_agreed()
+            if agreement is not None and agreement.after_step(state):
                 break
         if agreement is not None:
-            agreement.reset()
-            if any_rank(state.stop_requested):
-                self._stop_agreed()
+            agreement.at_loop_end(state)
         if state.stop_requested and progress.epoch_open:
             self._epoch_end_pending = True  # a stop ends the epoch; its hooks run after the loop
 
@@ -430,11 +427,6 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         if self._agreement is None:
             self._agreement = StopAgreement(self._train_options.stop_check_steps)
         return self._agreement
-
-    def _stop_agreed(self) -> None:
-        """Every rank stops: this one too, if the request came from another."""
-        if not self._run_state.stop_requested:
-            self._run_state.request_stop("a stop was requested on another rank")
 
     def agree_to_stop(self, local: bool) -> bool:
         """Whether any rank wants to stop (`local` in a single process); the Controller asks at

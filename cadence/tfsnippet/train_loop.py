@@ -55,7 +55,7 @@ from cadence.core.summary import (
 )
 from cadence.data.iterator import DataIterator
 from cadence.engine.checkpoint import CheckpointManager
-from cadence.engine.distributed import StopAgreement, any_rank, is_distributed
+from cadence.engine.distributed import StopAgreement, agree_on_stop, any_rank, is_distributed
 from cadence.tfsnippet.events import EventKeys, EventSource
 from cadence.tfsnippet.formatting import (
     DefaultMetricFormatter,
@@ -335,10 +335,6 @@ class TrainLoop(LoopReporting):
         if exc_type is None:
             self._preemption.finish(lambda: saved)
 
-    def _stop_agreed(self) -> None:
-        if not self._state.stop_requested:
-            self._state.request_stop("a stop was requested on another rank")
-
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
@@ -398,8 +394,8 @@ class TrainLoop(LoopReporting):
                 self._events.reverse_fire(EventKeys.AFTER_EPOCH, self)
                 self._callbacks.fire("on_epoch_end", state)
                 progress.end_epoch()
-                if is_distributed() and any_rank(state.stop_requested):
-                    self._stop_agreed()  # an epoch-end callback's stop, on every rank
+                if is_distributed():
+                    agree_on_stop(state)  # an epoch-end callback's stop, on every rank
                 if "epoch_time" not in self._committed:
                     self._collect_time("epoch_time", self._clock() - self._epoch_start)
                 self._within_epoch = False
@@ -476,13 +472,10 @@ class TrainLoop(LoopReporting):
                     data.end_pass()  # the last batch of a sized source: the pass ends now
                     self._pass_over = True
                     break
-                if agreement is not None and agreement.step(state.stop_requested):
-                    self._stop_agreed()
+                if agreement is not None and agreement.after_step(state):
                     break
             if agreement is not None:
-                agreement.reset()
-                if any_rank(state.stop_requested):
-                    self._stop_agreed()
+                agreement.at_loop_end(state)
         finally:
             self._within_step = False
             self._step_data = None
