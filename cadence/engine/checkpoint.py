@@ -189,7 +189,8 @@ class CheckpointManager:
         self._snapshot = HostSnapshot()
         self._rank_snapshot = HostSnapshot()  # this rank's random state and data position
         self._pending: threading.Thread | None = None
-        self._pending_shards: tuple[Any, Path, int, int] | None = None  # a DCP write, by rank
+        # a DCP write of this rank: (future, staging, step, world size, rank 0's digests)
+        self._pending_shards: tuple[Any, Path, int, int, dict[str, str]] | None = None
         self._pending_error: BaseException | None = None
         self.logs_saves = True
         """The manager logs "Saved checkpoint ..." itself, after the commit (the Controller
@@ -295,24 +296,24 @@ class CheckpointManager:
                     "mounts (NFS, Lustre, a shared volume)."
                 )
             write_rank_state(rank_state, staging, rank)
+            # Rank 0's digests, computed while writing: the commit does not read the file back.
+            checksums = dict(self.io.save(payload, staging) or {}) if rank == 0 else {}
             if sharded and self.async_save:  # shards written by DCP's thread: commit later
                 future = save_sharded_async(sharded, staging)
-                if rank == 0:
-                    self.io.save(payload, staging)
-                self._pending_shards = (future, staging, step, world)
+                self._pending_shards = (future, staging, step, world, checksums)
                 return str(final)
             if sharded:
                 save_sharded(sharded, staging)
-            if rank == 0:
-                self.io.save(payload, staging)
-            self._commit_distributed(staging, step, world)
+            self._commit_distributed(staging, step, world, checksums)
         return str(final)
 
-    def _commit_distributed(self, staging: Path, step: int, world: int) -> None:
+    def _commit_distributed(self, staging: Path, step: int, world: int,
+                            checksums: dict[str, str]) -> None:
         """Once every rank has written its files: rank 0 commits and applies retention."""
         dist.barrier()
         if _distributed()[0] == 0:
-            self._directory.commit(staging, step, extra={"world_size": world})
+            self._directory.commit(staging, step, extra={"world_size": world},
+                                   checksums=checksums)
             logger.info("Saved checkpoint %s.", self._directory.path_for(step))
         dist.barrier()
         if _distributed()[0] == 0:
@@ -324,7 +325,7 @@ class CheckpointManager:
         pending, self._pending_shards = self._pending_shards, None
         if pending is None:
             return
-        future, staging, step, world = pending
+        future, staging, step, world, checksums = pending
         error: BaseException | None = None
         try:
             future.result()
@@ -335,7 +336,7 @@ class CheckpointManager:
                 shutil.rmtree(staging, ignore_errors=True)
             reason = str(error) if error is not None else "another rank's write failed"
             raise CheckpointError(self._failure(step, RuntimeError(reason), background=True))
-        self._commit_distributed(staging, step, world)
+        self._commit_distributed(staging, step, world, checksums)
 
     def _write(self, payload: dict[str, Any] | PackedState,
                rank_state: dict[str, Any] | PackedState, step: int, background: bool = False,
