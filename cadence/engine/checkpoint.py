@@ -433,7 +433,8 @@ class CheckpointManager:
         items = self._items()
         if not self.strict:
             state = {name: value for name, value in state.items() if name in items}
-        in_shards = sharded_names(path) & set(items)  # written through DCP: loaded resharded
+        # written through DCP: loaded resharded
+        in_shards = sharded_names(path, manifest) & set(items)
         try:
             load_stateful({n: o for n, o in items.items() if n not in in_shards}, state,
                           type(self._state).__name__ if isinstance(self._state, Module)
@@ -448,7 +449,7 @@ class CheckpointManager:
                 raise CheckpointMismatchError(
                     f"{str(path)!r} holds sharded state for {missing}, which is not a model or "
                     "an optimizer here.")
-            load_sharded(parts, path)
+            load_sharded(parts, path, manifest)
         for name, obj in self._tracked.items():
             if name in payload["tracked"]:
                 obj.load_state_dict(payload["tracked"][name])

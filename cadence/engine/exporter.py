@@ -296,10 +296,11 @@ def _read_one(kind: str, location: Path) -> dict[str, torch.Tensor]:
             raise CheckpointError(f"Cannot read {str(location)!r}: {error}") from error
     from cadence.engine.checkpoint_io import read_checkpoint
 
-    state = read_checkpoint(location)[1]["state"]
+    manifest, payload = read_checkpoint(location)
+    state = payload["state"]
     model = state.get("model")
-    if model is None and "model" in sharded_names(location):  # written sharded (FSDP2)
-        model = read_sharded(location, "model")
+    if model is None and "model" in sharded_names(location, manifest):  # sharded (FSDP2)
+        model = read_sharded(location, manifest, "model")
     if not isinstance(model, dict):
         raise CheckpointError(
             f"Checkpoint {str(location)!r} has no 'model' entry (it has {sorted(state)}): it "

@@ -115,27 +115,45 @@ def save_sharded_async(parts: dict[str, Any], directory: Path) -> Any:
                           process_group=_background_group())
 
 
-def load_sharded(parts: dict[str, Any], directory: Path) -> None:
+def sharded_files(manifest: dict[str, Any]) -> set[str]:
+    """The files of a checkpoint's ``sharded/`` folder that its manifest lists with a SHA-256
+    (names relative to the folder): the only ones DCP may read. Files on disk that the
+    manifest does not list were not written with the checkpoint and are never opened."""
+    prefix = f"{SHARDED_DIR}/"
+    return {name[len(prefix):] for name in manifest.get("sha256", {})
+            if isinstance(name, str) and name.startswith(prefix)}
+
+
+def _reader(directory: Path, manifest: dict[str, Any]) -> Any:
+    from cadence.engine.dcp_reading import SafeFileSystemReader
+
+    return SafeFileSystemReader(str(directory / SHARDED_DIR), sharded_files(manifest))
+
+
+def load_sharded(parts: dict[str, Any], directory: Path, manifest: dict[str, Any]) -> None:
     """Loads ``directory/sharded`` into `parts`, resharded to this job (a collective under
-    torchrun; a single process reads the full tensors)."""
+    torchrun; a single process reads the full tensors). Only the files `manifest` lists are
+    read, and nothing is unpickled but DCP's metadata and plain values
+    (`cadence.engine.dcp_reading`)."""
     import torch.distributed.checkpoint as dcp
 
+    from cadence.engine.dcp_reading import SafeLoadPlanner, dcp_read_errors
+
     state = {name: part.state_dict() for name, part in parts.items()}
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+    with warnings.catch_warnings(), dcp_read_errors(str(directory)):
+        # "assuming the intent is to load in a single process"
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        dcp.load(state, checkpoint_id=str(directory / SHARDED_DIR))
+        dcp.load(state, storage_reader=_reader(directory, manifest), planner=SafeLoadPlanner())
     for name, part in parts.items():
         part.load_state_dict(state[name])
 
 
-def sharded_names(directory: Path) -> set[str]:
-    """The top-level names saved in a checkpoint's ``sharded/`` folder (none without one)."""
-    folder = directory / SHARDED_DIR
-    if not folder.is_dir():
+def sharded_names(directory: Path, manifest: dict[str, Any]) -> set[str]:
+    """The top-level names saved in a checkpoint's ``sharded/`` folder; none when its manifest
+    lists no DCP metadata (whatever is on disk)."""
+    if ".metadata" not in sharded_files(manifest):
         return set()
-    from torch.distributed.checkpoint import FileSystemReader
-
-    metadata = FileSystemReader(str(folder)).read_metadata()
+    metadata = _reader(directory, manifest).read_metadata()
     return {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
 
 
@@ -150,18 +168,17 @@ def full_model_state(module: nn.Module) -> dict[str, torch.Tensor]:
     return {name: value for name, value in state.items() if isinstance(value, torch.Tensor)}
 
 
-def read_sharded(directory: Path, name: str) -> dict[str, torch.Tensor]:
+def read_sharded(directory: Path, manifest: dict[str, Any], name: str
+                 ) -> dict[str, torch.Tensor]:
     """The full tensors of part `name` of a checkpoint's ``sharded/`` folder, read in this
-    process (to load the weights of a sharded run into a plain model)."""
-    import tempfile
+    process alone (to load the weights of a sharded run into a plain model)."""
+    import torch.distributed.checkpoint as dcp
 
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from cadence.engine.dcp_reading import SafeFullStateLoadPlanner, dcp_read_errors
 
-    with tempfile.TemporaryDirectory() as scratch:
-        target = Path(scratch) / "full.pt"
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-            dcp_to_torch_save(str(directory / SHARDED_DIR), str(target))
-        state = torch.load(target, map_location="cpu", weights_only=True)
-    part = state.get(name, {})
+    planner = SafeFullStateLoadPlanner()
+    with warnings.catch_warnings(), dcp_read_errors(str(directory)):
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        dcp.load({}, storage_reader=_reader(directory, manifest), planner=planner, no_dist=True)
+    part = planner.loaded.get(name, {})
     return {key: value for key, value in part.items() if isinstance(value, torch.Tensor)}
