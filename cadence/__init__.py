@@ -40,6 +40,10 @@ _EXPORTS = {
     "EventSource": "cadence.tfsnippet.events",
     "EMAConfig": "cadence.task.config",
     "ExperimentConfig": "cadence.task.config",
+    "FSDPConfig": "cadence.task.config",
+    "ParallelOptions": "cadence.engine.parallelize",
+    "parallelize_model": "cadence.engine.parallelize",
+    "prepare_model": "cadence.engine.distributed",
     "InputContext": "cadence.data.sharding",
     "Last": "cadence.engine.metrics",
     "LearningRateConfig": "cadence.task.config",
@@ -101,6 +105,7 @@ __all__ = [
     "EventKeys",
     "EventSource",
     "ExperimentConfig",
+    "FSDPConfig",
     "InputContext",
     "Last",
     "LearningRateConfig",
@@ -113,6 +118,7 @@ __all__ = [
     "OptimizationConfig",
     "OptimizerConfig",
     "Output",
+    "ParallelOptions",
     "Preempted",
     "ProgressBar",
     "RunState",
@@ -143,6 +149,8 @@ __all__ = [
     "launch_train_with_config",
     "load_config",
     "load_weights",
+    "parallelize_model",
+    "prepare_model",
     "register_experiment",
     "register_task",
     "run_experiment",
@@ -180,9 +188,11 @@ if TYPE_CHECKING:
         StateFileIO,
         TorchSaveIO,
     )
+    from cadence.engine.distributed import prepare_model
     from cadence.engine.exporter import BestCheckpointExporter, load_weights
     from cadence.engine.metrics import Accuracy, Last, Mean, Metric, Sum
     from cadence.engine.module import Module
+    from cadence.engine.parallelize import ParallelOptions, parallelize_model
     from cadence.engine.runner import AbstractEvaluator, AbstractTrainer, Output
     from cadence.engine.standard_runner import (
         StandardEvaluator,
@@ -194,6 +204,7 @@ if TYPE_CHECKING:
         DataConfig,
         EMAConfig,
         ExperimentConfig,
+        FSDPConfig,
         LearningRateConfig,
         OptimizationConfig,
         OptimizerConfig,

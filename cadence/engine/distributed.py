@@ -7,7 +7,8 @@ each rank, bounded failures, agreed stops, and how a model is spread over the ra
 - `local_device` is this rank's device: ``cuda:<LOCAL_RANK>`` on a GPU machine.
 - `StopAgreement` makes a stop requested on any rank (a signal, a callback, a time limit) the
   stop of every rank, at the same step, without a host-device sync per step.
-- `prepare_model` wraps a model for the strategy: none, DDP, or FSDP2 (``fully_shard``).
+- `prepare_model` spreads a model over the ranks as the strategy says (none, DDP, FSDP2 per
+  repeated block: `cadence.engine.parallelize`), in a group of one where there is no job.
 - `gather_objects` brings every rank's host-side values to every rank.
 - `shutdown` destroys the process group `init_distributed` created.
 
@@ -19,10 +20,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import datetime
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -31,6 +33,7 @@ from torch import nn
 
 from cadence.core.callbacks import RunState
 from cadence.core.rank import local_rank, process_rank, world_size
+from cadence.engine.parallelize import ParallelOptions, parallelize_model, plain_name
 
 logger = logging.getLogger("cadence")
 
@@ -296,42 +299,69 @@ def resolve_strategy(strategy: str, model: nn.Module) -> str:
     return strategy
 
 
+def ensure_process_group(device: torch.device, timeout: float = DEFAULT_TIMEOUT) -> None:
+    """A process group of this process alone, when there is none (``python -m cadence`` or
+    ``torchrun --nproc_per_node=1``): DDP and FSDP2 need one, and with it a run of either
+    strategy continues on one process -- a resume at another world size -- exactly as on
+    several (FSDP2's checkpoints stay sharded through DCP)."""
+    global _created_group
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=timeout))
+    _created_group = True
+    atexit.register(shutdown)
+
+
+def device_mesh(device: torch.device) -> Any:
+    """The one-dimensional mesh of every rank (named ``dp``), on `device`'s type."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
+
+
 def prepare_model(model: nn.Module, strategy: str, device: torch.device,
-                  optimizers: Any = ()) -> nn.Module:
-    """The module to train: `model` itself (``none``), a DDP wrapper around it (``ddp``:
-    gradients are averaged during backward; checkpoints hold the plain model), or `model`
-    sharded in place (``fsdp2``: ``fully_shard`` on each child that has parameters, then on the
-    root; its parameters become DTensors, which checkpoints save and load sharded). Sharding
-    replaces the parameters: the `optimizers` built over the old ones are pointed at the new.
+                  optimizers: Any = (), options: ParallelOptions | None = None,
+                  parallelize: Callable[[nn.Module, Any, ParallelOptions], nn.Module]
+                  | None = None) -> nn.Module:
+    """The module to train: `model` spread over the ranks as `strategy` says, by `parallelize`
+    (default `cadence.engine.parallelize.parallelize_model`: per-block activation checkpointing
+    and compile as `options` say, then ``none``: `model` itself; ``ddp``: a DDP wrapper, while
+    checkpoints hold `model`; ``fsdp2``: `model` sharded in place per repeated block, its
+    parameters DTensors that checkpoints save and load sharded). DDP and FSDP2 in a process
+    without a group get a group of one (`ensure_process_group`).
+
+    Sharding replaces the parameters: the `optimizers` built over the old ones are pointed at
+    the new ones, by name.
 
     Raises:
-        ValueError: for an unknown strategy, or DDP/FSDP2 without a process group.
+        ValueError: for an unknown strategy.
+        RuntimeError: if `parallelize` left an optimizer with parameters the trained module
+            does not have (it would update nothing that trains).
     """
     strategy = resolve_strategy(strategy, model)
-    if strategy == "none":
+    options = dataclasses.replace(options or ParallelOptions(), strategy=strategy)
+    if not options.wraps and parallelize is None:
         return model
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError(f"runtime.strategy={strategy!r} needs a process group: launch with "
-                         "torchrun (e.g. torchrun --nproc_per_node=2 -m cadence train).")
-    if strategy == "ddp":
-        return nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
-    from torch.distributed.fsdp import fully_shard
-
-    names = {id(param): name for name, param in model.named_parameters()}
-    for child in model.children():
-        if any(True for _ in child.parameters()):
-            fully_shard(child)
-    fully_shard(model)
-    sharded = dict(model.named_parameters())
+    mesh = None
+    if strategy != "none":
+        ensure_process_group(device)
+        mesh = device_mesh(device)
+    names = {id(param): plain_name(name) for name, param in model.named_parameters()}
+    trained = (parallelize or parallelize_model)(model, mesh, options)
+    now = {plain_name(name): param for name, param in model.named_parameters()}
+    live = {id(param) for param in trained.parameters()}
     for optimizer in optimizers:
         for group in optimizer.param_groups:
-            group["params"] = [sharded.get(names.get(id(p), ""), p) for p in group["params"]]
-    return model
-
-
-def is_sharded(model: nn.Module) -> bool:
-    """Whether `model`'s parameters are sharded over the ranks (FSDP2: DTensors)."""
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(p, DTensor) for p in model.parameters())
+            before = [id(p) in names for p in group["params"]]
+            group["params"] = [now.get(names.get(id(p), ""), p) for p in group["params"]]
+            if any(was and id(p) not in live for was, p in zip(before, group["params"])):
+                raise RuntimeError(
+                    "After parallelizing the model, the optimizer holds parameters the trained "
+                    "model does not have: it would not train it. A custom Task.parallelize must "
+                    "change the model in place (fully_shard, wrappers registered in its "
+                    "parents), not build a new one.")
+    return trained

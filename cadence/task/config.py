@@ -247,7 +247,10 @@ class TrainerConfig(Config):
             so the offending batches are skipped), up to k times in a row.
         ema: moving average of the weights.
         compile_step: ``torch.compile`` the train and eval steps.
-        compile_mode: the ``torch.compile`` mode (null: torch's default).
+        compile_blocks: ``torch.compile`` each repeated block of the model (a transformer's
+            layers) instead of the whole step: one graph reused by every block, and the way to
+            compile under FSDP2 (see `cadence.engine.parallelize`).
+        compile_mode: the ``torch.compile`` mode of either (null: torch's default).
         cuda_graphs: capture the compiled steps in CUDA graphs (needs CUDA).
         async_checkpoints: write checkpoints in a background thread; training waits only for
             the copy of the state into host memory.
@@ -272,6 +275,7 @@ class TrainerConfig(Config):
     recovery_max_trials: int = 0
     ema: EMAConfig = field(default_factory=EMAConfig)
     compile_step: bool = False
+    compile_blocks: bool = False
     compile_mode: str | None = None
     cuda_graphs: bool = False
     async_checkpoints: bool = True
@@ -316,6 +320,25 @@ class WandbConfig(Config):
 
 
 @dataclass
+class FSDPConfig(Config):
+    """FSDP2's settings (``runtime.strategy=fsdp2``).
+
+    Attributes:
+        param_dtype: the dtype parameters are gathered and computed in: null (their own),
+            ``bf16``, ``fp16`` or ``fp32``. The sharded parameters and the optimizer state keep
+            their own dtype (fp32 master weights).
+        reduce_dtype: the dtype gradients are reduced in: null (``param_dtype``), ``fp32``,
+            ``bf16`` or ``fp16``. bf16 parameters with fp32 reduction is the usual choice.
+        reshard_after_forward: free each block's gathered parameters after its forward and
+            gather them again for backward (less memory, more communication).
+    """
+
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+    reshard_after_forward: bool = True
+
+
+@dataclass
 class RuntimeConfig(Config):
     """Where and how precisely to run.
 
@@ -332,7 +355,11 @@ class RuntimeConfig(Config):
         strategy: how the model is spread over the ranks of a torchrun job: ``auto`` (DDP with
             several ranks, else none), ``none``, ``ddp``, ``fsdp2`` (parameters, gradients and
             optimizer state sharded with ``fully_shard``; checkpoints through
-            ``torch.distributed.checkpoint``).
+            ``torch.distributed.checkpoint``). DDP and FSDP2 also run in one process (a group
+            of one), so a run of either continues there.
+        fsdp: FSDP2's mixed precision and resharding.
+        activation_checkpointing: recompute each repeated block's activations in backward
+            instead of keeping them (less memory, about one more forward per step).
         collective_timeout: seconds a collective waits for the other ranks: a dead or stuck rank
             ends the job after this long, with a message that says so.
         writers: where summaries go (rank 0 only): ``tensorboard``, ``jsonl``, ``csv``,
@@ -348,6 +375,8 @@ class RuntimeConfig(Config):
     deterministic: bool = False
     num_threads: int | None = None
     strategy: str = "auto"
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    activation_checkpointing: bool = False
     collective_timeout: float = 600.0
     writers: list[str] = field(default_factory=lambda: list(DEFAULT_WRITERS))
     mlflow: MLflowConfig = field(default_factory=MLflowConfig)
@@ -408,6 +437,8 @@ PRECISIONS = (None, "bf16", "fp16")
 WANDB_MODES = (None, "online", "offline", "disabled", "shared")
 STRATEGIES = ("auto", "none", "ddp", "fsdp2")
 """``runtime.strategy``'s values (`cadence.engine.distributed.STRATEGIES`)."""
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+"""``runtime.fsdp``'s dtype names, and torch's."""
 
 
 def _problems(config: ExperimentConfig) -> Iterable[str]:
@@ -463,6 +494,14 @@ def _problems(config: ExperimentConfig) -> Iterable[str]:
     if trainer.compile_mode not in COMPILE_MODES:
         yield (f"trainer.compile_mode: unknown mode {trainer.compile_mode!r}; valid: null, "
                f"{', '.join(str(m) for m in COMPILE_MODES[1:])}.")
+    for key in ("param_dtype", "reduce_dtype"):
+        value = getattr(config.runtime.fsdp, key)
+        if value is not None and value not in DTYPES:
+            yield (f"runtime.fsdp.{key}: must be null, {', '.join(map(repr, DTYPES))} "
+                   f"(got {value!r}).")
+    if trainer.compile_step and trainer.compile_blocks:
+        yield ("trainer.compile_blocks: compiles each block, trainer.compile_step the whole "
+               "step; set one of them, not both.")
     if config.runtime.strategy not in STRATEGIES:
         yield (f"runtime.strategy: must be one of {', '.join(STRATEGIES)} "
                f"(got {config.runtime.strategy!r}).")

@@ -34,7 +34,8 @@ logger = logging.getLogger("cadence")
 DEFAULT_EXPERIMENT = "digits"
 """What ``cadence train`` runs when no experiment is named."""
 
-BUILTIN_MODULES = ("cadence.task.experiments.digits", "cadence.task.experiments.char_lm")
+BUILTIN_MODULES = ("cadence.task.experiments.digits", "cadence.task.experiments.char_lm",
+                   "cadence.task.experiments.gpt")
 ENTRY_POINT_GROUP = "cadence.experiments"
 
 _experiments: dict[str, Callable[[], ExperimentConfig]] = {}

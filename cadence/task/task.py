@@ -42,6 +42,7 @@ from torch import nn
 from cadence.data.sharding import InputContext
 from cadence.engine.external_metrics import is_torchmetric
 from cadence.engine.module import Module
+from cadence.engine.parallelize import ParallelOptions, parallelize_model
 
 logger = logging.getLogger("cadence")
 
@@ -162,6 +163,31 @@ class Task(Module):
             f"{type(self).__name__}.build_model() is not implemented: return the model, or pass "
             "one to Trainer(model=...)."
         )
+
+    def parallelize(self, model: nn.Module, mesh: Any, options: ParallelOptions) -> nn.Module:
+        """Spreads `model` over the ranks and wraps it for memory and speed; called once by
+        the `Trainer`, before training, on the model on its device.
+
+        Args:
+            model: the model (``build_model``'s).
+            mesh: the device mesh of the data-parallel ranks (a one-dimensional
+                ``DeviceMesh`` named ``dp``); None when nothing is distributed.
+            options: what the config asks for: the strategy (``runtime.strategy``, resolved),
+                FSDP2's mixed precision (``runtime.fsdp``), per-block activation checkpointing
+                (``runtime.activation_checkpointing``) and compile (``trainer.compile_blocks``).
+
+        Returns:
+            The module to train: `model`, changed in place (FSDP2, wrappers registered in its
+            parents), or a wrapper around it (DDP). Checkpoints and exports hold `model`.
+
+        The default is `cadence.parallelize_model`: each repeated block (the children of an
+        ``nn.ModuleList`` of one class: a transformer's layers) is a unit of activation
+        checkpointing, compile and FSDP2, and the root keeps the rest, tied parameters
+        together. Override to choose the blocks (``parallelize_model(model, mesh, options,
+        blocks=[...])``) or to apply parallelisms of your own (torchtitan's
+        ``parallelize_*`` functions, Lightning's ``configure_model``).
+        """
+        return parallelize_model(model, mesh, options)
 
     def build_inputs(self, params: Any, input_context: InputContext | None = None) -> Any:
         """Returns the data for `params` (a `DataConfig`): a DataLoader or any iterable of

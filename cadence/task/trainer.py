@@ -49,6 +49,7 @@ from cadence.engine.distributed import (
 )
 from cadence.engine.external_metrics import move_metrics, read_metric, reduce_across_ranks
 from cadence.engine.metrics import Mean
+from cadence.engine.parallelize import ParallelOptions
 from cadence.engine.runner import Output
 from cadence.engine.sharded import full_model_state
 from cadence.engine.standard_runner import (
@@ -63,6 +64,20 @@ from cadence.task.task import Task, accepts_argument
 logger = logging.getLogger("cadence")
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_DTYPES = {**_AUTOCAST_DTYPES, "fp32": torch.float32}
+
+
+def parallel_options(config: Any) -> ParallelOptions:
+    """What an `ExperimentConfig` asks of `Task.parallelize` (the strategy still unresolved:
+    `prepare_model` resolves it)."""
+    runtime, trainer = config.runtime, config.trainer
+    fsdp = runtime.fsdp
+    return ParallelOptions(
+        strategy="none", activation_checkpointing=runtime.activation_checkpointing,
+        compile_blocks=trainer.compile_blocks, compile_mode=trainer.compile_mode,
+        param_dtype=_DTYPES.get(fsdp.param_dtype or ""),
+        reduce_dtype=_DTYPES.get(fsdp.reduce_dtype or ""),
+        reshard_after_forward=fsdp.reshard_after_forward)
 
 
 class AsyncCoordinator:
@@ -163,12 +178,18 @@ class Trainer(StandardTrainer, StandardEvaluator):
                              "the average would be sharded too. Use runtime.strategy=ddp, or "
                              "turn the EMA off.")
         # FSDP2 evaluates (and exports) a full copy of the weights, gathered at each evaluation.
+        # It and the EMA average are copies of the plain model, taken before it is wrapped.
         self._full_copy = copy.deepcopy(self.model) if sharded and evaluate else None
-        # DDP wraps the model (checkpoints and exports hold the plain one); FSDP2 shards it in
-        # place. Either way gradients are averaged across processes during backward.
+        ema = trainer_config.ema
+        self.ema = (ExponentialMovingAverage(self.model, ema.decay, ema.dynamic_decay,
+                                             ema.start_step) if ema.enabled else None)
+        # The task says how the model is spread over the ranks (default: per repeated block).
+        # DDP wraps it (checkpoints and exports hold the plain one); FSDP2 shards it in place.
+        # Either way gradients are averaged across processes during backward.
         self._train_model: nn.Module = prepare_model(
             self.model, runtime.strategy, self._device,
-            optimizers=[optimizer] if optimizer is not None else [])
+            optimizers=[optimizer] if optimizer is not None else [],
+            options=parallel_options(config), parallelize=task.parallelize)
         self.optimizer = optimizer
         schedule = trainer_config.optimizer_config.learning_rate
         self.lr_scheduler = (  # none for a constant rate: no work per step that changes nothing
@@ -180,9 +201,6 @@ class Trainer(StandardTrainer, StandardEvaluator):
             torch.amp.GradScaler(self._device.type)
             if runtime.mixed_precision == "fp16" and optimizer is not None else None
         )
-        ema = trainer_config.ema
-        self.ema = (ExponentialMovingAverage(self.model, ema.decay, ema.dynamic_decay,
-                                             ema.start_step) if ema.enabled else None)
         self._eval_model: nn.Module = self.model
         self.training_loss = Mean()
         self.validation_loss = Mean()
@@ -439,6 +457,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
                 scaler.unscale_(optimizer)
             params = [p for group in optimizer.param_groups for p in group["params"]]
             norm = torch.nn.utils.clip_grad_norm_(params, self._clip_norm)
+            if type(norm) is not torch.Tensor:  # FSDP2: a DTensor; its value is everyone's
+                norm = norm.full_tensor()  # type: ignore[attr-defined]
             self.gradient_norm.update(norm)
         if scaler is not None:
             scaler.step(optimizer)  # reads the inf check on the host: fp16 costs a sync

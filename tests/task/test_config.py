@@ -143,7 +143,8 @@ def test_builtin_experiments_do_not_depend_on_import_order():
             "import cadence.task.config_files as c; print(c.load_config('char_lm').experiment)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True)
-    assert result.stdout.splitlines() == ["['char_lm', 'char_lm_large', 'digits']", "char_lm"]
+    assert result.stdout.splitlines() == [
+        "['char_lm', 'char_lm_large', 'digits', 'gpt', 'gpt2_small']", "char_lm"]
 
 
 def test_tfm_a_loaded_config_can_be_locked_and_then_refuses_assignments():

@@ -1,0 +1,270 @@
+"""A GPT-2-style language model on the Python standard library's source: the reference model.
+
+The model is GPT-2's decoder as nanoGPT writes it: a token embedding tied to the output head,
+learned positions, pre-LayerNorm blocks in an ``nn.ModuleList`` (causal self-attention through
+``scaled_dot_product_attention``, a GELU MLP), a final LayerNorm, and GPT-2's initialization
+(normal(0, 0.02), the residual projections scaled by ``1/sqrt(2 * n_layer)``). The blocks are
+what `cadence.parallelize_model` finds: each is a unit of FSDP2, activation checkpointing and
+per-block compile, and the tied embedding and head stay together in the root's group.
+
+Tokens are bytes, as in ``char_lm`` (no tokenizer, nothing downloaded). ``vocab_size`` may be
+larger than 256 -- ``gpt2_small`` uses GPT-2's padded 50,304 -- so that the model has GPT-2
+small's shape and cost (124M parameters); ids above 255 never occur.
+
+* ``gpt``: a small model for a CPU (4 layers, 128 wide; tests shrink it with ``--set``).
+* ``gpt2_small``: GPT-2 small (12 layers, 768 wide, 12 heads, 1,024 tokens of context), bf16,
+  compiled per block, for a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from cadence.core.errors import ConfigError
+from cadence.task.config import (
+    Config,
+    DataConfig,
+    ExperimentConfig,
+    LearningRateConfig,
+    OptimizationConfig,
+    OptimizerConfig,
+    RuntimeConfig,
+    TaskConfig,
+    TrainerConfig,
+)
+from cadence.task.experiments.char_lm import CharLMTask
+from cadence.task.registry import register_experiment, register_task
+
+
+@dataclass
+class GPTModelConfig(Config):
+    """GPT-2's hyper-parameters (nanoGPT's names).
+
+    Attributes:
+        vocab_size: rows of the embedding and the head; 256 covers bytes, 50304 is GPT-2's
+            vocabulary padded to a multiple of 64.
+        block_size: the longest context (rows of the position embedding).
+        n_layer: transformer blocks.
+        n_head: attention heads per block.
+        n_embd: width of the residual stream.
+        dropout: dropout of the embeddings, attention and MLP outputs.
+        bias: biases in the Linear layers and LayerNorms (GPT-2 has them).
+    """
+
+    vocab_size: int = 256
+    block_size: int = 128
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = True
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention; the kernel is ``scaled_dot_product_attention``'s."""
+
+    def __init__(self, config: GPTModelConfig) -> None:
+        super().__init__()
+        self.n_head, self.dropout = config.n_head, config.dropout
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        q, k, v = self.c_attn(x).split(width, dim=2)
+        q, k, v = (t.view(batch, length, self.n_head, width // self.n_head).transpose(1, 2)
+                   for t in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(batch, length, width)
+        out: torch.Tensor = self.resid_dropout(self.c_proj(y))
+        return out
+
+
+class MLP(nn.Module):
+    """The block's feed-forward part: 4x wider, GELU (tanh approximation, as GPT-2)."""
+
+    def __init__(self, config: GPTModelConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate="tanh")
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        return out
+
+
+class Block(nn.Module):
+    """A pre-LayerNorm transformer block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``."""
+
+    def __init__(self, config: GPTModelConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """GPT-2's decoder: tied token embedding and head, learned positions, `Block` x n_layer."""
+
+    def __init__(self, config: GPTModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
+        self.apply(self._init_weights)
+        for name, parameter in self.named_parameters():  # GPT-2: scaled residual projections
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(parameter, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        length = tokens.shape[1]
+        positions = torch.arange(length, device=tokens.device)
+        x = self.drop(self.wte(tokens) + self.wpe(positions))
+        for block in self.blocks:
+            x = block(x)
+        logits: torch.Tensor = self.lm_head(self.ln_f(x))
+        return logits
+
+    def num_parameters(self, non_embedding: bool = True) -> int:
+        """Parameters, counted once (the tied head is the embedding); without the position
+        embedding when `non_embedding` (as GPT-2's papers count)."""
+        total = sum(p.numel() for p in self.parameters())
+        return total - self.wpe.weight.numel() if non_embedding else total
+
+    def flops_per_token(self, sequence_length: int) -> float:
+        """Training FLOPs per token (forward and backward): ``6 N + 12 L H Q T`` (PaLM's
+        appendix B, as nanoGPT estimates MFU)."""
+        config = self.config
+        return (6 * self.num_parameters()
+                + 12 * config.n_layer * config.n_embd * sequence_length)
+
+
+@dataclass
+class GPTTaskConfig(TaskConfig):
+    """Language modelling on the standard library's bytes with `GPT`.
+
+    Attributes:
+        sequence_length: tokens of context per example (at most ``model.block_size``).
+        max_bytes: how much of the standard library's source to read.
+        validation_fraction: the share of the text (at its end) held out.
+    """
+
+    model: GPTModelConfig = field(default_factory=GPTModelConfig)
+    sequence_length: int = 128
+    max_bytes: int = 2_000_000
+    validation_fraction: float = 0.1
+
+
+@register_task(GPTTaskConfig)
+class GPTTask(CharLMTask):
+    """Next-byte prediction with `GPT` (the data, losses and metrics of ``char_lm``)."""
+
+    def build_model(self) -> nn.Module:
+        """The GPT.
+
+        Raises:
+            ConfigError: for a model config it cannot be built from.
+        """
+        model, length = self.task_config.model, self.task_config.sequence_length
+        problems = [f"task.model.{name} (got {getattr(model, name)}) must be >= 1"
+                    for name in ("n_layer", "n_head", "n_embd", "block_size")
+                    if getattr(model, name) < 1]
+        if model.vocab_size < 256:
+            problems.append(f"task.model.vocab_size (got {model.vocab_size}) must be >= 256: "
+                            "the tokens are bytes")
+        if not problems and model.n_embd % model.n_head:
+            problems.append(f"task.model.n_embd (got {model.n_embd}) must be a multiple of "
+                            f"task.model.n_head (got {model.n_head})")
+        if not 0 <= model.dropout < 1:
+            problems.append(f"task.model.dropout (got {model.dropout}) must be in [0, 1)")
+        if not 1 <= length <= model.block_size:
+            problems.append(f"task.sequence_length (got {length}) must be in [1, "
+                            f"task.model.block_size = {model.block_size}]")
+        if problems:
+            raise ConfigError("; ".join(problems) + ".")
+        return GPT(model)
+
+
+def _gpt_config(model: GPTModelConfig, sequence_length: int, max_bytes: int, batch_size: int,
+                trainer: TrainerConfig, runtime: RuntimeConfig) -> ExperimentConfig:
+    return ExperimentConfig(
+        task=GPTTaskConfig(
+            model=model, sequence_length=sequence_length, max_bytes=max_bytes,
+            train_data=DataConfig(global_batch_size=batch_size, is_training=True),
+            validation_data=DataConfig(global_batch_size=batch_size, is_training=False),
+        ),
+        trainer=trainer,
+        runtime=runtime,
+    )
+
+
+def _optimization(learning_rate: float, warmup_steps: int) -> OptimizationConfig:
+    """GPT-2's recipe as nanoGPT runs it: AdamW (0.9, 0.95), weight decay 0.1, clipping at 1,
+    warmup then cosine decay to a tenth."""
+    return OptimizationConfig(
+        optimizer=OptimizerConfig(name="adamw", learning_rate=learning_rate, weight_decay=0.1,
+                                  betas=[0.9, 0.95]),
+        learning_rate=LearningRateConfig(schedule="cosine", warmup_steps=warmup_steps,
+                                         end_factor=0.1),
+        gradient_clip_norm=1.0,
+    )
+
+
+@register_experiment("gpt")
+def gpt_experiment() -> ExperimentConfig:
+    """GPT-2-style decoder (tied head) on the stdlib's bytes; small, for a CPU."""
+    return _gpt_config(
+        GPTModelConfig(), sequence_length=128, max_bytes=2_000_000, batch_size=32,
+        trainer=TrainerConfig(
+            train_steps=2000, steps_per_loop=50, checkpoint_interval=500, validation_steps=20,
+            validation_interval=500, best_checkpoint_eval_metric="bits_per_char",
+            best_checkpoint_metric_comp="lower",
+            optimizer_config=_optimization(learning_rate=1e-3, warmup_steps=100),
+        ),
+        runtime=RuntimeConfig(seed=0),
+    )
+
+
+@register_experiment("gpt2_small")
+def gpt2_small_experiment() -> ExperimentConfig:
+    """GPT-2 small (124M parameters) on the stdlib's bytes; for a GPU (bf16, compiled)."""
+    return _gpt_config(
+        GPTModelConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768),
+        sequence_length=1024, max_bytes=20_000_000, batch_size=16,
+        trainer=TrainerConfig(
+            train_steps=5000, steps_per_loop=100, checkpoint_interval=1000,
+            validation_steps=50, validation_interval=1000,
+            best_checkpoint_eval_metric="bits_per_char", best_checkpoint_metric_comp="lower",
+            compile_blocks=True,
+            optimizer_config=_optimization(learning_rate=6e-4, warmup_steps=200),
+        ),
+        runtime=RuntimeConfig(device="auto", mixed_precision="bf16", seed=0),
+    )

@@ -1,0 +1,172 @@
+"""How a real model is parallelized: per repeated block, tied parameters together, with
+activation checkpointing and compile per block, through a hook the Task owns.
+
+FSDP2 and DDP run here in this process, in a process group of one (what `prepare_model` makes
+when there is no torchrun job); the multi-process runs are in ``tests/test_real_models.py``.
+"""
+
+import pytest
+import torch
+from torch import nn
+
+import cadence
+from cadence.engine.distributed import prepare_model, shutdown
+from cadence.engine.parallelize import (
+    ParallelOptions,
+    parallelize_model,
+    plain_name,
+    repeated_blocks,
+)
+from cadence.task.experiments.char_lm import CharLMModelConfig, CharTransformer
+from cadence.task.experiments.gpt import GPT, GPTModelConfig
+
+TINY = GPTModelConfig(n_layer=3, n_head=2, n_embd=16, block_size=8)
+
+
+@pytest.fixture
+def one_process_group():
+    """DDP and FSDP2 in this process: `prepare_model` makes a group of one; removed after."""
+    yield
+    shutdown()
+
+
+def tokens(batch=4, length=8, seed=0):
+    return torch.randint(0, 256, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def loss_and_grads(model, trained=None):
+    trained = trained or model
+    x = tokens()
+    loss = nn.functional.cross_entropy(trained(x).flatten(0, 1), x.roll(-1, 1).flatten())
+    loss.backward()
+    grads = {plain_name(name): p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    return loss.detach(), grads
+
+
+def test_the_blocks_of_a_gpt_and_of_torchs_transformer_encoder_are_found():
+    gpt = GPT(TINY)
+    assert repeated_blocks(gpt) == list(gpt.blocks)
+    char_lm = CharTransformer(CharLMModelConfig(num_layers=2, d_model=16, num_heads=2,
+                                                dim_feedforward=32), 8)
+    assert repeated_blocks(char_lm) == list(char_lm.blocks.layers)
+
+
+def test_a_list_of_mixed_layers_is_not_blocks_and_a_tied_block_stays_with_the_root():
+    mixed = nn.ModuleDict({"layers": nn.ModuleList([nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2)])})
+    assert repeated_blocks(mixed) == []
+    model = GPT(TINY)
+    model.blocks[1].mlp.c_fc.weight = model.blocks[0].mlp.c_fc.weight  # tied across blocks
+    assert repeated_blocks(model) == [model.blocks[2]]
+
+
+def test_activation_checkpointing_keeps_the_names_the_loss_and_the_gradients():
+    torch.manual_seed(0)
+    plain = GPT(TINY)
+    checkpointed = GPT(TINY)
+    checkpointed.load_state_dict(plain.state_dict())
+    parallelize_model(checkpointed, None, ParallelOptions(activation_checkpointing=True))
+    assert "CheckpointWrapper" in type(checkpointed.blocks[0]).__name__
+    assert list(checkpointed.state_dict()) == list(plain.state_dict())
+    loss, grads = loss_and_grads(plain)
+    loss_ac, grads_ac = loss_and_grads(checkpointed)
+    assert torch.equal(loss, loss_ac)
+    for name, grad in grads.items():
+        assert torch.allclose(grad, grads_ac[name], atol=1e-6), name
+
+
+@pytest.mark.slow
+def test_compiled_blocks_keep_the_state_dict_and_compute_the_same_loss():
+    torch.manual_seed(0)
+    plain = GPT(TINY)
+    compiled = GPT(TINY)
+    compiled.load_state_dict(plain.state_dict())
+    parallelize_model(compiled, None, ParallelOptions(compile_blocks=True))
+    assert list(compiled.state_dict()) == list(plain.state_dict())
+    loss, _ = loss_and_grads(plain)
+    loss_compiled, _ = loss_and_grads(compiled)
+    assert torch.allclose(loss, loss_compiled, atol=1e-5)
+
+
+def test_fsdp2_shards_each_block_and_the_tied_embedding_and_head_together(one_process_group):
+    """The report: ``fully_shard`` on each direct child put the tied head and embedding in two
+    groups ("shared with a parameter already managed by another FSDP group")."""
+    from torch.distributed.tensor import DTensor
+
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    reference = GPT(TINY)
+    reference.load_state_dict(model.state_dict())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    trained = prepare_model(model, "fsdp2", torch.device("cpu"), optimizers=[optimizer])
+    assert trained is model and model.lm_head.weight is model.wte.weight
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    groups = [type(m).__name__ for m in model.modules() if "FSDP" in type(m).__name__]
+    assert groups.count("FSDPBlock") == TINY.n_layer and groups.count("FSDPGPT") == 1
+    assert all(p in set(model.parameters()) for p in optimizer.param_groups[0]["params"])
+    loss, _ = loss_and_grads(reference)
+    sharded_loss, _ = loss_and_grads(model)
+    assert torch.allclose(loss, sharded_loss, atol=1e-6)
+
+
+def test_fsdp2_mixed_precision_computes_in_bf16_and_keeps_fp32_weights(one_process_group):
+    model = GPT(TINY)
+    options = ParallelOptions(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    prepare_model(model, "fsdp2", torch.device("cpu"), options=options)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the sharded weights
+    assert model(tokens()).dtype == torch.bfloat16
+
+
+def test_ddp_in_one_process_wraps_the_model_and_trains(one_process_group):
+    model = GPT(TINY)
+    trained = prepare_model(model, "ddp", torch.device("cpu"))
+    assert isinstance(trained, nn.parallel.DistributedDataParallel) and trained.module is model
+    loss, grads = loss_and_grads(model, trained)
+    assert torch.isfinite(loss) and all(g.abs().sum() > 0 for g in grads.values())
+
+
+def test_a_parallelize_hook_that_builds_a_new_model_is_refused(one_process_group):
+    model = GPT(TINY)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(RuntimeError, match="optimizer holds parameters the trained model"):
+        prepare_model(model, "none", torch.device("cpu"), optimizers=[optimizer],
+                      parallelize=lambda model, mesh, options: GPT(TINY))
+
+
+class RecordingTask(cadence.Task):
+    """A task that shards its own way (every other block), and says what it was given."""
+
+    seen: list = []
+
+    def build_model(self):
+        return GPT(TINY)
+
+    def build_inputs(self, params, input_context=None):
+        x = tokens(8)
+        return [(x, x.roll(-1, 1))] * 4
+
+    def build_losses(self, labels, model_outputs, aux_losses=None):
+        return nn.functional.cross_entropy(model_outputs.flatten(0, 1), labels.flatten())
+
+    def parallelize(self, model, mesh, options):
+        RecordingTask.seen.append((mesh, options))
+        return parallelize_model(model, mesh, options, blocks=list(model.blocks)[::2])
+
+
+def test_a_task_chooses_how_its_model_is_parallelized(one_process_group):
+    config = cadence.load_config(cadence.ExperimentConfig(), overrides=[
+        "trainer.train_steps=2", "trainer.steps_per_loop=1", "runtime.device=cpu",
+        "runtime.strategy=fsdp2", "runtime.fsdp.param_dtype=bf16",
+        "runtime.fsdp.reduce_dtype=fp32", "runtime.activation_checkpointing=true"])
+    task = RecordingTask(config.task)
+    model = task.build_model()
+    trainer = cadence.Trainer(config, task, model, torch.optim.AdamW(model.parameters()),
+                              evaluate=False)
+    mesh, options = RecordingTask.seen[-1]
+    assert mesh.mesh_dim_names == ("dp",) and mesh.size() == 1
+    assert (options.strategy, options.param_dtype, options.reduce_dtype,
+            options.activation_checkpointing) == ("fsdp2", torch.bfloat16, torch.float32, True)
+    wrapped = ["CheckpointWrapper" in type(block).__name__ for block in model.blocks]
+    assert wrapped == [True, False, True]
+    trainer.train(2)
+    assert trainer.global_step == 2
