@@ -287,7 +287,11 @@ class DataIterator:
             for name, state in saved.items():
                 if name in generators:
                     generators[name].set_state(state)
-        iterator = iter(self.source)
+        if self.batches:  # the pass's draws from the global generator happened before, too
+            with torch.random.fork_rng(devices=[]):
+                iterator = iter(self.source)
+        else:
+            iterator = iter(self.source)
         if self.batches:
             for name, state in saved.items():
                 if name in generators:

@@ -65,9 +65,12 @@ def build_dataloader(dataset: Dataset[Any], params: Any,
     """A DataLoader over this process's share of `dataset`, as a `DataConfig` describes it.
 
     Training data (``params.is_training``) is shuffled unless ``params.shuffle`` says otherwise,
-    with its own generator seeded by ``params.seed`` (else `seed`), so its order is part of the
-    checkpoint. With several processes each reads its shard: training data through a
-    ``DistributedSampler``, evaluation data through a `ShardSampler`, so that an evaluation over
+    by a ``DistributedSampler`` seeded by ``params.seed`` (else `seed`) and the pass number, in
+    one process too: every world size draws the same order of examples, and with the same
+    global batch, step k of any number of ranks trains on the same examples -- one process, DDP
+    and FSDP2 give the same loss curve. With several processes each reads its shard:
+    training data every ``world_size``-th example of that order, evaluation data through a
+    `ShardSampler`, so that an evaluation over
     all processes sees every example exactly once (shards may differ by one batch; metrics are
     summed across processes at the end). Where CUDA is available, batches come in pinned memory,
     so that copying them to the GPU does not block the host.
@@ -77,7 +80,8 @@ def build_dataloader(dataset: Dataset[Any], params: Any,
     what checkpoints hold (see ``docs/data.md``).
 
     Raises:
-        ConfigError: if ``params.drop_remainder`` is set and this process's share of the data
+        ConfigError: if the global batch size is not divisible by the processes of the job, or
+            if ``params.drop_remainder`` is set and this process's share of the data
             is smaller than one batch (no batch would ever be made), or for
             ``params.stateful_loader`` without torchdata installed.
     """
@@ -86,16 +90,22 @@ def build_dataloader(dataset: Dataset[Any], params: Any,
     shuffle = training if params.shuffle is None else bool(params.shuffle)
     seed = params.seed if params.seed is not None else seed
     sampler: Sampler[int] | None = None
-    if context.num_input_pipelines > 1 and training:
+    if training:  # in one process too: the order is the same at every world size
         sampler = DistributedSampler(dataset, context.num_input_pipelines,
                                      context.input_pipeline_id, shuffle=shuffle, seed=seed)
     elif context.num_input_pipelines > 1:
         sampler = ShardSampler(len(dataset),  # type: ignore[arg-type]
                                context.num_input_pipelines, context.input_pipeline_id)
+    key = "task.train_data" if training else "task.validation_data"
+    if params.global_batch_size % context.num_replicas_in_sync:
+        world = context.num_replicas_in_sync
+        raise ConfigError(
+            f"{key}.global_batch_size (got {params.global_batch_size}) is not divisible by the "
+            f"{world} processes of this job: set it to a multiple of {world}, e.g. "
+            f"{key}.global_batch_size={max(world, params.global_batch_size // world * world)}.")
     batch_size = context.get_per_replica_batch_size(params.global_batch_size)
     length = len(sampler) if sampler is not None else len(dataset)  # type: ignore[arg-type]
     if params.drop_remainder and length < batch_size:
-        key = "task.train_data" if training else "task.validation_data"
         raise ConfigError(
             f"{key}.global_batch_size (got {params.global_batch_size}) is larger than the data "
             f"({length} examples{' per process' if context.num_replicas_in_sync > 1 else ''}) "
