@@ -74,7 +74,7 @@ from cadence.engine.sharded import (
 from cadence.engine.state_file import HostSnapshot, PackedState
 
 __all__ = ["CheckpointIO", "CheckpointManager", "HostSnapshot", "StateFileIO", "TorchSaveIO",
-           "read_checkpoint"]
+           "check_shared_directory", "read_checkpoint"]
 
 logger = logging.getLogger("cadence")
 
@@ -118,6 +118,57 @@ def _distributed() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def check_shared_directory(directory: str | os.PathLike[str], timeout: float = 5.0) -> None:
+    """Checks, before training, that every rank of a job sees one `directory`: rank 0 writes a
+    random token there, and every rank must read it back within `timeout` seconds (a shared
+    filesystem may show a new file late). A collective; nothing to do in one process.
+
+    The ranks write their parts of every checkpoint into one directory, and all restore the
+    newest one there: on nodes that do not share it, the first save would fail after a whole
+    interval of training, and a node that sees no checkpoint would start again from step 0.
+
+    Raises:
+        CheckpointError: naming the ranks (and hosts) that do not see rank 0's token.
+    """
+    rank, world = _distributed()
+    if world == 1:
+        return
+    import socket
+    import time
+    import uuid
+
+    from cadence.engine.distributed import broadcast_object, gather_objects
+
+    directory = Path(directory)
+    token = broadcast_object(uuid.uuid4().hex if rank == 0 else None)
+    probe = directory / f".shared-{token}"
+    if rank == 0:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe.write_text(token, encoding="utf-8")
+    gather_objects(None)  # rank 0 has written it
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(OSError):
+            if probe.read_text(encoding="utf-8") == token:
+                break
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    seen = probe.is_file()
+    views = gather_objects((seen, socket.gethostname()))
+    if rank == 0:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    blind = [f"rank {r} on {host}" for r, (ok, host) in enumerate(views) if not ok]
+    if blind:
+        raise CheckpointError(
+            f"The ranks of this job do not share the checkpoint directory {str(directory)!r}: "
+            f"{', '.join(blind)} cannot see the file rank 0 (on {views[0][1]}) wrote there. "
+            "Every rank writes its part of each checkpoint there and restores from it: put the "
+            "run directory on a filesystem every node mounts (NFS, Lustre, a shared volume) "
+            "and pass that path to every node.")
 
 
 class CheckpointManager:
@@ -455,7 +506,15 @@ class CheckpointManager:
                 obj.load_state_dict(payload["tracked"][name])
             else:
                 logger.warning("Checkpoint %s has no state for %r: it starts fresh.", path, name)
-        restore_rank_state(path, items, saved_world, rank_states)
+        said = restore_rank_state(path, items, saved_world, rank_states)
+        world = _distributed()[1]
+        if saved_world != world and _distributed()[0] == 0:
+            weights = ("the model and optimizer are resharded from their shards (DCP)"
+                       if in_shards else "the model and optimizer are loaded whole on every "
+                       "rank")
+            logger.warning("Resuming checkpoint %s, written by %d process%s, with %d: %s.",
+                           path.name, saved_world, "es" if saved_world > 1 else "", world,
+                           "; ".join([weights, *said]))
         return int(manifest["step"])
 
     def _items(self) -> dict[str, Any]:

@@ -156,7 +156,8 @@ class BestCheckpointExporter:
         """Exports `model`'s weights if these logs are among the best; returns whether it did.
 
         The weights are copied to host memory now; with a `coordinator` (the Trainer's) the
-        files are written in the background. Only rank 0 exports.
+        files are written in the background. Every rank decides (and reports the same best
+        value); only rank 0 writes the files, and only rank 0 returns True.
 
         Raises:
             MissingMetricError: a `KeyError`, if the metric is not in `eval_logs` (the message
@@ -166,22 +167,26 @@ class BestCheckpointExporter:
         if not is_scalar(value):
             raise ValueError(f"The metric {self.metric_name!r} is not a scalar: {value!r}.")
         value = float(value)
-        if process_rank() != 0 or math.isnan(value):
+        if math.isnan(value):
             return False
         if any(e["step"] == global_step for e in self._entries):
             return False  # this step is exported already (a restarted run evaluating again)
         full = len(self._entries) >= self.max_to_keep
         if full and not self._better(value, self._entries[-1]["value"]):
             return False
-        state = model.state_dict() if isinstance(model, nn.Module) else model
-        weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
         logs = {k: float(v) for k, v in flatten(eval_logs).items() if is_scalar(v)}
         entry = {"step": int(global_step), "value": value, "path": f"best-{global_step}",
                  "logs": logs}
         entries = sorted([*self._entries, entry], key=lambda e: e["value"],
                          reverse=self.metric_comp == "higher")
         kept, dropped = entries[: self.max_to_keep], entries[self.max_to_keep:]
-        self._entries = kept  # decided now; the files follow (in the background if asked)
+        # Decided on every rank, so that every rank reports the same best value; the files
+        # follow on rank 0 alone (in the background if asked).
+        self._entries = kept
+        if process_rank() != 0:
+            return False
+        state = model.state_dict() if isinstance(model, nn.Module) else model
+        weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
         if coordinator is not None:
             coordinator.schedule(self._write, entry, weights, kept, dropped)
         else:

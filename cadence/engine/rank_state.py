@@ -55,12 +55,12 @@ def write_rank_state(payload: dict[str, Any] | PackedState, directory: Path, ran
 def _read(directory: Path, rank: int, manifest: dict[str, Any]) -> dict[str, Any] | None:
     """Rank `rank`'s file, verified against the manifest; also the formats of earlier
     versions (``rank-<r>.pt``; ``rng-<r>.cadence`` and ``rng-<r>.pt``, random state only)."""
-    checksums = manifest.get("sha256", {})
+    checksums, listed = manifest.get("sha256", {}), manifest.get("files", {})
     for name in (f"rank-{rank}.cadence", f"rank-{rank}.pt", f"rng-{rank}.cadence",
                  f"rng-{rank}.pt"):
         path = directory / name
-        if not path.is_file():
-            continue
+        if name not in listed or not path.is_file():  # a file the manifest does not list
+            continue  # was not written with the checkpoint: it is never read
         content = (read_state_file(path, checksums.get(name)) if path.suffix == ".cadence"
                    else torch_load(path))
         payload = content if name.startswith("rank-") else {"rng": content, "state": {}}
@@ -95,9 +95,14 @@ def _restore_rng(directory: Path, rng: dict[str, Any]) -> None:
 
 
 def restore_rank_state(directory: Path, items: dict[str, Any], saved_world: int,
-                       files: list[dict[str, Any] | None]) -> None:
+                       files: list[dict[str, Any] | None]) -> list[str]:
     """Gives this rank its random state and rank-local parts back from checkpoint `directory`
     (written by `saved_world` processes), out of the `files` that `read_rank_states` read.
+
+    Returns:
+        At another world size, what happened, in phrases for the one line the caller logs
+        (how each rank-local part was resharded; where the random states came from); else
+        nothing.
 
     Raises:
         CheckpointError: when a rank-local part cannot be resharded to this world size, or a
@@ -115,8 +120,9 @@ def restore_rank_state(directory: Path, items: dict[str, Any], saved_world: int,
             if name in own["state"]:
                 obj.load_state_dict(own["state"][name])
         _restore_rng(directory, own["rng"])
-        return
+        return []
     states = files
+    said: list[str] = []
     own = states[rank] if rank < saved_world else None
     if any(state is None for state in states):
         raise CheckpointError(f"Checkpoint {str(directory)!r} lacks the files of some of its "
@@ -130,16 +136,14 @@ def restore_rank_state(directory: Path, items: dict[str, Any], saved_world: int,
                 f"job has {world}: {name!r} cannot be resharded. Resume with "
                 f"--nproc_per_node={saved_world} (the same world size)."
             )
-        how = reshard(saved, rank, world)
-        if rank == 0:
-            logger.warning("Resuming a checkpoint of %d processes with %d: %s", saved_world,
-                           world, how)
+        said.append(str(reshard(saved, rank, world)).rstrip("."))
+    if world > saved_world:
+        said.append(f"ranks {saved_world} to {world - 1} take rank 0's random state, offset by "
+                    "their rank" if world - saved_world > 1 else
+                    f"rank {saved_world} takes rank 0's random state, offset by its rank")
     source = own if own is not None else states[0]
     assert source is not None
-    if own is None:
-        logger.warning("Checkpoint %s has no random state for rank %d (it was written by %d "
-                       "processes): rank %d continues from rank 0's, offset by its rank.",
-                       directory, rank, saved_world, rank)
     _restore_rng(directory, source["rng"])
     if own is None:
         torch.manual_seed(int(torch.randint(0, 2**62, ())) + rank)
+    return said

@@ -34,6 +34,7 @@ from typing import Any
 
 from cadence.core.checkpoint_dir import CheckpointDirectory
 from cadence.core.errors import CheckpointError, ConfigError, MissingMetricError, Preempted
+from cadence.core.rank import process_rank
 from cadence.core.run_dir import RunDirectory, RunLockedError
 
 logger = logging.getLogger("cadence")
@@ -211,8 +212,11 @@ def _load(args: argparse.Namespace, model_dir: Path | None) -> Any:
 
 
 def _summary(run: RunDirectory, logs: dict[str, Any]) -> None:
+    """What a run prints at its end: once, from rank 0 of a torchrun job."""
     from cadence.core.logs import format_logs
 
+    if process_rank() != 0:
+        return
     if logs:
         print(f"Evaluation: {format_logs(logs)}")
     ledger_path = run.best / "info.json"
@@ -231,7 +235,7 @@ def _summary(run: RunDirectory, logs: dict[str, Any]) -> None:
 def _chosen_by_rank_zero(config: Any, choose: Any) -> Path:
     """`choose(config)` on rank 0, the same path on every rank of a torchrun job (each rank
     would otherwise name its own run directory)."""
-    from cadence.core.rank import process_rank, world_size
+    from cadence.core.rank import world_size
 
     if world_size() == 1:
         return Path(choose(config))
@@ -248,8 +252,9 @@ def _train(args: argparse.Namespace) -> int:
     config = _load(args, args.model_dir)
     model_dir = args.model_dir or _chosen_by_rank_zero(config, _train_dir)
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
-    print(f"Experiment {config.experiment or '(custom)'}, mode {args.mode}, "
-          f"run directory {model_dir}", file=sys.stderr)
+    if process_rank() == 0:
+        print(f"Experiment {config.experiment or '(custom)'}, mode {args.mode}, "
+              f"run directory {model_dir}", file=sys.stderr)
     with _logging(progress):
         _, logs = run_experiment(config, args.mode, model_dir, progress_bar=progress,
                                  allow_config_change=args.allow_config_change)
@@ -358,8 +363,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return command(args)
     except Preempted as stop:
         where = f"; checkpoint {stop.checkpoint}" if stop.checkpoint else ""
-        print(f"Stopped by a signal{where}. Run the same command again to resume.",
-              file=sys.stderr)
+        if process_rank() == 0:  # every rank stopped at the same step, with the same checkpoint
+            print(f"Stopped by a signal{where}. Run the same command again to resume.",
+                  file=sys.stderr)
         return int(stop.code) if isinstance(stop.code, int) else 1
     except (ConfigError, CheckpointError, MissingMetricError, RunLockedError) as error:
         print(f"cadence: error: {error}", file=sys.stderr)

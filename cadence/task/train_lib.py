@@ -61,7 +61,7 @@ from cadence.core.errors import CheckpointError, ConfigError
 from cadence.core.rank import process_rank
 from cadence.core.run_dir import PARAMS_FILE, RunDirectory
 from cadence.core.summary import SummaryManager, WriterSpec, writer_factory
-from cadence.engine.checkpoint import CheckpointManager
+from cadence.engine.checkpoint import CheckpointManager, check_shared_directory
 from cadence.engine.distributed import gather_objects, init_distributed, local_device
 from cadence.engine.exporter import BestCheckpointExporter
 from cadence.task.config import MODES, ExperimentConfig
@@ -121,12 +121,15 @@ def agree_on_run(run: RunDirectory) -> None:
 
 
 def agree_on_checkpoint(manager: CheckpointManager) -> None:
-    """Checks that every rank sees the same newest checkpoint before restoring it.
+    """Checks that every rank sees one checkpoint directory (`check_shared_directory`: before
+    step 0, not at the first save) and the same newest checkpoint in it, before restoring it.
 
     Raises:
         CheckpointError: naming what each rank sees (the checkpoint directory is not shared,
             or a rank sees a half-synchronized copy).
     """
+    if not manager.read_only:
+        check_shared_directory(manager.directory)
     seen = gather_objects(manager.latest_checkpoint)
     if len(set(seen)) > 1:
         raise CheckpointError(

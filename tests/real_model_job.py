@@ -1,0 +1,67 @@
+"""A registered experiment trained by `run_experiment` in every process of a torchrun job (or
+alone), recording the whole model and optimizer state where training begins (after the restore)
+and where it ends -- gathered from every rank's shards, so that states written and read at
+different world sizes compare exactly.
+
+usage: real_model_job.py EXPERIMENT RUN_DIR STEPS OUT_PREFIX [OVERRIDE ...]
+
+Writes OUT_PREFIX-begin.pt and OUT_PREFIX-end.pt ({"step", "model", "optimizer"}, rank 0)
+and OUT_PREFIX-log-<rank>.txt (what cadence logged on that rank).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+)
+
+import cadence
+from cadence.core.rank import process_rank
+
+
+def full_state(trainer: Any) -> dict[str, Any]:
+    """The trainer's model and optimizer state, whole, on every rank (a collective under FSDP2).
+    The optimizer's state is keyed by parameter name, so that it compares across shardings."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model = get_model_state_dict(trainer.model, options=options)
+    optimizer = get_optimizer_state_dict(trainer.model, trainer.optimizer, options=options)
+    return {"step": trainer.global_step, "model": model, "optimizer": optimizer}
+
+
+class Capture(cadence.Callback):
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def _save(self, state: cadence.RunState, when: str) -> None:
+        captured = full_state(state.trainer)
+        if process_rank() == 0:
+            torch.save(captured, f"{self.prefix}-{when}.pt")
+
+    def on_train_begin(self, state: cadence.RunState) -> None:
+        self._save(state, "begin")
+
+    def on_train_end(self, state: cadence.RunState) -> None:
+        self._save(state, "end")
+
+
+def main() -> None:
+    experiment, run, steps, prefix, *overrides = sys.argv[1:]
+    handler = logging.FileHandler(f"{prefix}-log-{process_rank()}.txt")
+    logging.getLogger("cadence").addHandler(handler)
+    logging.getLogger("cadence").setLevel(logging.INFO)
+    config = cadence.load_config(experiment, overrides=[
+        f"trainer.train_steps={steps}", "runtime.device=cpu", *overrides])
+    cadence.run_experiment(config, "train", Path(run), callbacks=[Capture(prefix)],
+                           allow_config_change=True)
+
+
+if __name__ == "__main__":
+    main()

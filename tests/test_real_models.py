@@ -1,0 +1,293 @@
+"""Real models across ranks (torchrun, gloo): the GPT-2-style ``gpt`` and the ``char_lm``
+transformer -- tied embedding and head, blocks in a ModuleList -- trained with DDP and FSDP2,
+checkpointed at one world size and resumed at others, as users of torchtitan and Lightning do.
+
+The jobs are the ``cadence`` command itself and ``tests/real_model_job.py`` (`run_experiment`
+with a callback that gathers the whole model and optimizer state where training begins and
+ends).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+JOB = Path(__file__).parent / "real_model_job.py"
+
+SMALL = {
+    "gpt": ["task.model.n_layer=2", "task.model.n_head=2", "task.model.n_embd=32",
+            "task.model.block_size=32"],
+    "char_lm": ["task.model.num_layers=2", "task.model.num_heads=2", "task.model.d_model=32",
+                "task.model.dim_feedforward=64", "task.model.dropout=0.0"],
+}
+"""Each experiment's model, shrunk to seconds a step on a CPU."""
+DATA = ["task.sequence_length=32", "task.max_bytes=60000",
+        "task.train_data.global_batch_size=12", "task.validation_data.global_batch_size=12",
+        "trainer.validation_steps=2"]
+"""A global batch of 12 splits evenly over 1, 2, 3 or 4 ranks."""
+
+
+def torchrun_command(nproc):
+    runner = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if runner is None:
+        pytest.skip("torchrun is not installed next to this Python")
+    return [runner, "--standalone", f"--nproc_per_node={nproc}"]
+
+
+def run(command, cwd, timeout=300):
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result
+
+
+def cadence_train(nproc, experiment, run_dir, settings, cwd):
+    """``cadence train`` in `nproc` processes (a plain process for 1)."""
+    launcher = [sys.executable] if nproc == 1 else torchrun_command(nproc)
+    command = [*launcher, "-m", "cadence", "train", "-e", experiment, "-m", str(run_dir),
+               "--mode", "train"]
+    for setting in settings:
+        command += ["--set", setting]
+    return run(command, cwd)
+
+
+def job(nproc, experiment, run_dir, steps, prefix, settings):
+    launcher = [sys.executable] if nproc == 1 else torchrun_command(nproc)
+    return run([*launcher, str(JOB), experiment, str(run_dir), str(steps), str(prefix),
+                *settings], cwd=run_dir.parent)
+
+
+def training_losses(run_dir):
+    lines = (run_dir / "train" / "metrics.jsonl").read_text().splitlines()
+    return [record["training_loss"] for record in map(json.loads, lines)
+            if "training_loss" in record]
+
+
+def assert_same_state(expected, actual, where):
+    """Every tensor equal, bit for bit; every other value equal."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor) and torch.equal(expected, actual), where
+    elif isinstance(expected, dict):
+        assert set(expected) == set(actual), (where, sorted(expected), sorted(actual))
+        for key in expected:
+            assert_same_state(expected[key], actual[key], f"{where}.{key}")
+    elif isinstance(expected, (list, tuple)):
+        assert len(expected) == len(actual), where
+        for index, (a, b) in enumerate(zip(expected, actual)):
+            assert_same_state(a, b, f"{where}[{index}]")
+    else:
+        assert expected == actual, (where, expected, actual)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_one_process_ddp_and_fsdp2_give_the_same_loss_curve_on_the_same_global_batch(tmp_path):
+    """The same model, data order and global batch of 12: one process takes it whole, two
+    ranks take 6 each and average their gradients (DDP) or reduce-scatter them (FSDP2)."""
+    settings = [*SMALL["gpt"], *DATA, "trainer.train_steps=6", "trainer.steps_per_loop=1",
+                "trainer.optimizer_config.learning_rate.warmup_steps=0", "runtime.device=cpu"]
+    curves = {}
+    for strategy, nproc in (("none", 1), ("ddp", 2), ("fsdp2", 2)):
+        run_dir = tmp_path / strategy
+        result = cadence_train(nproc, "gpt", run_dir, [*settings, f"runtime.strategy={strategy}"],
+                               tmp_path)
+        curves[strategy] = training_losses(run_dir)
+        if nproc > 1:  # what a run prints at its end: once, from rank 0
+            assert result.stdout.count("Run directory:") == 1, result.stdout
+            assert result.stderr.count("Experiment gpt, mode train") == 1
+    assert len(curves["none"]) == 6
+    for strategy in ("ddp", "fsdp2"):
+        assert curves[strategy] == pytest.approx(curves["none"], rel=1e-5), strategy
+    assert curves["none"][-1] < curves["none"][0]  # and it learns
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("experiment", ["gpt", "char_lm"])
+def test_fsdp2_saved_at_two_ranks_resumes_at_one_and_three_with_the_saved_state(
+        tmp_path, experiment):
+    """Sharded at 2 ranks, checkpointed at step 4 through DCP; resumed in one process (a
+    group of one) and at 3 ranks: the whole model and optimizer, gathered where training
+    begins again, are the saved ones bit for bit; the data position is dealt to the new ranks,
+    and one line says so."""
+    settings = [*SMALL[experiment], *DATA, "runtime.strategy=fsdp2", "trainer.steps_per_loop=2",
+                "trainer.checkpoint_interval=4"]
+    saved_run = tmp_path / "run-2"
+    job(2, experiment, saved_run, 4, tmp_path / "two", settings)
+    saved = torch.load(tmp_path / "two-end.pt", weights_only=True)
+    assert saved["step"] == 4
+    assert any(name.endswith(".distcp") for name in
+               os.listdir(saved_run / "checkpoints" / "ckpt-4" / "sharded"))
+    for nproc in (1, 3):
+        run_dir = tmp_path / f"run-{nproc}"
+        shutil.copytree(saved_run, run_dir)
+        prefix = tmp_path / f"resumed-{nproc}"
+        job(nproc, experiment, run_dir, 6, prefix, settings)
+        restored = torch.load(f"{prefix}-begin.pt", weights_only=True)
+        assert restored["step"] == 4
+        assert_same_state(saved["model"], restored["model"], "model")
+        assert_same_state(saved["optimizer"], restored["optimizer"], "optimizer")
+        assert torch.load(f"{prefix}-end.pt", weights_only=True)["step"] == 6  # it trains on
+        log = Path(f"{prefix}-log-0.txt").read_text()
+        assert log.count("Resuming checkpoint ckpt-4, written by 2 processes, with "
+                         f"{nproc}: the model and optimizer are resharded from their shards "
+                         "(DCP); the ") == 1, log
+        if nproc == 3:
+            assert "Resuming" not in Path(f"{prefix}-log-1.txt").read_text()  # rank 0 says it
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_ddp_run_resumed_at_another_world_size_says_so_in_one_line(tmp_path):
+    settings = [*SMALL["gpt"], *DATA, "runtime.strategy=ddp", "trainer.steps_per_loop=2",
+                "trainer.checkpoint_interval=4"]
+    job(2, "gpt", tmp_path / "run", 4, tmp_path / "two", settings)
+    job(3, "gpt", tmp_path / "run", 6, tmp_path / "three", settings)
+    log = (tmp_path / "three-log-0.txt").read_text()
+    assert log.count("Resuming checkpoint ckpt-4, written by 2 processes, with 3: the model "
+                     "and optimizer are loaded whole on every rank; the ") == 1, log
+    assert_same_state(torch.load(tmp_path / "two-end.pt", weights_only=True)["model"],
+                      torch.load(tmp_path / "three-begin.pt", weights_only=True)["model"],
+                      "model")
+
+
+def two_node_commands(tmp_path, run_dir, settings, private=None):
+    """Two ``torchrun --nnodes=2`` launchers, one process each, meeting through a c10d
+    rendezvous on 127.0.0.1. With `private`, each runs in its own mount namespace where the
+    run directory's parent is node i's own folder: the same path, not the same files -- two
+    machines without a shared filesystem."""
+    import socket
+
+    launcher = torchrun_command(1)[0]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    commands = []
+    for node in (0, 1):
+        command = [launcher, "--nnodes=2", "--nproc_per_node=1", f"--node_rank={node}",
+                   "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+                   f"--rdzv_id=cadence-{port}", "-m", "cadence", "train", "-e", "gpt",
+                   "-m", str(run_dir), "--mode", "train"]
+        for setting in settings:
+            command += ["--set", setting]
+        if private is not None:
+            mount = f"mount --bind {private[node]} {run_dir.parent}"
+            command = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                       f"{mount} && exec \"$0\" \"$@\"", *command]
+        commands.append(command)
+    return commands
+
+
+def run_nodes(commands, cwd):
+    nodes = [subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+             for command in commands]
+    return [(node.communicate(timeout=300)[0], node.returncode) for node in nodes]
+
+
+GPT_ON_TWO_NODES = [*SMALL["gpt"], *DATA, "trainer.train_steps=4", "trainer.steps_per_loop=2",
+                    "trainer.checkpoint_interval=2", "runtime.device=cpu"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_nodes_that_share_the_run_directory_train_and_print_once(tmp_path):
+    run_dir = tmp_path / "shared" / "run"
+    outputs = run_nodes(two_node_commands(tmp_path, run_dir, GPT_ON_TWO_NODES), tmp_path)
+    assert [code for _, code in outputs] == [0, 0], outputs
+    assert sum(output.count("Run directory:") for output, _ in outputs) == 1
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "ckpt-2", "ckpt-4"]
+    assert {"rank-0.cadence", "rank-1.cadence"} <= set(
+        os.listdir(run_dir / "checkpoints" / "ckpt-4"))
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_nodes_without_a_shared_filesystem_are_refused_in_one_line_before_step_0(tmp_path):
+    if subprocess.run(["unshare", "-m", "--propagation", "private", "true"],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mount namespaces are not available here (unshare -m)")
+    private = [tmp_path / "node-0", tmp_path / "node-1"]
+    for folder in private:
+        folder.mkdir()
+    (tmp_path / "shared").mkdir()
+    run_dir = tmp_path / "shared" / "run"
+    commands = two_node_commands(tmp_path, run_dir, GPT_ON_TWO_NODES, private=private)
+    outputs = run_nodes(commands, tmp_path)
+    for output, code in outputs:
+        assert code != 0
+        errors = [line for line in output.splitlines() if line.startswith("cadence: error:")]
+        assert len(errors) == 1, output
+        assert "do not share the checkpoint directory" in errors[0]
+        assert "rank 1 on" in errors[0] and "filesystem every node mounts" in errors[0]
+        assert "[rank0]: Traceback" not in output and "[rank1]: Traceback" not in output
+    for folder in private:  # refused before step 0: nothing trained, nothing saved
+        assert not list(folder.glob("run/checkpoints/ckpt-*"))
+        assert not (folder / "run" / "train" / "metrics.jsonl").exists()
+
+
+def _launcher_traceback_removed(output):
+    """`output` without torchrun's own traceback: the launcher re-raises the SIGTERM it was sent
+    (``SignalException``) after its workers have stopped; the workers' output is what counts."""
+    import re
+
+    return re.sub(r"Traceback \(most recent call last\):\n  File \"[^\"]*torchrun\".*?"
+                  r"SignalException[^\n]*\n", "", output, flags=re.S)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_twenty_sigterms_to_the_launcher_each_stop_every_rank_cleanly_and_resume(tmp_path):
+    """``kill <torchrun>`` at a random moment of training, 20 times in one run directory, half
+    of them with another process keeping a core busy: each time both ranks save the same step,
+    exit without a traceback, and the run says once that it stopped; each run resumes from the
+    previous one's checkpoint."""
+    import random
+    import signal
+    import threading
+    import time
+
+    command = [*torchrun_command(2), "-m", "cadence", "train", "-m", "run", "--mode", "train"]
+    for setting in ("trainer.train_steps=1000000", "trainer.steps_per_loop=20",
+                    "trainer.checkpoint_interval=200", "task.model.hidden_sizes=[32]",
+                    "runtime.device=cpu"):
+        command += ["--set", setting]
+    checkpoints = tmp_path / "run" / "checkpoints"
+    rng = random.Random(0)
+    stopped_at = None
+    for trial in range(20):
+        busy = (subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                if trial % 2 else None)
+        try:
+            launcher = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+            lines: list[str] = []
+            reader = threading.Thread(target=lines.extend, args=(launcher.stdout,), daemon=True)
+            reader.start()
+            deadline = time.monotonic() + 120
+            while not any("train | step" in line for line in lines):
+                assert launcher.poll() is None and time.monotonic() < deadline, "".join(lines)
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0.0, 1.5))
+            launcher.send_signal(signal.SIGTERM)
+            launcher.wait(timeout=120)
+            reader.join(timeout=30)
+        finally:
+            if busy is not None:
+                busy.kill()
+        output = "".join(lines)
+        workers = _launcher_traceback_removed(output)
+        assert "Traceback" not in workers, (trial, output)
+        assert output.count("Stopped by a signal; checkpoint ") == 1, (trial, output)
+        if stopped_at is not None:
+            assert f"Restored run/checkpoints/ckpt-{stopped_at} (step {stopped_at})" in output
+        stopped_at = int(output.split("Stopped by a signal; checkpoint ")[1].split("ckpt-")[1]
+                         .split(".")[0])
+        files = set(os.listdir(checkpoints / f"ckpt-{stopped_at}"))
+        assert {"manifest.json", "state.cadence", "rank-0.cadence", "rank-1.cadence"} <= files
