@@ -156,7 +156,7 @@ class Metric:
         for name in self._SUMMED:  # a process that saw no data still takes part, with zeros
             if name not in self._state:
                 self._state[name] = torch.zeros((), device=self._device or "cpu")
-            dist.all_reduce(self._state[name])
+            all_reduce_anywhere(self._state[name])
 
     def state_dict(self) -> dict[str, Any]:
         self._fold()
@@ -171,6 +171,18 @@ class Metric:
                                        else value.clone()) for name, value in state_dict.items()}
         self._remembered = {}
         self._host_count = 0
+
+
+def all_reduce_anywhere(tensor: torch.Tensor) -> None:
+    """``dist.all_reduce`` (a sum) of `tensor` in place, wherever it lives: NCCL reduces only
+    CUDA tensors, so a host tensor in an NCCL job (a metric that never saw a value, one kept on
+    the CPU) goes through this rank's GPU and back."""
+    if tensor.device.type == "cpu" and "nccl" in str(dist.get_backend()).lower():
+        on_gpu = tensor.to(torch.device("cuda", torch.cuda.current_device()))
+        dist.all_reduce(on_gpu)
+        tensor.copy_(on_gpu)  # a host read of the result: the collective's end
+        return
+    dist.all_reduce(tensor)
 
 
 class Mean(Metric):
