@@ -20,6 +20,10 @@ round, one untimed warm-up round):
    and compiled, the checkpoint stall of state on the GPU, and host syncs per front-end; every
    variant of a comparison on the same CUDA device. Skipped, with a line in the report, where
    no GPU is found; ``--smoke`` without one runs a few of its variants on the CPU, tiny.
+7. GPT (``benchmarks/gpt.py``): the GPT-2-style ``gpt`` model, a hand-written nanoGPT-style
+   loop doing the Trainer's work against the Task Trainer, eager and compiled, fp32 and bf16
+   autocast: tokens/s, recompiles after the first loop, host reads per step; on a GPU at GPT-2
+   small's size (124M) with MFU and peak memory, else at a test size on the CPU.
 
 Benchmarks are not tests: they print figures and write them down; ``--smoke`` only proves that
 every variant still runs.
@@ -188,6 +192,96 @@ def _gpu_child(workload: str, variant: str, device: str, tiny: bool, tmp: Path,
     return record
 
 
+GPT_VARIANTS = [(kind, precision, compiled) for precision in ("fp32", "bf16")
+                for compiled in (False, True) for kind in ("raw", "trainer")]
+
+
+def gpt_name(kind: str, precision: str, compiled: bool) -> str:
+    return f"{kind} {precision} {'compiled' if compiled else 'eager'}"
+
+
+def bench_gpt(args: argparse.Namespace, tmp: Path, log: Path) -> dict:
+    """Workload 7: records by variant name, and host reads per step by kind."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    size = "124m" if device == "cuda" else "test"
+    steps = ["--steps", "20"] if args.smoke else []
+    variants = [v for v in GPT_VARIANTS if not (args.smoke and v[2])]
+    names = {gpt_name(*variant): variant for variant in variants}
+    results: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                     "size": size, "runs": {name: [] for name in names}, "syncs": {}}
+    env = child_env({"OMP_NUM_THREADS": "1"} if device == "cpu" else {"OMP_NUM_THREADS": "4"})
+    reps = 1 if args.smoke else max(1, args.reps - 2)
+    for r, name in rounds(list(names), reps, 0):
+        kind, precision, compiled = names[name]
+        out = tmp / "gpt.json"
+        command = [sys.executable, str(HERE / "gpt.py"), kind, "--precision", precision,
+                   "--size", size, "--device", device, "--out", str(out),
+                   "--workdir", tempfile.mkdtemp(dir=tmp), *steps,
+                   *(["--compile"] if compiled else [])]
+        record = run_json(command, out, env, log)
+        if record is not None:
+            results["runs"][name].append(record)
+            print(f"  round {r} gpt {name}: {record['steady_tokens_per_s']:.0f} tokens/s "
+                  f"steady", flush=True)
+    for kind in ("raw", "trainer"):  # eager fp32, counting host reads (slower: not timed)
+        out = tmp / "gpt-syncs.json"
+        record = run_json([sys.executable, str(HERE / "gpt.py"), kind, "--count-syncs",
+                           "--size", size, "--device", device, "--steps", "30", "--out",
+                           str(out), "--workdir", tempfile.mkdtemp(dir=tmp)], out, env, log)
+        if record is not None:
+            results["syncs"][kind] = record["syncs_per_step"]
+    return results
+
+
+def gpt_report(results: dict) -> list[str]:
+    """Section 7 of the report."""
+    on_gpu = results["device"] != "cpu"
+    lines = ["", f"## 7. GPT: the `gpt` model ({results['size']}) on {results['device']}", "",
+             "cadence's GPT-2-style decoder (tied embedding and head, pre-LayerNorm blocks, "
+             "`scaled_dot_product_attention`). `raw`: a hand-written nanoGPT-style loop doing "
+             "the Trainer's work -- the same model, data order, AdamW, clipping, "
+             "warmup-cosine schedule, and loss, gradient-norm and accuracy accumulated on the "
+             "device, read once per loop. `trainer`: `run_experiment(gpt, mode=train)` as "
+             "`cadence train` runs it (summaries, run directory; no checkpoints, no "
+             "evaluation). Compiled: the same region in both (forward, loss, metrics; "
+             "`trainer.compile_step`). `steady`: from the end of the first loop to the end of "
+             "the last. Ratio: the Trainer's steady tokens/s over the raw loop's of the same "
+             "precision and compilation (target >= 0.99). `recompiles`: Dynamo graphs compiled "
+             "after the first loop (target 0).", "",
+             "| variant | tokens/s median [min-max] | steady tokens/s | steady ratio | "
+             "recompiles |" + (" peak MB | MFU |" if on_gpu else ""),
+             "|---|---|---|---|---|" + ("---|---|" if on_gpu else "")]
+    runs = results["runs"]
+    for name, records in runs.items():
+        if not records:
+            lines.append(f"| {name} | failed | | | |")
+            continue
+        steady = [r["steady_tokens_per_s"] for r in records]
+        base = [b["steady_tokens_per_s"] for b in runs.get(name.replace("trainer", "raw"), [])]
+        ratio = (f"{statistics.median(steady) / statistics.median(base):.3f}x"
+                 if base and name.startswith("trainer") else "1.000x" if base else "n/a")
+        row = (f"| {name} | {spread([r['tokens_per_s'] for r in records])} | "
+               f"{spread(steady)} | {ratio} | "
+               f"{max(r['recompiles'] for r in records) if 'compiled' in name else ''} |")
+        if on_gpu:
+            row += (f" {statistics.median(r['peak_mem_mb'] for r in records):.0f} | "
+                    f"{statistics.median(r['mfu'] for r in records):.1%} |")
+        lines.append(row)
+    syncs = results.get("syncs", {})
+    if syncs.get("raw") and syncs.get("trainer"):
+        extra = [t - r for t, r in zip(syncs["trainer"], syncs["raw"])]
+        lines += ["", "Host reads of tensor values (`aten._local_scalar_dense`) per step after the "
+                  f"first loop, eager fp32: raw {statistics.median(syncs['raw']):.0f}, Trainer "
+                  f"{statistics.median(syncs['trainer']):.0f}; the Trainer's extra reads per "
+                  f"step: {sorted(set(extra))} (target 0)." + (
+                      " On the CPU every read counts, AdamW's per-parameter step counters "
+                      "included (host tensors that never sync a GPU), so only the difference "
+                      "means anything here." if not on_gpu else "")]
+    return lines
+
+
 def bench_startup(args: argparse.Namespace) -> dict:
     cases = {
         "python": "pass",
@@ -301,7 +395,8 @@ def gpu_report(results: dict) -> list[str]:
 
 
 def report(env: dict, overhead: dict, compute: dict, inputs: dict, checkpoints: dict,
-           startup: dict, smoke: bool, gpu: dict | None = None) -> str:
+           startup: dict, smoke: bool, gpu: dict | None = None,
+           gpt: dict | None = None) -> str:
     lines = ["# Benchmarks", "",
              "Written by `python benchmarks/run.py` (the one command; `--smoke` for a quick "
              "check). Every figure is from one run of the suite: fresh processes, variants "
@@ -347,8 +442,9 @@ def report(env: dict, overhead: dict, compute: dict, inputs: dict, checkpoints: 
                        if "steady_ms_per_step" in r]
         lines += ["", "## 2. Compute-bound: char transformer on CPU", "",
                   "d_model 128, 2 layers, sequence 128, batch 32, AdamW, gradient clipping, "
-                  "one thread, 40 steps per run. The Trainer adds its defaults: loss and "
-                  "accuracy metrics, summaries per loop of 10, an async checkpoint every 20.",
+                  "one thread, 40 steps per run. Both compute the loss, accuracy and gradient "
+                  "norm on the device and read them once per loop of 10; the Trainer adds its "
+                  "summaries per loop and an async checkpoint every 20.",
                   "`ms/step` is the whole run, including the final checkpoint's write that "
                   "`controller.train` waits for; `steady` runs from the forward of the step "
                   "after the first quarter to the forward of the last step: no one-time start "
@@ -413,6 +509,8 @@ def report(env: dict, overhead: dict, compute: dict, inputs: dict, checkpoints: 
         lines.append(f"| `{name}` | {spread(values, '{:.3f}')} | {extra} |")
     if gpu is not None:
         lines += gpu_report(gpu)
+    if gpt is not None:
+        lines += gpt_report(gpt)
     lines += ["", "Where the time goes and what is not yet met: `docs/performance.md`."]
     return "\n".join(lines) + "\n"
 
@@ -427,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         "BENCH_PYTHON", str(Path.home() / ".cache/cadence-bench/venv/bin/python")))
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     parser.add_argument("--only", choices=("overhead", "compute", "input", "checkpoint",
-                                           "startup", "gpu"))
+                                           "startup", "gpu", "gpt"))
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="cadence-bench-"))
     log = tmp / "children.log"
@@ -438,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     checkpoints: dict = {kind: [] for kind in CHECKPOINT_KINDS}
     startup: dict = {"import torch": [float("nan")]}
     gpu: dict | None = None
+    gpt: dict | None = None
     if args.only in (None, "overhead"):
         print("1. overhead-bound MLP", flush=True)
         overhead = bench_overhead(args, tmp, log)
@@ -460,6 +559,9 @@ def main(argv: list[str] | None = None) -> int:
         gpu = bench_gpu(args, tmp, log)
         if "skipped" in gpu:
             print(f"  skipped: {gpu['skipped']}", flush=True)
+    if args.only in (None, "gpt"):
+        print("7. GPT", flush=True)
+        gpt = bench_gpt(args, tmp, log)
     saved = ROOT / "benchmarks" / "results" / "latest.json"
     if args.only and not args.smoke and saved.exists():  # the other parts: from the last run
         previous = json.loads(saved.read_text())
@@ -469,12 +571,14 @@ def main(argv: list[str] | None = None) -> int:
         checkpoints = checkpoints if args.only == "checkpoint" else previous["checkpoints"]
         startup = startup if args.only == "startup" else previous["startup"]
         gpu = gpu if args.only == "gpu" else previous.get("gpu")
+        gpt = gpt if args.only == "gpt" else previous.get("gpt")
     text = report(environment(args), overhead, compute, inputs, checkpoints, startup,
-                  args.smoke, gpu)
+                  args.smoke, gpu, gpt)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
     results = json.dumps({"overhead": overhead, "compute": compute, "inputs": inputs,
-                          "checkpoints": checkpoints, "startup": startup, "gpu": gpu}, indent=1)
+                          "checkpoints": checkpoints, "startup": startup, "gpu": gpu,
+                          "gpt": gpt}, indent=1)
     (tmp / "results.json").write_text(results)
     if not args.smoke:
         saved.parent.mkdir(parents=True, exist_ok=True)
