@@ -52,8 +52,30 @@ class Capture(cadence.Callback):
         self._save(state, "end")
 
 
+def count_files_hashed_by_commits(prefix: str) -> None:
+    """Counts the files a checkpoint commit reads back to hash (rank 0 commits; every digest
+    should have come from the rank that wrote the file): OUT_PREFIX-commit-hashes.txt."""
+    import cadence.core.checkpoint_dir as checkpoint_dir
+
+    hashed: list[str] = []
+    original_hash = checkpoint_dir.file_sha256
+    original_commit = checkpoint_dir.CheckpointDirectory.commit
+
+    def commit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        checkpoint_dir.file_sha256 = lambda path, *a: hashed.append(str(path)) or original_hash(
+            path, *a)
+        try:
+            return original_commit(self, *args, **kwargs)
+        finally:
+            checkpoint_dir.file_sha256 = original_hash
+            Path(f"{prefix}-commit-hashes.txt").write_text("\n".join(hashed))
+
+    checkpoint_dir.CheckpointDirectory.commit = commit  # type: ignore[method-assign]
+
+
 def main() -> None:
     experiment, run, steps, prefix, *overrides = sys.argv[1:]
+    count_files_hashed_by_commits(prefix)
     handler = logging.FileHandler(f"{prefix}-log-{process_rank()}.txt")
     logging.getLogger("cadence").addHandler(handler)
     logging.getLogger("cadence").setLevel(logging.INFO)

@@ -7,6 +7,7 @@ with a callback that gathers the whole model and optimizer state where training 
 ends).
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -121,8 +122,16 @@ def test_fsdp2_saved_at_two_ranks_resumes_at_one_and_three_with_the_saved_state(
     job(2, experiment, saved_run, 4, tmp_path / "two", settings)
     saved = torch.load(tmp_path / "two-end.pt", weights_only=True)
     assert saved["step"] == 4
-    assert any(name.endswith(".distcp") for name in
-               os.listdir(saved_run / "checkpoints" / "ckpt-4" / "sharded"))
+    checkpoint = saved_run / "checkpoints" / "ckpt-4"
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(
+        os.listdir(checkpoint / "sharded"))
+    # Each rank hashed the files it wrote and handed rank 0 the digests: the commit read no
+    # file back, and every digest in the manifest is the file's.
+    assert (tmp_path / "two-commit-hashes.txt").read_text() == ""
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    assert set(manifest["sha256"]) == set(manifest["files"])
+    for name, digest in manifest["sha256"].items():
+        assert hashlib.sha256((checkpoint / name).read_bytes()).hexdigest() == digest, name
     for nproc in (1, 3):
         run_dir = tmp_path / f"run-{nproc}"
         shutil.copytree(saved_run, run_dir)
@@ -147,6 +156,7 @@ def test_a_ddp_run_resumed_at_another_world_size_says_so_in_one_line(tmp_path):
     settings = [*SMALL["gpt"], *DATA, "runtime.strategy=ddp", "trainer.steps_per_loop=2",
                 "trainer.checkpoint_interval=4"]
     job(2, "gpt", tmp_path / "run", 4, tmp_path / "two", settings)
+    assert (tmp_path / "two-commit-hashes.txt").read_text() == ""  # rank files: their ranks'
     job(3, "gpt", tmp_path / "run", 6, tmp_path / "three", settings)
     log = (tmp_path / "three-log-0.txt").read_text()
     assert log.count("Resuming checkpoint ckpt-4, written by 2 processes, with 3: the model "
@@ -281,9 +291,11 @@ def test_twenty_sigterms_to_the_launcher_each_stop_every_rank_cleanly_and_resume
         finally:
             if busy is not None:
                 busy.kill()
+                busy.wait()
+            launcher.stdout.close()
         output = "".join(lines)
         workers = _launcher_traceback_removed(output)
-        assert "Traceback" not in workers, (trial, output)
+        assert "Traceback" not in workers, f"trial {trial}:\n{workers[-6000:]}"
         assert output.count("Stopped by a signal; checkpoint ") == 1, (trial, output)
         if stopped_at is not None:
             assert f"Restored run/checkpoints/ckpt-{stopped_at} (step {stopped_at})" in output

@@ -186,6 +186,7 @@ class Controller(ControllerEvaluation):
         self._last_eval_step = -1
         self._weights_checkpoint: str | None = None
         self._preemption = Preemption(handle_signals)
+        self._stop_agreed = False
         self._restores = 0  # counts restores, so that a rewind during a loop is recognized
         if checkpoint_manager is not None:
             checkpoint_manager.track("controller", self)
@@ -358,18 +359,18 @@ class Controller(ControllerEvaluation):
         output = None
         with self._training():
             current = self._global_step()
-            while current < train_steps and not self.state.stop_requested:
+            while current < train_steps and not self._stopping():
                 target = min(train_steps, interval.next_boundary(current) or train_steps)
                 # A checkpoint due at the evaluation's step is saved after the evaluation, so
                 # that a restarted run knows the evaluation happened.
                 self._train_until(target, None, defer_save_at=target)
                 current = self._global_step()
-                if self.state.stop_requested or current >= train_steps:
+                if self._stopping() or current >= train_steps:
                     break
                 output = self.evaluate(eval_steps)
                 if self._checkpoint_interval.crossed(current) and self.checkpoint_manager:
                     self._save()
-            if self._preemption.received is None and self._last_eval_step != current:
+            if not self._agree_on_preemption() and self._last_eval_step != current:
                 output = self.evaluate(eval_steps)
             # Saved after the final evaluation, so that a restarted run knows it happened.
             self._finish_training(True)
@@ -420,6 +421,7 @@ class Controller(ControllerEvaluation):
         with self._session():
             self.state.stop_requested = False
             self.state.stop_reason = None
+            self._stop_agreed = False
             self._sync_state()
             self.callbacks.fire("on_train_begin", self.state)
             try:
@@ -436,9 +438,7 @@ class Controller(ControllerEvaluation):
 
     def _finish_training(self, save: bool) -> None:
         manager = self.checkpoint_manager
-        agree = getattr(self.trainer, "agree_to_stop", None)
-        if callable(agree):  # a signal to any rank preempts all: every rank saves the same step
-            self._preemption.agree(agree)
+        self._agree_on_preemption()  # a signal to any rank preempts all: all save the same step
         if manager is not None:
             def save_now() -> str | None:
                 path = self._weights_checkpoint if self._saved_now() else self._save()
@@ -469,7 +469,7 @@ class Controller(ControllerEvaluation):
     def _train_until(self, steps: int | None, epochs: int | None,
                      defer_save_at: int | None = None) -> None:
         target = steps if steps is not None else sys.maxsize
-        while not self._reached(steps, epochs) and not self.state.stop_requested:
+        while not self._reached(steps, epochs) and not self._stopping():
             current = self._global_step()
             steps_per_loop = self.steps_per_loop
             assert steps_per_loop is not None
@@ -506,11 +506,31 @@ class Controller(ControllerEvaluation):
         is every rank's, so that all take the next loop or none does."""
         agree = getattr(self.trainer, "agree_to_stop", None)
         if not callable(agree):
+            self._stop_agreed = self.state.stop_requested
             return
         if agree(self.state.stop_requested) and not self.state.stop_requested:
             self.state.request_stop("a stop was requested on another rank")
-        if self.state.stop_requested:  # now the same on every rank: so is a preemption
+        self._stop_agreed = self.state.stop_requested
+        if self._stop_agreed:  # now the same on every rank: so is a preemption
             self._preemption.agree(agree)
+
+    def _stopping(self) -> bool:
+        """Whether training stops before the next loop. In one process: whether a stop was
+        requested. Across ranks: whether the ranks agreed to stop at the last agreement -- a
+        signal that arrives after it, on one rank, must not end that rank's training alone
+        (the others would start the next loop and wait for it in their first collective);
+        the next loop's agreement takes it."""
+        if world_size() > 1:
+            return self._stop_agreed
+        return self.state.stop_requested
+
+    def _agree_on_preemption(self) -> bool:
+        """Whether a signal stopped training, the same answer on every rank (a collective
+        under torchrun, when the trainer can agree)."""
+        agree = getattr(self.trainer, "agree_to_stop", None)
+        if callable(agree):
+            return self._preemption.agree(agree)
+        return self._preemption.received is not None
 
     def _record_if(self, step: int) -> bool:
         return self.summary_interval is None or step % self.summary_interval == 0

@@ -35,6 +35,8 @@ class Preemption:
         self.enabled = enabled
         self.received: int | None = None
         """The signal that requested the stop, if one did."""
+        self._agreed: bool | None = None
+        """The ranks' last decision (`agree`): what `finish` acts on when there was one."""
 
     @contextlib.contextmanager
     def watch(self, state: RunState) -> Iterator[Preemption]:
@@ -59,19 +61,26 @@ class Preemption:
             for sig, old in previous.items():
                 signal.signal(sig, old)
 
-    def agree(self, any_rank: Callable[[bool], bool]) -> None:
+    def agree(self, any_rank: Callable[[bool], bool]) -> bool:
         """Makes a signal received by any rank of a distributed job this rank's too
         (`any_rank` tells whether a flag is true on any rank): then every rank saves and raises
-        `Preempted`. Every rank must call it."""
-        if any_rank(self.received is not None) and self.received is None:
+        `Preempted`. Every rank must call it. Returns the decision, the same on every rank;
+        `finish` acts on it, so that a signal arriving on one rank after the agreement cannot
+        make that rank alone save and exit (the next run, or the next agreement, takes it)."""
+        agreed = any_rank(self.received is not None)
+        if agreed and self.received is None:
             self.received = signal.SIGTERM
             logger.warning("Another rank received a signal: stopping and saving a checkpoint.")
+        self._agreed = agreed
+        return agreed
 
     def finish(self, save: Callable[[], str | None]) -> None:
         """After a signal: calls `save` and raises `Preempted` with the checkpoint it returns.
 
         Raises:
-            Preempted: when a signal requested the stop.
+            Preempted: when a signal requested the stop (as the ranks agreed, if they did).
         """
-        if self.received is not None:
-            raise Preempted(self.received, save())
+        agreed, self._agreed = self._agreed, None
+        preempted = agreed if agreed is not None else self.received is not None
+        if preempted:
+            raise Preempted(self.received or signal.SIGTERM, save())

@@ -52,7 +52,7 @@ from cadence.engine.checkpoint_io import (
     TorchSaveIO,
     read_checkpoint,
 )
-from cadence.engine.distributed import any_rank
+from cadence.engine.distributed import any_rank, gather_on_rank_zero
 from cadence.engine.external_metrics import checkpoint_part
 from cadence.engine.module import Module, load_stateful
 from cadence.engine.rank_state import (
@@ -66,6 +66,7 @@ from cadence.engine.rng import capture_rng_state
 from cadence.engine.sharded import (
     dcp_parts,
     load_sharded,
+    own_shard_digests,
     save_sharded,
     save_sharded_async,
     sharded_names,
@@ -346,9 +347,11 @@ class CheckpointManager:
                     "of a job must share it. Put the run directory on a filesystem every node "
                     "mounts (NFS, Lustre, a shared volume)."
                 )
-            write_rank_state(rank_state, staging, rank)
-            # Rank 0's digests, computed while writing: the commit does not read the file back.
-            checksums = dict(self.io.save(payload, staging) or {}) if rank == 0 else {}
+            # Every rank's digests, computed while writing: the commit reads nothing back.
+            checksums = {rank_file(staging, rank).name:
+                         write_rank_state(rank_state, staging, rank)}
+            if rank == 0:
+                checksums.update(self.io.save(payload, staging) or {})
             if sharded and self.async_save:  # shards written by DCP's thread: commit later
                 future = save_sharded_async(sharded, staging)
                 self._pending_shards = (future, staging, step, world, checksums)
@@ -360,11 +363,16 @@ class CheckpointManager:
 
     def _commit_distributed(self, staging: Path, step: int, world: int,
                             checksums: dict[str, str]) -> None:
-        """Once every rank has written its files: rank 0 commits and applies retention."""
-        dist.barrier()
-        if _distributed()[0] == 0:
+        """Once every rank has written its files: each hashes its own shards (DCP's), rank 0
+        gathers every rank's digests -- which is also the wait for every rank's write -- and
+        commits without reading a file back, then applies retention."""
+        rank = _distributed()[0]
+        own = {**checksums, **own_shard_digests(staging, rank)}
+        gathered = gather_on_rank_zero(own, "gathering the checkpoint's digests")
+        if rank == 0:
+            merged = {name: digest for digests in gathered for name, digest in digests.items()}
             self._directory.commit(staging, step, extra={"world_size": world},
-                                   checksums=checksums)
+                                   checksums=merged)
             logger.info("Saved checkpoint %s.", self._directory.path_for(step))
         dist.barrier()
         if _distributed()[0] == 0:
@@ -477,9 +485,19 @@ class CheckpointManager:
         """
         self.wait()
         path = Path(path)
-        manifest, payload = read_checkpoint(path, self.io)
-        saved_world = int(manifest.get("world_size", 1))
-        rank_states = read_rank_states(path, manifest, saved_world)
+        damage: CheckpointError | None = None
+        try:
+            manifest, payload = read_checkpoint(path, self.io)
+            saved_world = int(manifest.get("world_size", 1))
+            rank_states = read_rank_states(path, manifest, saved_world)
+        except CheckpointError as error:
+            damage = error
+        # Every rank takes this checkpoint, or none does: a rank alone going on to an older
+        # one would wait for the others in the first collective of its load.
+        if any_rank(damage is not None, "agreeing that a checkpoint is readable"):
+            raise damage or CheckpointError(
+                f"Checkpoint {str(path)!r} is damaged: another rank could not read or verify "
+                "its part (see that rank's log). Restore an older checkpoint instead.")
         state = payload["state"]
         items = self._items()
         if not self.strict:

@@ -9,7 +9,8 @@ each rank, bounded failures, agreed stops, and how a model is spread over the ra
   stop of every rank, at the same step, without a host-device sync per step.
 - `prepare_model` spreads a model over the ranks as the strategy says (none, DDP, FSDP2 per
   repeated block: `cadence.engine.parallelize`), in a group of one where there is no job.
-- `gather_objects` brings every rank's host-side values to every rank.
+- `gather_objects` brings every rank's host-side values to every rank; `gather_on_rank_zero`
+  to rank 0 alone.
 - `shutdown` destroys the process group `init_distributed` created.
 
 Which process this is (rank, world size) is answered by `cadence.core.rank`, for the
@@ -118,7 +119,13 @@ def shutdown() -> None:
     """Destroys the process group `init_distributed` created (a no-op otherwise)."""
     global _created_group, _control_group
     if _created_group and dist.is_initialized():
+        import gc
+
+        from cadence.engine.sharded import forget_background_group
+
+        gc.collect()  # a DDP module's reducer left for the collector holds work on the group
         dist.destroy_process_group()
+        forget_background_group()
     _created_group = False
     _control_group = None
 
@@ -255,6 +262,18 @@ def gather_objects(value: Any) -> list[Any]:
     with collective_errors("gathering host-side values"):
         dist.all_gather_object(gathered, value, group=control_group())
     return gathered
+
+
+def gather_on_rank_zero(value: Any, what: str = "gathering host-side values") -> list[Any]:
+    """Every rank's `value`, in rank order, on rank 0 (others get ``[]``): what rank 0 alone
+    needs costs the other ranks one send each, not N receives."""
+    if not is_distributed():
+        return [value]
+    rank = dist.get_rank()
+    gathered: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
+    with collective_errors(what):
+        dist.gather_object(value, gathered, dst=0, group=control_group())
+    return gathered or []
 
 
 def broadcast_module(module: nn.Module) -> None:

@@ -105,6 +105,12 @@ def _background_group() -> Any:
     return _write_group
 
 
+def forget_background_group() -> None:
+    """Forgets the group of DCP's background writes (its process group was destroyed)."""
+    global _write_group
+    _write_group = None
+
+
 def save_sharded_async(parts: dict[str, Any], directory: Path) -> Any:
     """`save_sharded` in the background: the shards are copied to host memory now (the
     stall), written by DCP's thread; returns the future of the write."""
@@ -113,6 +119,23 @@ def save_sharded_async(parts: dict[str, Any], directory: Path) -> Any:
     return dcp.async_save({name: part.state_dict() for name, part in parts.items()},
                           checkpoint_id=str(directory / SHARDED_DIR),
                           process_group=_background_group())
+
+
+def own_shard_digests(directory: Path, rank: int) -> dict[str, str]:
+    """The SHA-256 of the files of ``directory/sharded`` this rank wrote -- DCP's writer names
+    them ``__<rank>_<n>.distcp``; rank 0 also writes ``.metadata`` -- by their names in the
+    checkpoint. Each rank hashes its own share, in parallel, so that the commit reads nothing
+    back."""
+    from cadence.core.checkpoint_dir import file_sha256
+
+    folder = directory / SHARDED_DIR
+    if not folder.is_dir():
+        return {}
+    names = [path.name for path in folder.iterdir()
+             if path.name.startswith(f"__{rank}_") and path.name.endswith(".distcp")]
+    if rank == 0 and (folder / ".metadata").is_file():
+        names.append(".metadata")
+    return {f"{SHARDED_DIR}/{name}": file_sha256(folder / name) for name in names}
 
 
 def sharded_files(manifest: dict[str, Any]) -> set[str]:

@@ -354,13 +354,26 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _leave_the_job() -> None:
+    """Destroys the process group of a torchrun job while everything is still alive: left to
+    interpreter exit, gloo's threads may still hold work whose tensors need the interpreter,
+    and a rank then aborts after a run that went well ("terminate called without an active
+    exception")."""
+    distributed = sys.modules.get("cadence.engine.distributed")
+    if distributed is not None:
+        distributed.shutdown()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the ``cadence`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
     command = {"train": _train, "eval": _eval, "experiments": _experiments,
                "config": _config, "plot": _plot}[args.command]
     try:
-        return command(args)
+        try:
+            return command(args)
+        finally:
+            _leave_the_job()
     except Preempted as stop:
         where = f"; checkpoint {stop.checkpoint}" if stop.checkpoint else ""
         if process_rank() == 0:  # every rank stopped at the same step, with the same checkpoint

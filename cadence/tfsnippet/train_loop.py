@@ -191,6 +191,7 @@ class TrainLoop(LoopReporting):
 
         self._progress = Progress()
         self._entered = self._exited = False
+        self._stop_agreed = False
         self._within_epoch = self._within_step = False
         self._pass_over = False  # the running epoch's pass of the data ended
         self._epoch_closed = self._step_closed = False  # by print_logs (see get_progress)
@@ -315,10 +316,9 @@ class TrainLoop(LoopReporting):
         try:
             self._events.reverse_fire(EventKeys.EXIT_LOOP, self)
             self._callbacks.fire_teardown("on_train_end", self._state)
-            if exc_type is None:  # a signal to any rank preempts all: every rank saves
-                self._preemption.agree(any_rank)
-            if (self._preemption.received is not None and exc_type is None
-                    and self._manager is not None):
+            # A signal to any rank preempts all: every rank saves, as the ranks agreed.
+            preempted = self._preemption.agree(any_rank) if exc_type is None else False
+            if preempted and self._manager is not None:
                 saved = self.make_checkpoint()
         finally:
             self._signals.close()
@@ -371,7 +371,7 @@ class TrainLoop(LoopReporting):
             raise RuntimeError("iter_epochs() is already running; epoch loops do not nest.")
         progress, state = self._progress, self._state
         try:
-            while not state.stop_requested:
+            while not self._stopping():
                 if progress.epoch_finished:  # else: reopen the epoch a checkpoint was taken in
                     if self.max_epoch is not None and progress.epoch >= self.max_epoch:
                         break
@@ -388,7 +388,7 @@ class TrainLoop(LoopReporting):
                 yield progress.epoch
                 # A stop ends the epoch without finishing it -- unless its pass was over: then
                 # a resumed run goes on with the next epoch, not an empty rerun of this one.
-                if not state.stop_requested or self._pass_over:
+                if not self._stopping() or self._pass_over:
                     progress.finish_epoch()
                 self._sync_state()
                 self._events.reverse_fire(EventKeys.AFTER_EPOCH, self)
@@ -396,6 +396,7 @@ class TrainLoop(LoopReporting):
                 progress.end_epoch()
                 if is_distributed():
                     agree_on_stop(state)  # an epoch-end callback's stop, on every rank
+                    self._stop_agreed = state.stop_requested
                 if "epoch_time" not in self._committed:
                     self._collect_time("epoch_time", self._clock() - self._epoch_start)
                 self._within_epoch = False
@@ -406,6 +407,13 @@ class TrainLoop(LoopReporting):
             self._within_epoch = False
             self._log.clear()
             self._best_flag = False
+
+    def _stopping(self) -> bool:
+        """Whether the loop stops. In one process: whether a stop was requested. Across ranks:
+        whether the ranks agreed to stop at the last agreement (the end of a step loop or of an
+        epoch), so that a signal arriving on one rank after it cannot end that rank's loop
+        alone; the next agreement takes it."""
+        return self._stop_agreed if is_distributed() else self._state.stop_requested
 
     def _data_iterator(self, data: Any) -> DataIterator:
         if self._data is None or self._data.source is not data:
@@ -476,6 +484,7 @@ class TrainLoop(LoopReporting):
                     break
             if agreement is not None:
                 agreement.at_loop_end(state)
+                self._stop_agreed = state.stop_requested
         finally:
             self._within_step = False
             self._step_data = None
