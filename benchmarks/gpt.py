@@ -27,6 +27,7 @@ points (target 0); on a GPU also peak memory and MFU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import time
@@ -35,7 +36,7 @@ from typing import Any
 
 SIZES = {
     "test": {"n_layer": 2, "n_head": 4, "n_embd": 128, "block_size": 128, "batch": 16,
-             "steps": 60, "steps_per_loop": 10},
+             "steps": 100, "steps_per_loop": 10},
     "124m": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "batch": 16,
              "vocab_size": 50304, "steps": 300, "steps_per_loop": 50},
 }
@@ -43,22 +44,12 @@ H100_BF16_FLOPS = 989e12
 """An H100 SXM's dense bf16 peak, the denominator of MFU (nanoGPT uses the A100's 312e12)."""
 
 
-class SyncCounter:
-    """Counts the host reads of device values (``aten._local_scalar_dense``) under it."""
+def count_syncs() -> Any:
+    """cadence's own counter of host reads of tensor values (``item``, ``tolist``,
+    ``__float__``, ... and, on a GPU, CUDA's own synchronization reports)."""
+    from cadence.engine.debug import count_host_syncs
 
-    def __init__(self) -> None:
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        counter = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-                if "_local_scalar_dense" in str(func):
-                    counter.count += 1
-                return func(*args, **(kwargs or {}))
-
-        self.count = 0
-        self.mode = Mode()
+    return count_host_syncs(with_stack=False)
 
 
 def main() -> None:
@@ -98,7 +89,8 @@ def main() -> None:
 
     config = cadence.load_config("gpt", overrides=overrides)
     stamps: list[float] = []
-    counter = SyncCounter() if args.count_syncs else None
+    counting = count_syncs() if args.count_syncs else contextlib.nullcontext()
+    counter = counting.__enter__()
     syncs_at_step_end: list[int] = []
 
     def step_ended() -> None:
@@ -111,10 +103,14 @@ def main() -> None:
         stamps.append(time.perf_counter())
 
     start = time.perf_counter()
-    if args.kind == "raw":
-        model = raw_loop(config, steps, per_loop, args, loop_ended, step_ended, counter)
-    else:
-        model = trainer_loop(config, args, loop_ended, step_ended, counter)
+    try:
+        per_step = step_ended if counter is not None else None
+        if args.kind == "raw":
+            model = raw_loop(config, steps, per_loop, args, loop_ended, per_step)
+        else:
+            model = trainer_loop(config, args, loop_ended, per_step)
+    finally:
+        counting.__exit__(None, None, None)
     end = time.perf_counter()
 
     tokens_per_step = size["batch"] * size["block_size"]
@@ -150,7 +146,7 @@ def recompiles_after_first_loop() -> int:
 
 
 def raw_loop(config: Any, steps: int, per_loop: int, args: argparse.Namespace,
-             loop_ended: Any, step_ended: Any, counter: SyncCounter | None) -> Any:
+             loop_ended: Any, step_ended: Any = None) -> Any:
     """nanoGPT's loop, doing what the Trainer does (see the module docstring)."""
     import contextlib
     import math
@@ -198,44 +194,42 @@ def raw_loop(config: Any, steps: int, per_loop: int, args: argparse.Namespace,
 
     step_fn = torch.compile(forward) if args.compile else forward
     epoch, batches = 0, iter(loader)
-    watch = counter.mode if counter is not None else contextlib.nullcontext()
-    with watch:
-        for step in range(steps):
-            try:
-                x, y = next(batches)
-            except StopIteration:
-                epoch += 1
-                sampler.set_epoch(epoch)
-                batches = iter(loader)
-                x, y = next(batches)
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with autocast:
-                loss = step_fn(x, y)
-            loss_sum.add_(loss.detach())
-            loss.backward()
-            norm_sum.add_(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            schedule.step()
-            if (step + 1) % per_loop == 0:  # the loop's one host read, and its log line
-                values = torch.stack([loss_sum / per_loop, correct / count,
-                                      norm_sum / per_loop]).tolist()
-                print(f"step {step + 1}: loss {values[0]:.4f} accuracy {values[1]:.4f} "
-                      f"norm {values[2]:.3f} lr {schedule.get_last_lr()[0]:.2e}",
-                      file=sys.stderr)
-                for total in zeros:
-                    total.zero_()
-                if step + 1 == per_loop:
-                    _GRAPHS_AT_FIRST_LOOP.append(graphs_compiled())
-                loop_ended()
+    for step in range(steps):
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            epoch += 1
+            sampler.set_epoch(epoch)
+            batches = iter(loader)
+            x, y = next(batches)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast:
+            loss = step_fn(x, y)
+        loss_sum.add_(loss.detach())
+        loss.backward()
+        norm_sum.add_(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        schedule.step()
+        if (step + 1) % per_loop == 0:  # the loop's one host read, and its log line
+            values = torch.stack([loss_sum / per_loop, correct / count,
+                                  norm_sum / per_loop]).tolist()
+            print(f"step {step + 1}: loss {values[0]:.4f} accuracy {values[1]:.4f} "
+                  f"norm {values[2]:.3f} lr {schedule.get_last_lr()[0]:.2e}",
+                  file=sys.stderr)
+            for total in zeros:
+                total.zero_()
+            if step + 1 == per_loop:
+                _GRAPHS_AT_FIRST_LOOP.append(graphs_compiled())
+            loop_ended()
+        if step_ended is not None:
             step_ended()
     return model
 
 
-def trainer_loop(config: Any, args: argparse.Namespace, loop_ended: Any, step_ended: Any,
-                 counter: SyncCounter | None) -> Any:
+def trainer_loop(config: Any, args: argparse.Namespace, loop_ended: Any,
+                 step_ended: Any = None) -> Any:
     """``cadence train -e gpt --mode train`` with a callback that stamps each loop's end."""
-    import contextlib
 
     import cadence
 
@@ -249,11 +243,9 @@ def trainer_loop(config: Any, args: argparse.Namespace, loop_ended: Any, step_en
         def on_step_end(self, state: cadence.RunState) -> None:
             step_ended()
 
-    watch = counter.mode if counter is not None else contextlib.nullcontext()
-    callbacks = [Stamp(), *([StepStamp()] if counter is not None else [])]
-    with watch:
-        model, _ = cadence.run_experiment(config, "train", Path(args.workdir) / "run",
-                                          callbacks=callbacks, progress_bar=False)
+    callbacks = [Stamp(), *([StepStamp()] if step_ended is not None else [])]
+    model, _ = cadence.run_experiment(config, "train", Path(args.workdir) / "run",
+                                      callbacks=callbacks, progress_bar=False)
     return model
 
 

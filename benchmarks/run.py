@@ -192,6 +192,9 @@ def _gpu_child(workload: str, variant: str, device: str, tiny: bool, tmp: Path,
     return record
 
 
+MALLOC_FIXED = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+"""glibc's mmap and trim thresholds, fixed (setting them turns off their dynamic adjustment)."""
+
 GPT_VARIANTS = [(kind, precision, compiled) for precision in ("fp32", "bf16")
                 for compiled in (False, True) for kind in ("raw", "trainer")]
 
@@ -211,8 +214,12 @@ def bench_gpt(args: argparse.Namespace, tmp: Path, log: Path) -> dict:
     names = {gpt_name(*variant): variant for variant in variants}
     results: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                      "size": size, "runs": {name: [] for name in names}, "syncs": {}}
-    env = child_env({"OMP_NUM_THREADS": "1"} if device == "cpu" else {"OMP_NUM_THREADS": "4"})
-    reps = 1 if args.smoke else max(1, args.reps - 2)
+    # On the CPU, glibc's malloc moves its mmap threshold with the allocation history, so two
+    # processes doing the same steps can differ by 4% in backward alone; fixed, the comparison
+    # measures the loops, not what each allocated before them (docs/performance.md).
+    env = child_env({"OMP_NUM_THREADS": "1", **MALLOC_FIXED} if device == "cpu"
+                    else {"OMP_NUM_THREADS": "4"})
+    reps = 1 if args.smoke else args.reps  # the differences are small: five rounds, not three
     for r, name in rounds(list(names), reps, 0):
         kind, precision, compiled = names[name]
         out = tmp / "gpt.json"
@@ -249,7 +256,11 @@ def gpt_report(results: dict) -> list[str]:
              "`trainer.compile_step`). `steady`: from the end of the first loop to the end of "
              "the last. Ratio: the Trainer's steady tokens/s over the raw loop's of the same "
              "precision and compilation (target >= 0.99). `recompiles`: Dynamo graphs compiled "
-             "after the first loop (target 0).", "",
+             "after the first loop (target 0)." + (
+                 " On the CPU both run with glibc's mmap threshold fixed (`MALLOC_MMAP_"
+                 "THRESHOLD_`): left dynamic, it depends on what a process allocated before the "
+                 "loop, and backward alone differed by up to 4% between two processes doing the "
+                 "same steps." if not on_gpu else ""), "",
              "| variant | tokens/s median [min-max] | steady tokens/s | steady ratio | "
              "recompiles |" + (" peak MB | MFU |" if on_gpu else ""),
              "|---|---|---|---|---|" + ("---|---|" if on_gpu else "")]
@@ -271,14 +282,17 @@ def gpt_report(results: dict) -> list[str]:
         lines.append(row)
     syncs = results.get("syncs", {})
     if syncs.get("raw") and syncs.get("trainer"):
-        extra = [t - r for t, r in zip(syncs["trainer"], syncs["raw"])]
-        lines += ["", "Host reads of tensor values (`aten._local_scalar_dense`) per step after the "
-                  f"first loop, eager fp32: raw {statistics.median(syncs['raw']):.0f}, Trainer "
-                  f"{statistics.median(syncs['trainer']):.0f}; the Trainer's extra reads per "
-                  f"step: {sorted(set(extra))} (target 0)." + (
-                      " On the CPU every read counts, AdamW's per-parameter step counters "
-                      "included (host tensors that never sync a GPU), so only the difference "
-                      "means anything here." if not on_gpu else "")]
+        between = {kind: statistics.median(syncs[kind]) for kind in ("raw", "trainer")}
+        at_log = {kind: max(syncs[kind]) - between[kind] for kind in ("raw", "trainer")}
+        lines += ["", "Host reads of tensor values (`cadence.debug.count_host_syncs`: `item`, "
+                  "`tolist`, `float`, ...; on a GPU CUDA's own reports too) per step after the "
+                  f"first loop, eager fp32: between log points raw {between['raw']:.0f}, Trainer "
+                  f"{between['trainer']:.0f} a step -- the Trainer's extra: "
+                  f"{between['trainer'] - between['raw']:.0f} (target 0); at a log point "
+                  f"{at_log['raw']:.0f} and {at_log['trainer']:.0f} more." + (
+                      " On the CPU AdamW's per-parameter step counters are read too (host "
+                      "tensors: they never wait for a GPU), in both loops alike." if not on_gpu
+                      else "")]
     return lines
 
 
@@ -405,8 +419,8 @@ def report(env: dict, overhead: dict, compute: dict, inputs: dict, checkpoints: 
              "20-30% from minute to minute, so compare only within a table.", "",
              f"Machine: {env['cpu']}, {env['cores']} cores; {env['platform']}; Python "
              f"{env['python']}; torch {env['torch']}; cadence {env['cadence']}; CUDA: "
-             f"{env['cuda']}. Run {env['date']}." + (" **Smoke run: figures meaningless.**"
-                                                     if smoke else ""), ""]
+             f"{env['cuda']}. Written {env['date']}; each section says when it was measured."
+             + (" **Smoke run: figures meaningless.**" if smoke else ""), ""]
     if env.get("peers"):
         lines += [f"Peers: {env['peers']}.", ""]
     results = overhead["results"]
@@ -515,6 +529,24 @@ def report(env: dict, overhead: dict, compute: dict, inputs: dict, checkpoints: 
     return "\n".join(lines) + "\n"
 
 
+SECTIONS = {"1": "overhead", "2": "compute", "3": "input", "4": "checkpoint", "5": "startup",
+            "6": "gpu", "7": "gpt"}
+"""The report's sections by number, and the ``--only`` name that runs each."""
+
+
+def date_sections(text: str, dates: dict[str, str]) -> str:
+    """The report with a line under each section's heading saying when it was measured (a run
+    with ``--only`` keeps the other sections from the last run)."""
+    lines = []
+    for line in text.splitlines():
+        lines.append(line)
+        if line.startswith("## "):
+            key = SECTIONS.get(line[3:].split(".", 1)[0])
+            if key in dates:
+                lines += ["", f"Measured {dates[key]}."]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=5)
@@ -563,8 +595,14 @@ def main(argv: list[str] | None = None) -> int:
         print("7. GPT", flush=True)
         gpt = bench_gpt(args, tmp, log)
     saved = ROOT / "benchmarks" / "results" / "latest.json"
+    env = environment(args)
+    dates: dict[str, str] = {key: env["date"] for key in SECTIONS.values()
+                             if args.only in (None, key)}
     if args.only and not args.smoke and saved.exists():  # the other parts: from the last run
         previous = json.loads(saved.read_text())
+        dates = {**previous.get("dates", {}), **dates}
+        if "peers" not in env and previous.get("peers"):
+            env["peers"] = previous["peers"]
         overhead = overhead if args.only == "overhead" else previous["overhead"]
         compute = compute if args.only == "compute" else previous.get("compute", compute)
         inputs = inputs if args.only == "input" else previous.get("inputs", inputs)
@@ -572,13 +610,18 @@ def main(argv: list[str] | None = None) -> int:
         startup = startup if args.only == "startup" else previous["startup"]
         gpu = gpu if args.only == "gpu" else previous.get("gpu")
         gpt = gpt if args.only == "gpt" else previous.get("gpt")
-    text = report(environment(args), overhead, compute, inputs, checkpoints, startup,
-                  args.smoke, gpu, gpt)
+    if gpu is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            gpu = {"skipped": "no CUDA device here (torch.cuda.is_available() is False)"}
+    text = date_sections(report(env, overhead, compute, inputs, checkpoints, startup,
+                                args.smoke, gpu, gpt), dates)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
     results = json.dumps({"overhead": overhead, "compute": compute, "inputs": inputs,
                           "checkpoints": checkpoints, "startup": startup, "gpu": gpu,
-                          "gpt": gpt}, indent=1)
+                          "gpt": gpt, "dates": dates, "peers": env.get("peers")}, indent=1)
     (tmp / "results.json").write_text(results)
     if not args.smoke:
         saved.parent.mkdir(parents=True, exist_ok=True)

@@ -167,6 +167,28 @@ class CharTransformer(nn.Module):
         return bytes(tokens[0, len(prompt):].tolist())
 
 
+def shape_problems(model: Any, sizes: tuple[str, ...], width: str, heads: str) -> list[str]:
+    """What is wrong with a transformer's config, one phrase each: every one of `sizes` must be
+    at least 1, `width` a multiple of `heads`, the dropout in [0, 1)."""
+    problems = [f"task.model.{name} (got {getattr(model, name)}) must be >= 1"
+                for name in sizes if getattr(model, name) < 1]
+    if not problems and getattr(model, width) % getattr(model, heads):
+        problems.append(f"task.model.{width} (got {getattr(model, width)}) must be a multiple "
+                        f"of task.model.{heads} (got {getattr(model, heads)})")
+    if not 0 <= model.dropout < 1:
+        problems.append(f"task.model.dropout (got {model.dropout}) must be in [0, 1)")
+    return problems
+
+
+def language_model_config(task: TaskConfig, batch_size: int, trainer: TrainerConfig,
+                          runtime: RuntimeConfig) -> ExperimentConfig:
+    """An experiment of a language-model task: `task` with the same global batch size for
+    training and validation."""
+    task.train_data = DataConfig(global_batch_size=batch_size, is_training=True)
+    task.validation_data = DataConfig(global_batch_size=batch_size, is_training=False)
+    return ExperimentConfig(task=task, trainer=trainer, runtime=runtime)
+
+
 @register_task(CharLMTaskConfig)
 class CharLMTask(Task):
     """Next-byte prediction on the standard library's source."""
@@ -178,14 +200,8 @@ class CharLMTask(Task):
             ConfigError: for a model config it cannot be built from.
         """
         model, length = self.task_config.model, self.task_config.sequence_length
-        problems = [f"task.model.{name} (got {getattr(model, name)}) must be >= 1"
-                    for name in ("d_model", "num_layers", "num_heads", "dim_feedforward")
-                    if getattr(model, name) < 1]
-        if not problems and model.d_model % model.num_heads:
-            problems.append(f"task.model.d_model (got {model.d_model}) must be a multiple of "
-                            f"task.model.num_heads (got {model.num_heads})")
-        if not 0 <= model.dropout < 1:
-            problems.append(f"task.model.dropout (got {model.dropout}) must be in [0, 1)")
+        problems = shape_problems(model, ("d_model", "num_layers", "num_heads",
+                                          "dim_feedforward"), "d_model", "num_heads")
         if length < 1:
             problems.append(f"task.sequence_length (got {length}) must be >= 1")
         if problems:
@@ -227,15 +243,8 @@ class CharLMTask(Task):
 def _char_lm_config(model: CharLMModelConfig, sequence_length: int, max_bytes: int,
                     batch_size: int, trainer: TrainerConfig,
                     runtime: RuntimeConfig) -> ExperimentConfig:
-    return ExperimentConfig(
-        task=CharLMTaskConfig(
-            model=model, sequence_length=sequence_length, max_bytes=max_bytes,
-            train_data=DataConfig(global_batch_size=batch_size, is_training=True),
-            validation_data=DataConfig(global_batch_size=batch_size, is_training=False),
-        ),
-        trainer=trainer,
-        runtime=runtime,
-    )
+    task = CharLMTaskConfig(model=model, sequence_length=sequence_length, max_bytes=max_bytes)
+    return language_model_config(task, batch_size, trainer, runtime)
 
 
 @register_experiment("char_lm")

@@ -28,7 +28,6 @@ from torch.nn import functional as F
 from cadence.core.errors import ConfigError
 from cadence.task.config import (
     Config,
-    DataConfig,
     ExperimentConfig,
     LearningRateConfig,
     OptimizationConfig,
@@ -37,7 +36,7 @@ from cadence.task.config import (
     TaskConfig,
     TrainerConfig,
 )
-from cadence.task.experiments.char_lm import CharLMTask
+from cadence.task.experiments.char_lm import CharLMTask, language_model_config, shape_problems
 from cadence.task.registry import register_experiment, register_task
 
 
@@ -194,17 +193,11 @@ class GPTTask(CharLMTask):
             ConfigError: for a model config it cannot be built from.
         """
         model, length = self.task_config.model, self.task_config.sequence_length
-        problems = [f"task.model.{name} (got {getattr(model, name)}) must be >= 1"
-                    for name in ("n_layer", "n_head", "n_embd", "block_size")
-                    if getattr(model, name) < 1]
+        problems = shape_problems(model, ("n_layer", "n_head", "n_embd", "block_size"),
+                                  "n_embd", "n_head")
         if model.vocab_size < 256:
             problems.append(f"task.model.vocab_size (got {model.vocab_size}) must be >= 256: "
                             "the tokens are bytes")
-        if not problems and model.n_embd % model.n_head:
-            problems.append(f"task.model.n_embd (got {model.n_embd}) must be a multiple of "
-                            f"task.model.n_head (got {model.n_head})")
-        if not 0 <= model.dropout < 1:
-            problems.append(f"task.model.dropout (got {model.dropout}) must be in [0, 1)")
         if not 1 <= length <= model.block_size:
             problems.append(f"task.sequence_length (got {length}) must be in [1, "
                             f"task.model.block_size = {model.block_size}]")
@@ -215,15 +208,8 @@ class GPTTask(CharLMTask):
 
 def _gpt_config(model: GPTModelConfig, sequence_length: int, max_bytes: int, batch_size: int,
                 trainer: TrainerConfig, runtime: RuntimeConfig) -> ExperimentConfig:
-    return ExperimentConfig(
-        task=GPTTaskConfig(
-            model=model, sequence_length=sequence_length, max_bytes=max_bytes,
-            train_data=DataConfig(global_batch_size=batch_size, is_training=True),
-            validation_data=DataConfig(global_batch_size=batch_size, is_training=False),
-        ),
-        trainer=trainer,
-        runtime=runtime,
-    )
+    task = GPTTaskConfig(model=model, sequence_length=sequence_length, max_bytes=max_bytes)
+    return language_model_config(task, batch_size, trainer, runtime)
 
 
 def _optimization(learning_rate: float, warmup_steps: int) -> OptimizationConfig:
