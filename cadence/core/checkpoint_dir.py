@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from cadence.core.errors import CheckpointError
+from cadence.core.files import relative_name
 
 logger = logging.getLogger(__name__)
 
@@ -136,9 +137,15 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
             or not isinstance(manifest.get("step"), int)):
         raise CheckpointError(f"The manifest of {str(path)!r} is damaged: it lacks the step, "
                               "the files or their checksums. Restore an older checkpoint.")
+    outside = [name for name in [*files, *checksums] if not relative_name(name)]
+    if outside:
+        raise CheckpointError(
+            f"The manifest of {str(path)!r} names files outside the checkpoint "
+            f"({', '.join(map(repr, outside[:3]))}): it was not written by cadence, or was "
+            "tampered with. Restore an older checkpoint.")
     for name, size in files.items():
         file = path / name
-        if not file.is_file() or file.stat().st_size != size:
+        if file.is_symlink() or not file.is_file() or file.stat().st_size != size:
             raise CheckpointError(
                 f"Checkpoint {str(path)!r} is corrupt: {name} is missing or has been "
                 f"truncated (expected {size} bytes). Restore an older checkpoint instead."

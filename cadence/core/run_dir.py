@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cadence.core.files import open_append, open_regular
 from cadence.core.rank import process_rank
 
 try:
@@ -138,7 +139,7 @@ class RunDirectory:
         record = {"step": step, "checkpoint": None if checkpoint is None else str(checkpoint),
                   "reason": reason, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.resumes, "a", encoding="utf-8") as handle:
+        with open_append(self.resumes) as handle:
             handle.write(json.dumps(record) + "\n")
 
     def subdir(self, name: str) -> Path:
@@ -230,7 +231,7 @@ class RunLock:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if fcntl is not None:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_regular(self.path, os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
@@ -243,7 +244,7 @@ class RunLock:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = open_regular(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
             except FileExistsError:
                 raise self._refuse(self._read_owner()) from None
         previous = self._read_owner()

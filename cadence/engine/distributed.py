@@ -25,6 +25,8 @@ import dataclasses
 import datetime
 import logging
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -105,7 +107,8 @@ def init_distributed(timeout: float = DEFAULT_TIMEOUT, device: torch.device | No
             backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
         if device is not None and device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+        with signals_to_the_main_thread():
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
         _created_group = True
         atexit.register(shutdown)
     if is_distributed() and process_rank() != 0:
@@ -113,6 +116,24 @@ def init_distributed(timeout: float = DEFAULT_TIMEOUT, device: torch.device | No
         if cadence_logger.getEffectiveLevel() < logging.WARNING:
             cadence_logger.setLevel(logging.WARNING)
     return is_distributed()
+
+
+@contextlib.contextmanager
+def signals_to_the_main_thread() -> Iterator[None]:
+    """Blocks SIGTERM and SIGINT while inside, so that the threads a process group starts here
+    (gloo's transport and worker threads) inherit a mask that keeps them off those signals:
+    the kernel then delivers a SIGTERM to the main thread, whose handler asks for a clean stop,
+    and never interrupts a thread in the middle of a collective's read. A signal that arrives
+    inside is delivered when the block ends."""
+    if (not hasattr(signal, "pthread_sigmask")
+            or threading.current_thread() is not threading.main_thread()):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def shutdown() -> None:
@@ -136,8 +157,11 @@ def control_group() -> Any:
     first use -- a collective call, so every rank must reach it."""
     global _control_group
     if _control_group is None:
-        _control_group = (dist.group.WORLD if dist.get_backend() == "gloo"
-                          else dist.new_group(backend="gloo"))
+        if dist.get_backend() == "gloo":
+            _control_group = dist.group.WORLD
+        else:
+            with signals_to_the_main_thread():
+                _control_group = dist.new_group(backend="gloo")
     return _control_group
 
 
@@ -329,8 +353,9 @@ def ensure_process_group(device: torch.device, timeout: float = DEFAULT_TIMEOUT)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=timeout))
+    with signals_to_the_main_thread():
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=timeout))
     _created_group = True
     atexit.register(shutdown)
 

@@ -35,6 +35,7 @@ from cadence.core.checkpoint_dir import (
     write_atomically,
 )
 from cadence.core.errors import CheckpointError, CheckpointMismatchError, MissingMetricError
+from cadence.core.files import plain_name
 from cadence.core.logs import flatten, is_scalar
 from cadence.core.rank import process_rank
 from cadence.engine.sharded import read_sharded, sharded_names
@@ -115,6 +116,11 @@ class BestCheckpointExporter:
                 f"{str(path)!r} ranks exports by {ledger.get('metric')!r}, not "
                 f"{self.metric_key!r}: use another export directory for another metric."
             )
+        foreign = [e for e in entries if not isinstance(e, dict) or not plain_name(e.get("path"))]
+        if foreign:  # never read, never deleted: a name from the ledger stays in export_dir
+            logger.warning("%s lists %d export(s) whose path is not a name in %s; they are "
+                           "ignored.", path, len(foreign), self.export_dir)
+            entries = [e for e in entries if e not in foreign]
         kept = [e for e in entries if (self.export_dir / e["path"] / WEIGHTS_FILE).is_file()]
         if len(kept) != len(entries):
             logger.warning("%d export(s) listed in %s are missing; they are forgotten.",
@@ -269,7 +275,7 @@ def _candidates(path: Path) -> list[tuple[str, Path]]:
             raise CheckpointError(f"The export ledger {str(path / LEDGER_FILE)!r} is "
                                   f"unreadable: {error}.") from None
         found = [("safetensors", path / e["path"] / WEIGHTS_FILE) for e in exports
-                 if isinstance(e, dict) and isinstance(e.get("path"), str)]
+                 if isinstance(e, dict) and plain_name(e.get("path"))]
         if found:
             return found
     if (path / "manifest.json").is_file():

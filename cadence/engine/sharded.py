@@ -101,7 +101,10 @@ def _background_group() -> Any:
     if _write_group is None:
         import torch.distributed as dist
 
-        _write_group = dist.new_group(backend="gloo")
+        from cadence.engine.distributed import signals_to_the_main_thread
+
+        with signals_to_the_main_thread():
+            _write_group = dist.new_group(backend="gloo")
     return _write_group
 
 

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from cadence.core.files import open_append, open_regular
 from cadence.core.logs import is_scalar
 
 CSV_NAME = "metrics.csv"
@@ -46,7 +47,7 @@ class _Table:
 
     def _drop_cut_line(self) -> None:
         """Truncates a last line that a crash cut short (it has no newline)."""
-        with open(self.path, "rb+") as handle:
+        with os.fdopen(open_regular(self.path, os.O_RDWR), "rb+") as handle:
             data = handle.read()
             if not data.endswith(b"\n"):
                 handle.truncate(data.rfind(b"\n") + 1)
@@ -57,7 +58,7 @@ class _Table:
             self._widen(self.columns + new)
         if self._handle is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._handle = open(self.path, "a", newline="", encoding="utf-8")  # noqa: SIM115
+            self._handle = open_append(self.path, newline="")
         csv.DictWriter(self._handle, self.columns, restval="").writerow(row)
 
     def _widen(self, columns: list[str]) -> None:

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from cadence.core.files import open_append
+
 JSONL_NAME = "metrics.jsonl"
 
 
@@ -42,8 +44,7 @@ class JSONLWriter:
         if handle is None:
             directory = self.directory.joinpath(*group)
             directory.mkdir(parents=True, exist_ok=True)
-            handle = self._files[group] = open(directory / self.filename, "a",  # noqa: SIM115
-                                               encoding="utf-8")
+            handle = self._files[group] = open_append(directory / self.filename)
         record = {self.step_key: int(step), **(extra or {}), **values}
         handle.write(json.dumps(record, default=str) + "\n")
         if self.fsync:
