@@ -413,7 +413,7 @@ def report(env: dict, overhead: dict, compute: dict, inputs: dict, checkpoints: 
            gpt: dict | None = None) -> str:
     lines = ["# Benchmarks", "",
              "Written by `python benchmarks/run.py` (the one command; `--smoke` for a quick "
-             "check). Every figure is from one run of the suite: fresh processes, variants "
+             "check). The figures of a section are from one run: fresh processes, variants "
              "interleaved with the order rotated each round, medians with [min-max]. Ratios "
              "compare with the raw loop **measured in the same run**; this machine drifts "
              "20-30% from minute to minute, so compare only within a table.", "",
