@@ -30,21 +30,20 @@ def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o644) ->
             directory, a FIFO): the message says what to do.
     """
     path = Path(path)
-    if path.is_symlink():
-        raise ConfigError(
-            f"{str(path)!r} is a symbolic link: cadence does not write through links in a run "
-            "directory (one could point anywhere). Remove the link, or use another run "
-            "directory.")
+    link = ConfigError(
+        f"{str(path)!r} is a symbolic link: cadence does not write through links in a run "
+        "directory (one could point anywhere). Remove the link, or use another run directory.")
+    if path.is_symlink():  # also where the system has no O_NOFOLLOW
+        raise link
     try:
         fd = os.open(path, flags | _NOFOLLOW, mode)
     except IsADirectoryError:
         raise ConfigError(f"{str(path)!r} is a directory where cadence keeps a file: move it "
                           "away, or use another run directory.") from None
-    except OSError as error:
+    except OSError:
         if path.is_symlink():  # made between the check and the open
-            raise ConfigError(f"{str(path)!r} is a symbolic link: cadence does not write "
-                              "through links in a run directory.") from None
-        raise error
+            raise link from None
+        raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise ConfigError(f"{str(path)!r} is not a regular file: move it away, or use another "

@@ -283,19 +283,18 @@ class DataIterator:
         saved = self._saved_generators
         self._saved_generators = {}
         generators = self._generators()
+
+        def set_back() -> None:
+            for name, state in saved.items():
+                if name in generators:
+                    generators[name].set_state(state)
+
         if not self.batches:
-            for name, state in saved.items():
-                if name in generators:
-                    generators[name].set_state(state)
-        if self.batches:  # the pass's draws from the global generator happened before, too
-            with torch.random.fork_rng(devices=[]):
-                iterator = iter(self.source)
-        else:
+            set_back()
+            return iter(self.source)
+        with torch.random.fork_rng(devices=[]):  # the pass drew from it before, too
             iterator = iter(self.source)
-        if self.batches:
-            for name, state in saved.items():
-                if name in generators:
-                    generators[name].set_state(state)
+        set_back()
         return iterator
 
     def state_dict(self) -> dict[str, Any]:

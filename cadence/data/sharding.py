@@ -97,13 +97,15 @@ def build_dataloader(dataset: Dataset[Any], params: Any,
         sampler = ShardSampler(len(dataset),  # type: ignore[arg-type]
                                context.num_input_pipelines, context.input_pipeline_id)
     key = "task.train_data" if training else "task.validation_data"
-    if params.global_batch_size % context.num_replicas_in_sync:
+    try:
+        batch_size = context.get_per_replica_batch_size(params.global_batch_size)
+    except ValueError:  # said in the config's keys, with a value that divides
         world = context.num_replicas_in_sync
         raise ConfigError(
             f"{key}.global_batch_size (got {params.global_batch_size}) is not divisible by the "
             f"{world} processes of this job: set it to a multiple of {world}, e.g. "
-            f"{key}.global_batch_size={max(world, params.global_batch_size // world * world)}.")
-    batch_size = context.get_per_replica_batch_size(params.global_batch_size)
+            f"{key}.global_batch_size={max(world, params.global_batch_size // world * world)}."
+        ) from None
     length = len(sampler) if sampler is not None else len(dataset)  # type: ignore[arg-type]
     if params.drop_remainder and length < batch_size:
         raise ConfigError(

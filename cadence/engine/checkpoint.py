@@ -29,8 +29,11 @@ import errno
 import logging
 import os
 import shutil
+import socket
 import sys
 import threading
+import time
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -52,7 +55,7 @@ from cadence.engine.checkpoint_io import (
     TorchSaveIO,
     read_checkpoint,
 )
-from cadence.engine.distributed import any_rank, gather_on_rank_zero
+from cadence.engine.distributed import any_rank, broadcast_object, gather_on_rank_zero
 from cadence.engine.external_metrics import checkpoint_part
 from cadence.engine.module import Module, load_stateful
 from cadence.engine.rank_state import (
@@ -136,19 +139,14 @@ def check_shared_directory(directory: str | os.PathLike[str], timeout: float = 5
     rank, world = _distributed()
     if world == 1:
         return
-    import socket
-    import time
-    import uuid
-
-    from cadence.engine.distributed import broadcast_object, gather_objects
-
     directory = Path(directory)
-    token = broadcast_object(uuid.uuid4().hex if rank == 0 else None)
-    probe = directory / f".shared-{token}"
+    token: str | None = None
     if rank == 0:
+        token = uuid.uuid4().hex
         directory.mkdir(parents=True, exist_ok=True)
-        probe.write_text(token, encoding="utf-8")
-    gather_objects(None)  # rank 0 has written it
+        (directory / f".shared-{token}").write_text(token, encoding="utf-8")
+    token = broadcast_object(token)  # sent once rank 0 has written it
+    probe = directory / f".shared-{token}"
     deadline = time.monotonic() + timeout
     while True:
         with contextlib.suppress(OSError):
@@ -157,16 +155,19 @@ def check_shared_directory(directory: str | os.PathLike[str], timeout: float = 5
         if time.monotonic() >= deadline:
             break
         time.sleep(0.1)
-    seen = probe.is_file()
-    views = gather_objects((seen, socket.gethostname()))
+    views = gather_on_rank_zero((probe.is_file(), socket.gethostname()),
+                                "checking that the ranks share the checkpoint directory")
+    blind = None
     if rank == 0:
         with contextlib.suppress(OSError):
             probe.unlink()
-    blind = [f"rank {r} on {host}" for r, (ok, host) in enumerate(views) if not ok]
-    if blind:
+        blind = ([f"rank {r} on {host}" for r, (ok, host) in enumerate(views) if not ok],
+                 views[0][1])
+    missing, host0 = broadcast_object(blind)  # every rank refuses, or none does
+    if missing:
         raise CheckpointError(
             f"The ranks of this job do not share the checkpoint directory {str(directory)!r}: "
-            f"{', '.join(blind)} cannot see the file rank 0 (on {views[0][1]}) wrote there. "
+            f"{', '.join(missing)} cannot see the file rank 0 (on {host0}) wrote there. "
             "Every rank writes its part of each checkpoint there and restores from it: put the "
             "run directory on a filesystem every node mounts (NFS, Lustre, a shared volume) "
             "and pass that path to every node.")
@@ -525,8 +526,8 @@ class CheckpointManager:
             else:
                 logger.warning("Checkpoint %s has no state for %r: it starts fresh.", path, name)
         said = restore_rank_state(path, items, saved_world, rank_states)
-        world = _distributed()[1]
-        if saved_world != world and _distributed()[0] == 0:
+        rank, world = _distributed()
+        if saved_world != world and rank == 0:
             weights = ("the model and optimizer are resharded from their shards (DCP)"
                        if in_shards else "the model and optimizer are loaded whole on every "
                        "rank")

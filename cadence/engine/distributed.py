@@ -97,25 +97,33 @@ def init_distributed(timeout: float = DEFAULT_TIMEOUT, device: torch.device | No
     Raises:
         ValueError: for a timeout that is not positive.
     """
-    global _created_group
     if not timeout or timeout <= 0:
         raise ValueError(f"runtime.collective_timeout (got {timeout!r}) must be a positive number "
                          "of seconds.")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available() and (
             not dist.is_initialized()):
-        if backend is None:
-            backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
-        if device is not None and device.type == "cuda":
-            torch.cuda.set_device(device)
-        with signals_to_the_main_thread():
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
-        _created_group = True
-        atexit.register(shutdown)
+        _create_group(device, timeout, backend)
     if is_distributed() and process_rank() != 0:
         cadence_logger = logging.getLogger("cadence")
         if cadence_logger.getEffectiveLevel() < logging.WARNING:
             cadence_logger.setLevel(logging.WARNING)
     return is_distributed()
+
+
+def _create_group(device: torch.device | None, timeout: float, backend: str | None = None,
+                  **how: Any) -> None:
+    """Creates the default process group -- NCCL for a CUDA device, else gloo; the device set
+    as this process's -- and destroys it at exit (`shutdown`). `how`: a store, rank and world
+    size, where not torchrun's environment."""
+    global _created_group
+    if backend is None:
+        backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
+    if device is not None and device.type == "cuda":
+        torch.cuda.set_device(device)
+    with signals_to_the_main_thread():
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout), **how)
+    _created_group = True
+    atexit.register(shutdown)
 
 
 @contextlib.contextmanager
@@ -347,17 +355,8 @@ def ensure_process_group(device: torch.device, timeout: float = DEFAULT_TIMEOUT)
     ``torchrun --nproc_per_node=1``): DDP and FSDP2 need one, and with it a run of either
     strategy continues on one process -- a resume at another world size -- exactly as on
     several (FSDP2's checkpoints stay sharded through DCP)."""
-    global _created_group
-    if dist.is_initialized():
-        return
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    with signals_to_the_main_thread():
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=timeout))
-    _created_group = True
-    atexit.register(shutdown)
+    if not dist.is_initialized():
+        _create_group(device, timeout, store=dist.HashStore(), rank=0, world_size=1)
 
 
 def device_mesh(device: torch.device) -> Any:

@@ -58,13 +58,18 @@ from cadence.engine.standard_runner import (
     StandardTrainer,
     StandardTrainerOptions,
 )
+from cadence.task.config import DTYPES
 from cadence.task.optimization import ExponentialMovingAverage, create_lr_schedule
 from cadence.task.task import Task, accepts_argument
 
 logger = logging.getLogger("cadence")
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-_DTYPES = {**_AUTOCAST_DTYPES, "fp32": torch.float32}
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    """The torch dtype of a config's dtype name (`cadence.task.config.DTYPES`), or None."""
+    return getattr(torch, DTYPES[name]) if name else None
 
 
 def parallel_options(config: Any) -> ParallelOptions:
@@ -75,8 +80,7 @@ def parallel_options(config: Any) -> ParallelOptions:
     return ParallelOptions(
         strategy="none", activation_checkpointing=runtime.activation_checkpointing,
         compile_blocks=trainer.compile_blocks, compile_mode=trainer.compile_mode,
-        param_dtype=_DTYPES.get(fsdp.param_dtype or ""),
-        reduce_dtype=_DTYPES.get(fsdp.reduce_dtype or ""),
+        param_dtype=_dtype(fsdp.param_dtype), reduce_dtype=_dtype(fsdp.reduce_dtype),
         reshard_after_forward=fsdp.reshard_after_forward)
 
 

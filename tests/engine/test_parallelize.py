@@ -5,6 +5,8 @@ FSDP2 and DDP run here in this process, in a process group of one (what `prepare
 when there is no torchrun job); the multi-process runs are in ``tests/test_real_models.py``.
 """
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -170,3 +172,26 @@ def test_a_task_chooses_how_its_model_is_parallelized(one_process_group):
     assert wrapped == [True, False, True]
     trainer.train(2)
     assert trainer.global_step == 2
+
+
+def test_parallelize_model_refuses_an_unresolved_strategy_or_a_missing_mesh():
+    with pytest.raises(ValueError, match="resolve 'auto' with resolve_strategy first"):
+        parallelize_model(GPT(TINY), None, ParallelOptions(strategy="auto"))
+    with pytest.raises(ValueError, match="needs a device mesh"):
+        parallelize_model(GPT(TINY), None, ParallelOptions(strategy="fsdp2"))
+
+
+@pytest.mark.parametrize(("setting", "says"), [
+    ("task.model.vocab_size=100", "task.model.vocab_size (got 100) must be >= 256"),
+    ("task.sequence_length=200", "task.sequence_length (got 200) must be in [1, "
+                                 "task.model.block_size = 128]"),
+    ("task.model.n_embd=30", "task.model.n_embd (got 30) must be a multiple of "
+                             "task.model.n_head (got 4)"),
+])
+def test_a_gpt_that_cannot_be_built_is_one_config_error_naming_the_key(setting, says):
+    config = cadence.load_config("gpt", overrides=[setting])
+    from cadence.task.registry import get_task
+
+    with pytest.raises(cadence.ConfigError, match=re.escape(says)):
+        get_task(config.task).build_model()
+
