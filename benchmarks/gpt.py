@@ -148,7 +148,6 @@ def recompiles_after_first_loop() -> int:
 def raw_loop(config: Any, steps: int, per_loop: int, args: argparse.Namespace,
              loop_ended: Any, step_ended: Any = None) -> Any:
     """nanoGPT's loop, doing what the Trainer does (see the module docstring)."""
-    import contextlib
     import math
     import sys
 

@@ -73,6 +73,7 @@ from cadence.engine.sharded import (
     save_sharded,
     save_sharded_async,
     sharded_names,
+    sharded_reader,
     uses_dcp,
 )
 from cadence.engine.state_file import HostSnapshot, PackedState
@@ -503,8 +504,8 @@ class CheckpointManager:
         items = self._items()
         if not self.strict:
             state = {name: value for name, value in state.items() if name in items}
-        # written through DCP: loaded resharded
-        in_shards = sharded_names(path, manifest) & set(items)
+        shards = sharded_reader(path, manifest)  # written through DCP: loaded resharded
+        in_shards = sharded_names(shards) & set(items)
         try:
             load_stateful({n: o for n, o in items.items() if n not in in_shards}, state,
                           type(self._state).__name__ if isinstance(self._state, Module)
@@ -519,7 +520,7 @@ class CheckpointManager:
                 raise CheckpointMismatchError(
                     f"{str(path)!r} holds sharded state for {missing}, which is not a model or "
                     "an optimizer here.")
-            load_sharded(parts, path, manifest)
+            load_sharded(parts, shards)
         for name, obj in self._tracked.items():
             if name in payload["tracked"]:
                 obj.load_state_dict(payload["tracked"][name])

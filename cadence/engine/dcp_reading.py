@@ -29,6 +29,7 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
 from cadence.core.errors import CheckpointError
+from cadence.core.files import plain_name
 
 _METADATA_MODULE = "torch.distributed.checkpoint.metadata"
 _ALLOWED_GLOBALS = {
@@ -104,10 +105,18 @@ class SafeFileSystemReader(FileSystemReader):
     def __init__(self, path: str, allowed: Iterable[str]) -> None:
         super().__init__(path)
         self._allowed = set(allowed)
+        self._metadata: dict[str, Any] = {}  # by file name: read and checked once
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         rank = kwargs.get("rank")
         name = ".metadata" if rank is None else f"__{rank}.metadata"
+        metadata = self._metadata.get(name)
+        if metadata is None:
+            metadata = self._metadata[name] = self._read_metadata(name)
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def _read_metadata(self, name: str) -> Any:
         where = f"{str(self.path)!r}/{name}"
         if name not in self._allowed:
             raise CheckpointError(f"{where} is not listed in the checkpoint's manifest: it was "
@@ -117,15 +126,14 @@ class SafeFileSystemReader(FileSystemReader):
         from torch.distributed.checkpoint.metadata import StorageMeta
 
         for info in (metadata.storage_data or {}).values():
-            relative = str(getattr(info, "relative_path", ""))
-            if relative not in self._allowed or "/" in relative or "\\" in relative:
+            relative = getattr(info, "relative_path", "")
+            if relative not in self._allowed or not plain_name(relative):
                 raise CheckpointError(
                     f"{where} names a shard file {relative!r} that is not a file of this "
                     "checkpoint's manifest. The checkpoint was tampered with or damaged; "
                     "restore an older one.")
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
         return metadata
 
 

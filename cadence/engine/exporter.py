@@ -38,7 +38,7 @@ from cadence.core.errors import CheckpointError, CheckpointMismatchError, Missin
 from cadence.core.files import plain_name
 from cadence.core.logs import flatten, is_scalar
 from cadence.core.rank import process_rank
-from cadence.engine.sharded import read_sharded, sharded_names
+from cadence.engine.sharded import read_sharded, sharded_names, sharded_reader
 
 logger = logging.getLogger("cadence")
 
@@ -310,8 +310,9 @@ def _read_one(kind: str, location: Path) -> dict[str, torch.Tensor]:
     manifest, payload = read_checkpoint(location)
     state = payload["state"]
     model = state.get("model")
-    if model is None and "model" in sharded_names(location, manifest):  # sharded (FSDP2)
-        model = read_sharded(location, manifest, "model")
+    shards = sharded_reader(location, manifest) if model is None else None
+    if "model" in sharded_names(shards):  # written sharded (FSDP2)
+        model = read_sharded(shards, "model")
     if not isinstance(model, dict):
         raise CheckpointError(
             f"Checkpoint {str(location)!r} has no 'model' entry (it has {sorted(state)}): it "

@@ -150,37 +150,40 @@ def sharded_files(manifest: dict[str, Any]) -> set[str]:
             if isinstance(name, str) and name.startswith(prefix)}
 
 
-def _reader(directory: Path, manifest: dict[str, Any]) -> Any:
+def sharded_reader(directory: Path, manifest: dict[str, Any]) -> Any:
+    """The reader of checkpoint `directory`'s ``sharded/`` folder, or None when its manifest
+    lists no DCP metadata (whatever is on disk). It reads only the files `manifest` lists, and
+    unpickles nothing but DCP's metadata -- once, however many times it is asked -- and plain
+    values (`cadence.engine.dcp_reading`)."""
+    files = sharded_files(manifest)
+    if ".metadata" not in files:
+        return None
     from cadence.engine.dcp_reading import SafeFileSystemReader
 
-    return SafeFileSystemReader(str(directory / SHARDED_DIR), sharded_files(manifest))
+    return SafeFileSystemReader(str(directory / SHARDED_DIR), files)
 
 
-def load_sharded(parts: dict[str, Any], directory: Path, manifest: dict[str, Any]) -> None:
-    """Loads ``directory/sharded`` into `parts`, resharded to this job (a collective under
-    torchrun; a single process reads the full tensors). Only the files `manifest` lists are
-    read, and nothing is unpickled but DCP's metadata and plain values
-    (`cadence.engine.dcp_reading`)."""
+def load_sharded(parts: dict[str, Any], reader: Any) -> None:
+    """Loads the shards `reader` reads (`sharded_reader`) into `parts`, resharded to this job
+    (a collective under torchrun; a single process reads the full tensors)."""
     import torch.distributed.checkpoint as dcp
 
     from cadence.engine.dcp_reading import SafeLoadPlanner, dcp_read_errors
 
     state = {name: part.state_dict() for name, part in parts.items()}
-    with warnings.catch_warnings(), dcp_read_errors(str(directory)):
+    with warnings.catch_warnings(), dcp_read_errors(str(reader.path)):
         # "assuming the intent is to load in a single process"
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        dcp.load(state, storage_reader=_reader(directory, manifest), planner=SafeLoadPlanner())
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner())
     for name, part in parts.items():
         part.load_state_dict(state[name])
 
 
-def sharded_names(directory: Path, manifest: dict[str, Any]) -> set[str]:
-    """The top-level names saved in a checkpoint's ``sharded/`` folder; none when its manifest
-    lists no DCP metadata (whatever is on disk)."""
-    if ".metadata" not in sharded_files(manifest):
+def sharded_names(reader: Any) -> set[str]:
+    """The top-level names saved in the shards `reader` reads; none without a reader."""
+    if reader is None:
         return set()
-    metadata = _reader(directory, manifest).read_metadata()
-    return {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
+    return {key.split(".", 1)[0] for key in reader.read_metadata().state_dict_metadata}
 
 
 def full_model_state(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -194,17 +197,16 @@ def full_model_state(module: nn.Module) -> dict[str, torch.Tensor]:
     return {name: value for name, value in state.items() if isinstance(value, torch.Tensor)}
 
 
-def read_sharded(directory: Path, manifest: dict[str, Any], name: str
-                 ) -> dict[str, torch.Tensor]:
-    """The full tensors of part `name` of a checkpoint's ``sharded/`` folder, read in this
-    process alone (to load the weights of a sharded run into a plain model)."""
+def read_sharded(reader: Any, name: str) -> dict[str, torch.Tensor]:
+    """The full tensors of part `name` of the shards `reader` reads (`sharded_reader`), read in
+    this process alone (to load the weights of a sharded run into a plain model)."""
     import torch.distributed.checkpoint as dcp
 
     from cadence.engine.dcp_reading import SafeFullStateLoadPlanner, dcp_read_errors
 
     planner = SafeFullStateLoadPlanner()
-    with warnings.catch_warnings(), dcp_read_errors(str(directory)):
+    with warnings.catch_warnings(), dcp_read_errors(str(reader.path)):
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        dcp.load({}, storage_reader=_reader(directory, manifest), planner=planner, no_dist=True)
+        dcp.load({}, storage_reader=reader, planner=planner, no_dist=True)
     part = planner.loaded.get(name, {})
     return {key: value for key, value in part.items() if isinstance(value, torch.Tensor)}

@@ -91,6 +91,21 @@ def test_a_sharded_checkpoint_restores_through_the_restricted_readers(tmp_path, 
     assert read_weights(checkpoint).keys() == model.state_dict().keys()
 
 
+def test_a_restore_unpickles_the_dcp_metadata_once(tmp_path, monkeypatch):
+    """DCP's metadata grows with the model and the ranks (123 MB at 7B on 1,024 ranks,
+    docs/scale.md): finding what is sharded and loading it share one read."""
+    import cadence.engine.dcp_reading as dcp_reading
+
+    checkpoint, _, _ = sharded_checkpoint(tmp_path, monkeypatch)
+    reads = []
+    read = dcp_reading.read_dcp_metadata
+    monkeypatch.setattr(dcp_reading, "read_dcp_metadata",
+                        lambda stream, where: reads.append(where) or read(stream, where))
+    manager, _ = fresh_manager(tmp_path)
+    manager.restore(checkpoint)
+    assert len(reads) == 1
+
+
 def test_dcp_metadata_planted_beside_a_checkpoint_is_never_read(tmp_path):
     model, optimizer = trained()
     manager = CheckpointManager({"model": model, "optimizer": optimizer}, tmp_path / "ckpts")
