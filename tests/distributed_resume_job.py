@@ -4,6 +4,10 @@ on what they save, and on where the rest of a pass goes after a resume.
     job.py train DIR STEPS [RANK:STEP ...]           train to STEPS (SIGTERM to RANK at STEP)
     job.py epoch DIR                                 train to the end of the running pass
     job.py trials DIR N                              N runs, each SIGTERMed at random steps
+    job.py late DIR                                  SIGTERM to rank 1 while it waits for rank 0
+                                                     in the agreement after the first loop
+    job.py trainloop-late DIR                        the same in a TrainLoop, at the first epoch's
+                                                     end
     job.py stuck DIR                                 rank 1 stops itself (SIGSTOP) at step 3
     job.py rundir DIR                                run_experiment in DIR/node-<rank>
     job.py flow DIR [STEP]                           TrainLoop on a sharded DataFlow, 2 epochs
@@ -19,6 +23,8 @@ import os
 import random
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -72,6 +78,34 @@ class Kill(cadence.Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class LateAgreement(cadence.Callback):
+    """At the end of the loop (or, with ``at="epoch"``, the epoch) that ends at global step
+    `step`: rank 0 takes `delay` seconds before it agrees on the stop; rank 1 gets SIGTERM
+    `signal_after` seconds in, while it waits in that agreement -- its handler runs the moment
+    the collective returns "no rank asked to stop"."""
+
+    def __init__(self, rank: int, step: int, at: str = "loop", delay: float = 2.0,
+                 signal_after: float = 0.5) -> None:
+        self.rank, self.step, self.at = rank, step, at
+        self.delay, self.signal_after = delay, signal_after
+
+    def _late(self, state) -> None:
+        if state.global_step != self.step:
+            return
+        if self.rank == 0:
+            time.sleep(self.delay)
+        else:
+            threading.Timer(self.signal_after, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+    def on_loop_end(self, state, logs):
+        if self.at == "loop":
+            self._late(state)
+
+    def on_epoch_end(self, state):
+        if self.at == "epoch":
+            self._late(state)
+
+
 def controller(directory: Path, callbacks=()) -> tuple[Indexed, cadence.Controller]:
     trainer = Indexed()
     manager = cadence.CheckpointManager(trainer, directory / "ckpt", checkpoint_interval=5,
@@ -102,6 +136,14 @@ def main() -> None:
             code = stopped.code
         torch.save(trainer.model.state_dict(), directory / f"weights-{rank}.pt")
         record(directory, "train", step=trainer.global_step, seen=trainer.seen, code=code)
+    elif mode == "late":
+        trainer, run = controller(directory, [LateAgreement(rank, step=4)])
+        code = 0
+        try:
+            run.train(20)
+        except cadence.Preempted as stopped:
+            code = stopped.code
+        record(directory, "late", step=trainer.global_step, code=code)
     elif mode == "epoch":
         trainer, run = controller(directory)
         run.train(epochs=1)
@@ -149,6 +191,21 @@ def main() -> None:
         except cadence.Preempted as stopped:
             code, step = stopped.code, loop.step
         record(directory, "trainloop", code=code, step=step)
+    elif mode == "trainloop-late":  # 6 steps an epoch: the agreement at the first one's end
+        model = nn.Linear(4, 1)
+        batches = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(6)]
+        code, step = 0, None
+        try:
+            with cadence.TrainLoop(model, max_epoch=3, checkpoint_dir=directory / "ckpt",
+                                   callbacks=[LateAgreement(rank, step=6, at="epoch")],
+                                   print_func=lambda line: None) as loop:
+                for _ in loop.iter_epochs():
+                    for _ in loop.iter_steps(batches):
+                        pass
+                    step = loop.step
+        except cadence.Preempted as stopped:
+            code, step = stopped.code, loop.step
+        record(directory, mode, code=code, step=step)
     elif mode == "flow":  # each rank its share of a shuffled DataFlow, resumed mid-epoch
         kill = int(sys.argv[3]) if len(sys.argv) > 3 else None
         flow = cadence.DataFlow.arrays([torch.arange(21)], batch_size=3, shuffle=True,

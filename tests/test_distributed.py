@@ -19,8 +19,14 @@ def torchrun(*args, job=JOB):
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     if torchrun is None:
         pytest.skip("torchrun is not installed next to this Python")
-    subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", str(job), *args],
-                   check=True, capture_output=True, text=True, timeout=240)
+    ran = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", str(job), *args],
+                         capture_output=True, text=True, timeout=240)
+    assert ran.returncode == 0, failed_job(ran)
+
+
+def failed_job(ran: subprocess.CompletedProcess) -> str:
+    """What a failed torchrun job printed: the ranks' tracebacks are in its last lines."""
+    return f"exit {ran.returncode}\n{ran.stdout[-2000:]}\n{ran.stderr[-8000:]}"
 
 
 @pytest.mark.slow
@@ -78,9 +84,12 @@ def launch(directory, *args, nproc=2, check=True, timeout=240, examples=48):
         pytest.skip("torchrun is not installed next to this Python")
     directory.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "CADENCE_TEST_EXAMPLES": str(examples)}
-    return subprocess.run([runner, "--standalone", f"--nproc_per_node={nproc}", str(RESUME_JOB),
-                           args[0], str(directory), *args[1:]],
-                          check=check, capture_output=True, text=True, timeout=timeout, env=env)
+    ran = subprocess.run([runner, "--standalone", f"--nproc_per_node={nproc}", str(RESUME_JOB),
+                          args[0], str(directory), *args[1:]],
+                         capture_output=True, text=True, timeout=timeout, env=env)
+    if check:
+        assert ran.returncode == 0, failed_job(ran)
+    return ran
 
 
 def records(directory, mode, ranks=2):
@@ -108,6 +117,32 @@ def test_a_sigterm_to_one_rank_mid_pass_stops_every_rank_and_resumes_bitwise(tmp
     straight_seen = records(tmp_path / "straight", "train")
     for rank in (0, 1):
         assert first[rank]["seen"] + again[rank]["seen"] == straight_seen[rank]["seen"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_sigterm_handled_as_the_ranks_agree_to_go_on_waits_for_the_next_agreement(tmp_path):
+    """SIGTERM reaches rank 1 while it waits for rank 0 in the agreement after a loop; its
+    handler runs the moment the collective returns "no rank asked to stop". Rank 1 must not stop
+    alone -- rank 0 trains on, and the two would pair unrelated collectives -- so both take the
+    next loop, agree on the stop at its end, and save the same step."""
+    launch(tmp_path, "late")
+    late = records(tmp_path, "late")
+    assert [r["code"] for r in late] == [143, 143]
+    assert late[0]["step"] == late[1]["step"] == 5  # the next loop ends at the interval (5)
+    assert (tmp_path / "ckpt" / "ckpt-5").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_trainloop_rank_signalled_as_the_ranks_agree_to_go_on_stops_with_the_others(tmp_path):
+    """The same race in a TrainLoop, at the agreement after an epoch's end callbacks: the ranks
+    go on together into the next epoch, stop together at its first agreement (the end of its
+    6 steps), and both save."""
+    launch(tmp_path, "trainloop-late")
+    late = records(tmp_path, "trainloop-late")
+    assert [r["code"] for r in late] == [143, 143]
+    assert late[0]["step"] == late[1]["step"] == 12
 
 
 @pytest.mark.slow

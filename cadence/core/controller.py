@@ -508,10 +508,14 @@ class Controller(ControllerEvaluation):
         if not callable(agree):
             self._stop_agreed = self.state.stop_requested
             return
-        if agree(self.state.stop_requested) and not self.state.stop_requested:
+        # The decision is what the collective returned, never this rank's flag read after it:
+        # a signal handled the moment the collective returns (it arrived during the wait)
+        # would make this rank alone stop; the next agreement takes it.
+        agreed = bool(agree(self.state.stop_requested))
+        if agreed and not self.state.stop_requested:
             self.state.request_stop("a stop was requested on another rank")
-        self._stop_agreed = self.state.stop_requested
-        if self._stop_agreed:  # now the same on every rank: so is a preemption
+        self._stop_agreed = agreed
+        if agreed:  # the same on every rank: so is a preemption
             self._preemption.agree(agree)
 
     def _stopping(self) -> bool:

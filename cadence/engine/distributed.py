@@ -269,11 +269,12 @@ class StopAgreement:
             return True
         return False
 
-    def at_loop_end(self, state: RunState) -> None:
+    def at_loop_end(self, state: RunState) -> bool:
         """`reset`, then agree at once (`agree_on_stop`): the ranks leave a loop with the same
-        stop decision."""
+        stop decision, which this returns -- act on it, not on `state`'s flag, which a signal
+        may set on one rank after the agreement."""
         self.reset()
-        agree_on_stop(state)
+        return agree_on_stop(state)
 
 
 def broadcast_object(value: Any) -> Any:

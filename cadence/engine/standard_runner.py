@@ -392,8 +392,9 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
                     ) from None
                 empty_pass = data.at_pass_start
                 data.end_pass()
-                if per_epoch is None:
-                    self._pass_ended(at_loop_end=False)
+                if per_epoch is None and self._pass_ended(
+                        at_loop_end=False, stop_ends_loop=agreement is None):
+                    break  # the end of the data ends training: on every rank at this step
                 continue
             except StopTraining as stop:
                 state.request_stop(str(stop) or "StopTraining")
@@ -413,14 +414,17 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
                 state.global_step = progress.global_step
                 hooks.fire("on_step_end", state)
             if epoch_done and per_epoch is None:
-                self._pass_ended(at_loop_end=done == num_steps)
+                if self._pass_ended(at_loop_end=done == num_steps,
+                                    stop_ends_loop=agreement is None):
+                    break
             elif epoch_done:
                 self._close_epoch(at_loop_end=done == num_steps)
             if agreement is not None and agreement.after_step(state):
                 break
-        if agreement is not None:
-            agreement.at_loop_end(state)
-        if state.stop_requested and progress.epoch_open:
+        # Across ranks, the agreed decision -- not this rank's flag, which a signal may have
+        # set here alone after the agreement (the next loop's agreement takes it).
+        stopped = agreement.at_loop_end(state) if agreement is not None else state.stop_requested
+        if stopped and progress.epoch_open:
             self._epoch_end_pending = True  # a stop ends the epoch; its hooks run after the loop
 
     def _stop_agreement(self) -> StopAgreement:
@@ -433,12 +437,18 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         loop boundaries, so that every rank stops at the same step."""
         return any_rank(local)
 
-    def _pass_ended(self, at_loop_end: bool) -> None:
-        """The training data ran out: the epoch (a pass) is finished."""
+    def _pass_ended(self, at_loop_end: bool, stop_ends_loop: bool) -> bool:
+        """The training data ran out: the epoch (a pass) is finished. Returns whether training
+        stops here (``stop_at_end_of_data``: on every rank at once, as their data is as long).
+        `stop_ends_loop`: a stop requested before ends the loop now too (one process; across
+        ranks a requested stop waits for the ranks' agreement, and the epoch ends mid-loop)."""
         self._progress.finish_epoch()
-        if self._train_options.stop_at_end_of_data:
+        end_of_data = self._train_options.stop_at_end_of_data
+        if end_of_data:
             self._run_state.request_stop("end of training data")
-        self._close_epoch(at_loop_end or self._run_state.stop_requested)
+        stops = end_of_data or (stop_ends_loop and self._run_state.stop_requested)
+        self._close_epoch(at_loop_end or stops)
+        return end_of_data
 
     def _close_epoch(self, at_loop_end: bool) -> None:
         """Ends the running epoch: now in mid-loop, or -- when the loop ends with it -- after the

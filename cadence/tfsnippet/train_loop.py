@@ -395,8 +395,9 @@ class TrainLoop(LoopReporting):
                 self._callbacks.fire("on_epoch_end", state)
                 progress.end_epoch()
                 if is_distributed():
-                    agree_on_stop(state)  # an epoch-end callback's stop, on every rank
-                    self._stop_agreed = state.stop_requested
+                    # an epoch-end callback's stop, on every rank (the decision, not the
+                    # flag: a signal may set it on this rank alone after the agreement)
+                    self._stop_agreed = agree_on_stop(state)
                 if "epoch_time" not in self._committed:
                     self._collect_time("epoch_time", self._clock() - self._epoch_start)
                 self._within_epoch = False
@@ -483,8 +484,7 @@ class TrainLoop(LoopReporting):
                 if agreement is not None and agreement.after_step(state):
                     break
             if agreement is not None:
-                agreement.at_loop_end(state)
-                self._stop_agreed = state.stop_requested
+                self._stop_agreed = agreement.at_loop_end(state)
         finally:
             self._within_step = False
             self._step_data = None
