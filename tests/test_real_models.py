@@ -295,7 +295,8 @@ def test_twenty_sigterms_to_the_launcher_each_stop_every_rank_cleanly_and_resume
             launcher.stdout.close()
         output = "".join(lines)
         workers = _launcher_traceback_removed(output)
-        assert "Traceback" not in workers, f"trial {trial}:\n{workers[-6000:]}"
+        first = workers.find("Traceback")  # on failure: from there on, every rank's is there
+        assert first == -1, f"trial {trial}:\n{workers[first:first + 8000]}"
         assert output.count("Stopped by a signal; checkpoint ") == 1, (trial, output)
         if stopped_at is not None:
             assert f"Restored run/checkpoints/ckpt-{stopped_at} (step {stopped_at})" in output

@@ -27,11 +27,21 @@ import logging
 import os
 import signal
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+# Imported before any process group exists -- this module is imported before a job makes its
+# group (cadence's `init_distributed`, or a script that imports cadence first). When
+# torch.distributed.nn is first imported, its functions bind the default group as default
+# arguments; the first optimizer imports it (through torch._dynamo), usually after
+# init_process_group, and the group then outlives destroy_process_group: its gloo worker threads
+# run into interpreter exit, where a rank that finished well now and then aborts ("terminate
+# called without an active exception"). Training imports it anyway: this costs nothing.
+import torch.distributed.nn
 from torch import nn
 
 from cadence.core.callbacks import RunState
@@ -49,7 +59,6 @@ DEFAULT_TIMEOUT = 600.0
 """Seconds a collective may wait for the other ranks before the job is ended."""
 
 _created_group = False
-_control_group: Any = None
 
 
 class CollectiveTimeout(RuntimeError):
@@ -146,31 +155,46 @@ def signals_to_the_main_thread() -> Iterator[None]:
 
 def shutdown() -> None:
     """Destroys the process group `init_distributed` created (a no-op otherwise)."""
-    global _created_group, _control_group
+    global _created_group
     if _created_group and dist.is_initialized():
         import gc
 
-        from cadence.engine.sharded import forget_background_group
-
         gc.collect()  # a DDP module's reducer left for the collector holds work on the group
         dist.destroy_process_group()
-        forget_background_group()
     _created_group = False
-    _control_group = None
+
+
+class GlooGroup:
+    """A gloo group of all ranks, created on first use (a collective: every rank must reach
+    it) and referenced weakly: c10d's registry owns it, so that ``dist.destroy_process_group()``
+    -- `shutdown`'s, or the user's own -- really destroys it, joining its worker threads while
+    the interpreter is alive. A strong reference kept here would keep those threads running
+    into interpreter exit, where one that drops a finished collective's tensor needs the GIL,
+    and the rank aborts after a run that went well ("terminate called without an active
+    exception"). A job that makes a new default group gets a new group here too."""
+
+    def __init__(self) -> None:
+        self._group: weakref.ref[Any] | None = None
+
+    def get(self) -> Any:
+        group = self._group() if self._group is not None else None
+        if group is None:
+            with signals_to_the_main_thread():
+                group = dist.new_group(backend="gloo")
+            self._group = weakref.ref(group)
+        return group
+
+
+_control_group = GlooGroup()
 
 
 def control_group() -> Any:
     """A gloo group of all ranks for small host-side messages (stop flags, objects): its
     collectives run on CPU tensors, so reading their result never waits for a GPU. Created on
     first use -- a collective call, so every rank must reach it."""
-    global _control_group
-    if _control_group is None:
-        if dist.get_backend() == "gloo":
-            _control_group = dist.group.WORLD
-        else:
-            with signals_to_the_main_thread():
-                _control_group = dist.new_group(backend="gloo")
-    return _control_group
+    if dist.get_backend() == "gloo":
+        return dist.group.WORLD  # looked up, never kept: see `GlooGroup`
+    return _control_group.get()
 
 
 @contextlib.contextmanager

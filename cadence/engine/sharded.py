@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from cadence.engine.distributed import GlooGroup
+
 SHARDED_DIR = "sharded"
 """The folder of a checkpoint that DCP writes into."""
 
@@ -90,28 +92,10 @@ def save_sharded(parts: dict[str, Any], directory: Path) -> None:
              checkpoint_id=str(directory / SHARDED_DIR))
 
 
-_write_group: Any = None
-
-
-def _background_group() -> Any:
-    """A gloo group of its own for DCP's background writes: their collectives run in another
-    thread, and must not interleave with the training thread's on the other groups. Created on
-    the first asynchronous save (a collective: every rank saves at the same step)."""
-    global _write_group
-    if _write_group is None:
-        import torch.distributed as dist
-
-        from cadence.engine.distributed import signals_to_the_main_thread
-
-        with signals_to_the_main_thread():
-            _write_group = dist.new_group(backend="gloo")
-    return _write_group
-
-
-def forget_background_group() -> None:
-    """Forgets the group of DCP's background writes (its process group was destroyed)."""
-    global _write_group
-    _write_group = None
+_background_writes = GlooGroup()
+"""A gloo group of its own for DCP's background writes: their collectives run in another
+thread, and must not interleave with the training thread's on the other groups. Created on the
+first asynchronous save (a collective: every rank saves at the same step)."""
 
 
 def save_sharded_async(parts: dict[str, Any], directory: Path) -> Any:
@@ -121,7 +105,7 @@ def save_sharded_async(parts: dict[str, Any], directory: Path) -> Any:
 
     return dcp.async_save({name: part.state_dict() for name, part in parts.items()},
                           checkpoint_id=str(directory / SHARDED_DIR),
-                          process_group=_background_group())
+                          process_group=_background_writes.get())
 
 
 def own_shard_digests(directory: Path, rank: int) -> dict[str, str]:

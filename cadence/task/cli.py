@@ -367,13 +367,20 @@ def _leave_the_job() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the ``cadence`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
+    try:
+        return _run_command(args)
+    finally:
+        # After the command's exception is handled and dropped: its traceback holds the frames
+        # of the trainer, whose DDP module would keep the process group alive past its
+        # destruction, into interpreter exit.
+        _leave_the_job()
+
+
+def _run_command(args: argparse.Namespace) -> int:
     command = {"train": _train, "eval": _eval, "experiments": _experiments,
                "config": _config, "plot": _plot}[args.command]
     try:
-        try:
-            return command(args)
-        finally:
-            _leave_the_job()
+        return command(args)
     except Preempted as stop:
         where = f"; checkpoint {stop.checkpoint}" if stop.checkpoint else ""
         if process_rank() == 0:  # every rank stopped at the same step, with the same checkpoint
