@@ -114,6 +114,23 @@ def controller(directory: Path, callbacks=()) -> tuple[Indexed, cadence.Controll
                                        checkpoint_manager=manager, callbacks=callbacks)
 
 
+def train_loop_until_stopped(directory: Path, callbacks) -> dict[str, int | None]:
+    """A TrainLoop of 3 epochs of 6 steps, checkpointed in DIR/ckpt: its exit code and step."""
+    model = nn.Linear(4, 1)
+    batches = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(6)]
+    code, step = 0, None
+    try:
+        with cadence.TrainLoop(model, max_epoch=3, checkpoint_dir=directory / "ckpt",
+                               callbacks=callbacks, print_func=lambda line: None) as loop:
+            for _ in loop.iter_epochs():
+                for _ in loop.iter_steps(batches):
+                    pass
+                step = loop.step
+    except cadence.Preempted as stopped:
+        code, step = stopped.code, loop.step
+    return {"code": code, "step": step}
+
+
 def record(directory: Path, mode: str, **values) -> None:
     rank = dist.get_rank() if is_distributed() else 0
     (directory / f"{mode}-{rank}.json").write_text(json.dumps(values))
@@ -176,36 +193,12 @@ def main() -> None:
                             lambda params: torch.optim.SGD(params, lr=0.1), model=model)
         trainer.train(steps_per_epoch=4, max_epoch=2)
         torch.save(model.state_dict(), directory / f"tensorpack-{rank}.pt")
-    elif mode == "trainloop":  # SIGTERM to rank 1 only: every rank saves the same step
-        model = nn.Linear(4, 1)
-        batches = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(6)]
-        code, step = 0, None
-        try:
-            with cadence.TrainLoop(model, max_epoch=3, checkpoint_dir=directory / "ckpt",
-                                   callbacks=[Kill(5)] if rank == 1 else [],
-                                   print_func=lambda line: None) as loop:
-                for _ in loop.iter_epochs():
-                    for _ in loop.iter_steps(batches):
-                        pass
-                    step = loop.step
-        except cadence.Preempted as stopped:
-            code, step = stopped.code, loop.step
-        record(directory, "trainloop", code=code, step=step)
-    elif mode == "trainloop-late":  # 6 steps an epoch: the agreement at the first one's end
-        model = nn.Linear(4, 1)
-        batches = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(6)]
-        code, step = 0, None
-        try:
-            with cadence.TrainLoop(model, max_epoch=3, checkpoint_dir=directory / "ckpt",
-                                   callbacks=[LateAgreement(rank, step=6, at="epoch")],
-                                   print_func=lambda line: None) as loop:
-                for _ in loop.iter_epochs():
-                    for _ in loop.iter_steps(batches):
-                        pass
-                    step = loop.step
-        except cadence.Preempted as stopped:
-            code, step = stopped.code, loop.step
-        record(directory, mode, code=code, step=step)
+    elif mode in ("trainloop", "trainloop-late"):
+        # trainloop: SIGTERM to rank 1 only, every rank saves the same step; trainloop-late:
+        # SIGTERM to rank 1 while it waits in the agreement after the first epoch (6 steps)
+        callbacks = ([LateAgreement(rank, step=6, at="epoch")] if mode == "trainloop-late"
+                     else [Kill(5)] if rank == 1 else [])
+        record(directory, mode, **train_loop_until_stopped(directory, callbacks))
     elif mode == "flow":  # each rank its share of a shuffled DataFlow, resumed mid-epoch
         kill = int(sys.argv[3]) if len(sys.argv) > 3 else None
         flow = cadence.DataFlow.arrays([torch.arange(21)], batch_size=3, shuffle=True,
