@@ -27,8 +27,10 @@ def test_orbit_classifier_trains_checkpoints_summarizes_and_resumes(tmp_path):
     # Checkpoints due at an evaluation's step are written right after it (same weights).
     assert [(e["step"], e["checkpoint"]) for e in evals] == [(200, None), (400, None)]
     assert list((tmp_path / "train").glob("events.out.tfevents.*"))
-    # The same command again resumes: nothing left to train, the final evaluation already ran.
-    assert example.main(["--model-dir", str(tmp_path), "--train-steps", "400"]) is None
+    # The same command again resumes: nothing left to train, the final evaluation already ran
+    # (its logs come back from the checkpoint; nothing is evaluated or recorded again).
+    assert example.main(["--model-dir", str(tmp_path), "--train-steps", "400"]) == result
+    assert (tmp_path / "eval" / "metrics.jsonl").read_text().splitlines() == lines
     # A longer target continues from step 400.
     result = example.main(["--model-dir", str(tmp_path), "--train-steps", "500"])
     assert result is not None and (tmp_path / "checkpoints" / "ckpt-500").is_dir()

@@ -63,6 +63,7 @@ def test_orbit_program_trains_evaluates_and_continues(tmp_path):
     example = load("from_orbit")
     logs = example.main(str(tmp_path), train_steps=20)
     assert 0 <= logs["accuracy"] <= 1
+    assert example.main(str(tmp_path), train_steps=20) == logs  # run again: finished
     assert example.main(str(tmp_path), train_steps=40) is not None  # from ckpt-20 on
     assert jsonl_steps(tmp_path / "eval" / "metrics.jsonl") == [20, 40]
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["ckpt-20", "ckpt-40"]
@@ -75,8 +76,10 @@ def test_task_programs_train_export_the_best_and_resume(program, tmp_path):
     assert 0 <= logs["accuracy"] <= 1 and logs["best_accuracy"] == logs["accuracy"]
     assert (tmp_path / "best" / "info.json").is_file()
     assert (tmp_path / "checkpoints" / "ckpt-20").is_dir()
-    example.main(str(tmp_path), train_steps=20)  # run again: resumes, finds nothing to do
+    # Run again: resumes, finds nothing to do, and returns the final evaluation's logs.
+    assert example.main(str(tmp_path), train_steps=20) == logs
     assert jsonl_steps(tmp_path / "train" / "metrics.jsonl") == [20]
+    assert jsonl_steps(tmp_path / "eval" / "metrics.jsonl") == [20]
 
 
 def test_tensorpack_program_validates_keeps_the_best_and_resumes(tmp_path):

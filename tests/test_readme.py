@@ -24,6 +24,9 @@ def test_the_task_example_trains_evaluates_and_exports(tmp_path, monkeypatch, ca
     assert capsys.readouterr().out.startswith("validation accuracy 0.9")  # it says it worked
     assert (tmp_path / "runs/blobs/best/info.json").is_file()
     assert (tmp_path / "runs/blobs/checkpoints/ckpt-300").is_dir()
+    again = run(code, tmp_path, monkeypatch)  # a second time: finished, the same logs
+    assert again["logs"] == namespace["logs"]
+    assert capsys.readouterr().out.startswith("validation accuracy 0.9")
 
 
 def test_the_orbit_example_trains_and_resumes(tmp_path, monkeypatch, capsys):

@@ -35,6 +35,7 @@ number of epochs -- is listed in the README ("How cadence differs from Orbit").
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import sys
 import time
@@ -184,6 +185,7 @@ class Controller(ControllerEvaluation):
         self._checkpoint_interval = Interval(checkpoint_interval, last=step)
         self._summary_interval = Interval(self.summary_interval, last=step)
         self._last_eval_step = -1
+        self._last_eval_logs: dict[str, Any] | None = None
         self._weights_checkpoint: str | None = None
         self._preemption = Preemption(handle_signals)
         self._stop_agreed = False
@@ -229,13 +231,6 @@ class Controller(ControllerEvaluation):
         progress = self.progress
         if progress is not None:
             self.state.epoch = progress.epoch
-
-    def state_dict(self) -> dict[str, Any]:
-        """The Controller's own state: which step was last evaluated."""
-        return {"last_eval_step": self._last_eval_step}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._last_eval_step = int(state_dict.get("last_eval_step", -1))
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -339,11 +334,15 @@ class Controller(ControllerEvaluation):
         """Trains to `train_steps`, evaluating every `eval_interval` steps and at the end.
 
         Evaluations happen exactly at multiples of `eval_interval` and once at the end. A run
-        restarted after it finished runs its final evaluation if it had not run yet. Returns
-        when the checkpoints it saved are committed (see `train`).
+        restarted after it finished runs its final evaluation if it had not run yet, and
+        otherwise returns that evaluation's logs as the checkpoint kept them, without
+        evaluating again (Orbit returns None). Returns when the checkpoints it saved are
+        committed (see `train`).
 
         Returns:
-            The logs of the last evaluation, or None if none ran.
+            The logs of the last evaluation (restored from the checkpoint: only the values a
+            checkpoint holds, see `cadence.core.logs.plain_logs`), or None if there are none
+            (after a preemption; a checkpoint of an older cadence did not keep them).
 
         Raises:
             ValueError: without both a trainer and an evaluator, or on a bad interval.
@@ -370,8 +369,11 @@ class Controller(ControllerEvaluation):
                 output = self.evaluate(eval_steps)
                 if self._checkpoint_interval.crossed(current) and self.checkpoint_manager:
                     self._save()
-            if not self._agree_on_preemption() and self._last_eval_step != current:
+            preempted = self._agree_on_preemption()
+            if not preempted and self._last_eval_step != current:
                 output = self.evaluate(eval_steps)
+            elif not preempted and output is None and self._last_eval_logs is not None:
+                output = copy.deepcopy(self._last_eval_logs)  # a restarted, finished run's
             # Saved after the final evaluation, so that a restarted run knows it happened.
             self._finish_training(True)
         return output

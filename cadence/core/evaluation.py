@@ -23,7 +23,7 @@ from cadence.core.callbacks import CallbackList, RunState
 from cadence.core.checkpoint_dir import new_checkpoints
 from cadence.core.errors import CheckpointError
 from cadence.core.intervals import check_eval_steps
-from cadence.core.logs import format_logs, to_host
+from cadence.core.logs import format_logs, plain_logs, to_host
 from cadence.core.protocols import CheckpointManagerLike, Evaluable, SummaryManagerLike
 
 logger = logging.getLogger("cadence")
@@ -42,6 +42,7 @@ class ControllerEvaluation:
     _global_step: Callable[[], int]
     _weights_checkpoint: str | None
     _last_eval_step: int
+    _last_eval_logs: dict[str, Any] | None
 
     def _require(self, role: str) -> None:
         if getattr(self, role) is None:
@@ -55,6 +56,16 @@ class ControllerEvaluation:
 
     def restore_checkpoint(self, checkpoint_path: str | None = None) -> str | None:
         raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """The Controller's own state: which step was last evaluated, and that evaluation's
+        logs (`cadence.core.logs.plain_logs`), which a finished run returns when restarted."""
+        return {"last_eval_step": self._last_eval_step, "last_eval_logs": self._last_eval_logs}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._last_eval_step = int(state_dict.get("last_eval_step", -1))
+        logs = state_dict.get("last_eval_logs")  # absent from older checkpoints
+        self._last_eval_logs = logs if isinstance(logs, dict) else None
 
     def evaluate(self, steps: int = -1) -> dict[str, Any]:
         """Runs one evaluation of `steps` steps (-1: until the data is exhausted).
@@ -102,6 +113,7 @@ class ControllerEvaluation:
         )
         self.eval_summary_manager.flush()
         self._last_eval_step = step
+        self._last_eval_logs = plain_logs(logs)  # checkpointed: what a finished run returns
         self.state.extra["last_eval"] = record
         self.state.put_metrics(logs, prefix="eval/")
         self.callbacks.fire("on_eval_end", self.state, logs)

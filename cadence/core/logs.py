@@ -58,6 +58,34 @@ def iter_groups(logs: Logs, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[
             yield from iter_groups(value, (*path, str(key)))
 
 
+def plain_logs(logs: Logs) -> dict[str, Any]:
+    """Host `logs` (after `to_host`) with only the leaves a checkpoint holds as they are:
+    numbers, strings, bools, None and lists of them, in nested mappings. Anything else (an
+    image object, say) is left out.
+
+    >>> plain_logs({"accuracy": 0.5, "per_class": [0.25, 1.0], "plot": object(),
+    ...             "task": {"loss": 2.0}})
+    {'accuracy': 0.5, 'per_class': [0.25, 1.0], 'task': {'loss': 2.0}}
+    """
+    kept = _plain(logs)
+    return kept if isinstance(kept, dict) else {}
+
+
+_LEFT_OUT = object()
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Mapping):
+        items = ((str(k), _plain(v)) for k, v in value.items())
+        return {k: v for k, v in items if v is not _LEFT_OUT}
+    if isinstance(value, (list, tuple)):
+        leaves = [_plain(v) for v in value]
+        return _LEFT_OUT if any(v is _LEFT_OUT for v in leaves) else leaves
+    return _LEFT_OUT
+
+
 def is_scalar(value: Any) -> bool:
     """Whether a host value (after `to_host`) is a single real number."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)

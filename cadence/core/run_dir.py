@@ -119,7 +119,8 @@ class RunDirectory:
 
         Summaries alone cannot tell where a run resumed (the steps after a clean resume simply
         go on), so the front-ends say so when they restore a checkpoint to continue training;
-        ``cadence plot`` marks these steps.
+        ``cadence plot`` marks these steps. A last line that a crash cut short is dropped
+        before the append (`cadence.core.files.open_append`).
 
         Args:
             step: the restored step: training continues with step ``step + 1``.

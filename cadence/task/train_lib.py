@@ -25,7 +25,9 @@ Modes (TF Model Garden's ``train_lib``):
 =====================  ==========================================================================
 
 Running a training mode again in the same directory resumes from the newest checkpoint; a
-finished run does nothing more (except a final evaluation that had not run).
+finished run does nothing more (except a final evaluation that had not run), and returns the
+logs of its final evaluation as its checkpoint kept them -- the same as the first time, without
+evaluating again or writing a second evaluation record.
 
 Before anything is written, the config is checked as far as it can be without training: the
 device exists, the optimizer accepts its arguments, the best-checkpoint metric is one the task
@@ -362,7 +364,8 @@ def run_experiment(
         allow_config_change: continue a run whose saved config differs.
 
     Returns:
-        ``(model, eval_logs)``: the trained model and the last evaluation's logs ({} if none).
+        ``(model, eval_logs)``: the trained model and the last evaluation's logs ({} if none;
+        for a finished run of an evaluating training mode, its final evaluation's).
 
     Raises:
         ValueError: for an unknown mode.
@@ -474,8 +477,10 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
                 trainer_config.train_steps, trainer_config.validation_steps,
                 trainer_config.validation_interval)
         elif mode == "train_and_post_eval":
-            controller.train(trainer_config.train_steps)
-            eval_logs = controller.evaluate(trainer_config.validation_steps)
+            # Training, then one evaluation: the final checkpoint is saved after it, so that
+            # a finished run run again knows it happened (and returns its logs).
+            eval_logs = controller.train_and_evaluate(
+                trainer_config.train_steps, trainer_config.validation_steps, None)
         elif mode == "eval":
             if manager.latest_checkpoint is None:
                 logger.warning("No checkpoint in %s: evaluating the weights of "

@@ -10,7 +10,9 @@ never half of either); every other write appends one line.
 
 A resumed run appends to the table it finds, under its header; rows written after the checkpoint
 it resumed from stay, so a step may appear twice (``df.drop_duplicates("step", keep="last")``
-keeps the resumed run's). A last line cut short by a crash is dropped on reopening.
+keeps the resumed run's). A last line cut short by a crash is dropped on reopening (the rule of
+every file cadence appends lines to: `cadence.core.files.drop_torn_line`); a row cut short
+could otherwise read as a row of wrong numbers.
 Non-scalar values (lists, strings) are left out, as TensorBoard leaves them.
 """
 
@@ -22,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from cadence.core.files import open_append, open_regular
+from cadence.core.files import drop_torn_line, open_append
 from cadence.core.logs import is_scalar
 
 CSV_NAME = "metrics.csv"
@@ -41,16 +43,9 @@ class _Table:
         self.columns: list[str] = []
         self._handle: IO[str] | None = None
         if path.is_file() and path.stat().st_size > 0:
-            self._drop_cut_line()
+            drop_torn_line(path)  # before the header is read: it may be the line cut short
             with open(path, newline="", encoding="utf-8") as handle:
                 self.columns = next(csv.reader(handle), [])
-
-    def _drop_cut_line(self) -> None:
-        """Truncates a last line that a crash cut short (it has no newline)."""
-        with os.fdopen(open_regular(self.path, os.O_RDWR), "rb+") as handle:
-            data = handle.read()
-            if not data.endswith(b"\n"):
-                handle.truncate(data.rfind(b"\n") + 1)
 
     def append(self, row: dict[str, Any]) -> None:
         new = [name for name in row if name not in self.columns]

@@ -3,6 +3,10 @@ value -- appended to ``metrics.jsonl`` in each (sub-)directory of nested logs.
 
 Plain lines that any tool (and ``json.loads``) reads; appending never loses earlier lines to a
 crash. The file stays open between writes and is flushed with the writer.
+
+A last line that a crash cut short (no newline) is dropped when the file is opened again, the
+rule of every file cadence appends lines to (`cadence.core.files.drop_torn_line`): appended
+after it, the next record would be glued to the fragment and unreadable with it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ JSONL_NAME = "metrics.jsonl"
 
 
 class JSONLWriter:
-    """Appends ``{"step": ..., **extra, **values}`` lines.
+    """Appends ``{"step": ..., **extra, **values}`` lines; a line that a crash cut short at the
+    end of a file is dropped before the first append (see the module docstring).
 
     Args:
         directory: the root directory; created on the first write.

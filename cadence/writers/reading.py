@@ -197,10 +197,12 @@ def _summary_dirs(root: Path, holds: Any) -> Iterator[Path]:
 
 
 def _records(path: Path) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a ``metrics.jsonl``; a line that does not parse (the last one of a
-    process that died mid-write) is skipped with a warning."""
+    """The JSON objects of a ``metrics.jsonl`` (or ``resumes.jsonl``); a line that does not
+    parse (the last one of a process that died mid-write) is skipped with a warning, and the
+    lines after it are read. A record that an older cadence appended right after such a
+    fragment, on the same line, is read too (see `_glued_record`)."""
     bad = 0
-    with open(path, encoding="utf-8") as handle:
+    with open(path, encoding="utf-8", errors="replace") as handle:
         for line in handle:
             if not line.strip():
                 continue
@@ -208,11 +210,36 @@ def _records(path: Path) -> Iterator[dict[str, Any]]:
                 record = json.loads(line)
             except ValueError:
                 bad += 1
-                continue
+                record = _glued_record(line)
             if isinstance(record, dict):
                 yield record
     if bad:
         logger.warning("Skipped %d unreadable line(s) of %s.", bad, path)
+
+
+def _glued_record(line: str) -> dict[str, Any] | None:
+    """The whole JSON object that ends `line` after a fragment, or None.
+
+    A writer that appended to a file whose last line a crash had cut short (cadence before it
+    dropped such lines, or another tool) glued its record to the fragment:
+    ``{"step": 3, "loss": 0.{"step": 4, "loss": 0.25}``. The record is the longest end of the
+    line that is one JSON object.
+
+    >>> _glued_record('{"step": 3, "loss": 0.{"step": 4, "loss": 0.25}\\n')
+    {'step': 4, 'loss': 0.25}
+    """
+    text = line.rstrip()
+    decoder = json.JSONDecoder()
+    start = text.find("{", 1)
+    while start > 0:
+        try:
+            record, end = decoder.raw_decode(text, start)
+        except ValueError:
+            record, end = None, -1
+        if end == len(text) and isinstance(record, dict):
+            return record
+        start = text.find("{", start + 1)
+    return None
 
 
 def _is_number(value: Any) -> bool:

@@ -76,6 +76,17 @@ def test_running_again_resumes_and_a_longer_target_continues(tmp_path):
     assert list(tmp_path.glob("params.*.yaml"))  # the old config is kept beside the new one
 
 
+@pytest.mark.parametrize("mode", ["train_and_eval", "train_and_post_eval"])
+def test_a_finished_run_run_again_returns_its_final_evaluation_without_repeating_it(
+        mode, tmp_path):
+    _, first = run_experiment(digits(), mode, tmp_path)
+    records = eval_records(tmp_path)
+    _, again = run_experiment(digits(), mode, tmp_path)  # finished: nothing to train
+    assert again == first and again["accuracy"] > 0.5  # keys and values, as TFM users expect
+    assert eval_records(tmp_path) == records  # evaluated once, recorded once
+    assert not (tmp_path / "resumes.jsonl").exists()  # nothing continued
+
+
 STATEFUL_LOADER = pytest.param(
     ["task.train_data.stateful_loader=true"], id="stateful_loader",
     marks=pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"))  # torchdata's
