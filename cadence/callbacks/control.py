@@ -105,11 +105,17 @@ class EarlyStopping(Callback):
 
 class StopAtTimeLimit(Callback):
     """Stops training cleanly after `seconds` of training in this process (checked after every
-    step, so the overrun is at most one step)."""
+    step, so the overrun is at most one step).
+
+    Raises:
+        ValueError: if `seconds` is not a positive finite number (NaN would never stop).
+    """
 
     def __init__(self, seconds: float) -> None:
-        if seconds <= 0:
-            raise ValueError(f"`seconds` (got {seconds}) must be positive.")
+        if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+                and 0 < seconds < math.inf):
+            raise ValueError(f"StopAtTimeLimit: `seconds` (got {seconds!r}) must be a positive "
+                             "number of seconds. Pass e.g. StopAtTimeLimit(3600) for an hour.")
         self.seconds = seconds
         self._deadline = math.inf
 

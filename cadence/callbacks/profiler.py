@@ -10,6 +10,7 @@ import torch
 
 from cadence.callbacks.logdir import run_directory
 from cadence.core.callbacks import Callback, RunState
+from cadence.core.intervals import check_int
 
 logger = logging.getLogger("cadence")
 
@@ -24,11 +25,22 @@ class Profiler(Callback):
         end_step: and ends after this one.
         directory: where; default ``profile/`` in the run's directory (else the working
             directory).
+
+    Raises:
+        ValueError: unless ``0 <= start_step < end_step`` are ints (a step such as 2.5 is
+            never reached, so nothing would be profiled).
     """
 
     def __init__(self, start_step: int, end_step: int, directory: str | Path | None = None) -> None:
-        if not 0 <= start_step < end_step:
-            raise ValueError(f"Need 0 <= start_step < end_step (got {start_step}, {end_step}).")
+        start_step = check_int("Profiler", "start_step", start_step,
+                               "Pass the global step after which to start, e.g. start_step=10.",
+                               minimum=0)
+        end_step = check_int("Profiler", "end_step", end_step,
+                             "Pass the global step after which to stop, e.g. end_step=20.")
+        if not start_step < end_step:
+            raise ValueError(f"Profiler: `end_step` (got {end_step}) must be after `start_step` "
+                             f"(got {start_step}), or no step is profiled. Pass e.g. "
+                             f"Profiler(start_step={start_step}, end_step={start_step + 10}).")
         self.start_step = start_step
         self.end_step = end_step
         self.directory = directory

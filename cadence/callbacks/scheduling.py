@@ -16,11 +16,23 @@ schedule adds nothing per step.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 from cadence.core.callbacks import Callback, RunState, overridden_hooks
+from cadence.core.intervals import check_int
+
+
+def _check_periods(owner: str, every_k_steps: Any, every_k_epochs: Any) -> tuple[Any, Any]:
+    """Both periods, checked: None or a positive int (``every_k_epochs=1.5`` would fire at
+    epochs 3, 6, ..., and ``-1`` at every one)."""
+    fix = "Pass a whole number of {}, e.g. {}=2, or None."
+    return (check_int(owner, "every_k_steps", every_k_steps,
+                      fix.format("steps", "every_k_steps"), none_ok=True),
+            check_int(owner, "every_k_epochs", every_k_epochs,
+                      fix.format("epochs", "every_k_epochs"), none_ok=True))
 
 
 class _Wrapper(Callback):
@@ -96,7 +108,8 @@ class PeriodicTrigger(_Wrapper):
         before_step: step-based triggers run before the step instead of after it.
 
     Raises:
-        ValueError: when no schedule is given, or a period is not positive.
+        ValueError: when no schedule is given, when `every_k_steps` or `every_k_epochs` is not
+            a positive int, or `every_k_seconds` not a positive finite number.
     """
 
     def __init__(self, callback: Callback, every_k_steps: int | None = None,
@@ -104,10 +117,14 @@ class PeriodicTrigger(_Wrapper):
                  before_train: bool = False, at_end: bool = False,
                  before_step: bool = False) -> None:
         super().__init__(callback)
-        for name, value in (("every_k_steps", every_k_steps), ("every_k_epochs", every_k_epochs),
-                            ("every_k_seconds", every_k_seconds)):
-            if value is not None and (isinstance(value, bool) or value <= 0):
-                raise ValueError(f"`{name}` (got {value!r}) must be positive or None.")
+        every_k_steps, every_k_epochs = _check_periods("PeriodicTrigger", every_k_steps,
+                                                       every_k_epochs)
+        if every_k_seconds is not None and not (
+                isinstance(every_k_seconds, (int, float)) and not isinstance(every_k_seconds, bool)
+                and 0 < every_k_seconds < math.inf):
+            raise ValueError(f"PeriodicTrigger: `every_k_seconds` (got {every_k_seconds!r}) "
+                             "must be a positive number of seconds or None. Pass e.g. "
+                             "every_k_seconds=600.")
         if not (every_k_steps or every_k_epochs or every_k_seconds or before_train or at_end):
             raise ValueError("PeriodicTrigger needs a schedule: every_k_steps, every_k_epochs, "
                              "every_k_seconds, before_train or at_end.")
@@ -209,10 +226,16 @@ class EnableCallbackIf(_Wrapper):
 
 class PeriodicCallback(EnableCallbackIf):
     """Lets `callback` see its epoch, step and loop hooks only every k steps or epochs (and at
-    the last epoch of training): a way to make a callback run *less* often."""
+    the last epoch of training): a way to make a callback run *less* often.
+
+    Raises:
+        ValueError: when neither period is given, or one is not a positive int.
+    """
 
     def __init__(self, callback: Callback, every_k_steps: int | None = None,
                  every_k_epochs: int | None = None) -> None:
+        every_k_steps, every_k_epochs = _check_periods("PeriodicCallback", every_k_steps,
+                                                       every_k_epochs)
         if not (every_k_steps or every_k_epochs):
             raise ValueError("PeriodicCallback needs every_k_steps or every_k_epochs.")
 

@@ -13,6 +13,7 @@ import torch
 
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.eta import ETA
+from cadence.core.intervals import check_int
 from cadence.core.logs import humanize_duration
 
 logger = logging.getLogger("cadence")
@@ -52,12 +53,19 @@ class ThroughputTracker(Callback):
 
     Args:
         samples_per_step: examples per step; default the trainer's ``examples_per_step``.
+
+    Raises:
+        ValueError: if `samples_per_step` is not a positive int or None (0 would silently
+            fall back to the default).
     """
 
     provides = ("throughput/steps_per_second", "throughput/samples_per_second")
 
     def __init__(self, samples_per_step: int | None = None) -> None:
-        self.samples_per_step = samples_per_step
+        self.samples_per_step = check_int(
+            "ThroughputTracker", "samples_per_step", samples_per_step,
+            "Pass the number of examples in one step, e.g. samples_per_step=32, or None for "
+            "the trainer's examples_per_step.", none_ok=True)
         self._start = (0.0, 0)
 
     def on_epoch_begin(self, state: RunState) -> None:

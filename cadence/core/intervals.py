@@ -8,9 +8,53 @@ work lands exactly on multiples of the interval whatever ``steps_per_loop`` is.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+
+def check_int(owner: str, name: str, value: Any, fix: str, *, minimum: int = 1,
+              none_ok: bool = False) -> Any:
+    """Validates a count or a period given by a user (epochs, steps, a frequency): an integer
+    of at least `minimum`, or None where `none_ok` (None then means "no limit" or "off").
+
+    Every front-end checks its schedule arguments with this, so that a no-op or misread
+    schedule (``max_epoch=0``, ``every_k_epochs=1.5``, ``steps_per_epoch=True``) is refused with
+    the same one line instead of training nothing. A bool is refused although Python counts it
+    as an int; a numpy integer is accepted.
+
+    >>> check_int("TrainLoop", "max_step", 100, "Pass e.g. 100.")
+    100
+    >>> check_int("TrainConfig", "max_epoch", 2.5, "Pass e.g. max_epoch=10.")
+    Traceback (most recent call last):
+    ...
+    ValueError: TrainConfig: `max_epoch` (got 2.5) must be a positive int. Pass e.g. max_epoch=10.
+
+    Args:
+        owner: what the argument belongs to (a class, a function), named first in the message.
+        name: the argument's name.
+        value: what was given.
+        fix: what to do instead, as a sentence with an example of the right usage.
+        minimum: the smallest value allowed (1: positive, 0: non-negative).
+        none_ok: whether None is allowed.
+
+    Returns:
+        `value` (as a plain int, or None).
+
+    Raises:
+        ValueError: if `value` is not an integer (a float such as 2.5, a bool, a string; None
+            without `none_ok`) or is below `minimum`. A wrong kind is a ValueError too: the
+            schedule checks of every front-end raised that before, and callers catch it.
+    """
+    if value is None and none_ok:
+        return None
+    if (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            and int(value) >= minimum):
+        return int(value)
+    kind = {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
+    raise ValueError(f"{owner}: `{name}` (got {value!r}) must be {kind}"
+                     f"{' or None' if none_ok else ''}. {fix}")
 
 
 def check_interval(name: str, value: int | None) -> int | None:

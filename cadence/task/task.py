@@ -25,7 +25,9 @@ The smallest task::
 logs without calling ``backward``: the `Trainer` then does the update with everything the config
 asks for. A task that overrides `train_step` to update the weights itself (a GAN with two
 optimizers) returns detached values; the Trainer sees that the loss needs no gradient and only
-counts the step.
+counts the step. An override whose loss has no gradient and that updates no weight itself (a loss
+computed under ``torch.no_grad()`` or ``.detach()``ed) would train nothing: its first step is an
+error.
 """
 
 from __future__ import annotations
@@ -244,7 +246,9 @@ class Task(Module):
         """One training step's forward pass: returns logs with the loss under `self.loss`.
 
         The loss keeps its gradient, so the `Trainer` does the update (see the module
-        docstring). Override to update the weights yourself with `optimizer`.
+        docstring). Override to update the weights yourself with `optimizer`; an override that
+        returns a loss without a gradient and updates nothing is refused at its first step
+        (a `RuntimeError` from the `Trainer`).
         """
         features, labels = split_inputs(inputs)
         outputs = model(features)

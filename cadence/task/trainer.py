@@ -7,6 +7,8 @@ runner. One training step is::
     logs = task.train_step(inputs, model, optimizer, train_metrics)   # under autocast
     if logs[task.loss] still needs a gradient:         # the default: the Trainer updates
         backward (through the fp16 grad scaler), clip the gradient norm, optimizer.step()
+    # else the task updated the weights itself; an overridden train_step whose first step
+    # updated nothing (no weight, no gradient) is a RuntimeError: it would train nothing
     lr_scheduler.step(); ema.update()
 
 One evaluation is `eval_begin` (reset metrics, eval mode; the EMA weights stand in when
@@ -60,6 +62,7 @@ from cadence.engine.standard_runner import (
 )
 from cadence.task.config import DTYPES
 from cadence.task.optimization import ExponentialMovingAverage, create_lr_schedule
+from cadence.task.step_checks import refuse_a_step_that_trained_nothing, update_marks
 from cadence.task.task import Task, accepts_argument
 
 logger = logging.getLogger("cadence")
@@ -231,6 +234,9 @@ class Trainer(StandardTrainer, StandardEvaluator):
         if evaluate and validation_dataset is None:
             validation_dataset = self.distribute_dataset(task.build_inputs,
                                                          config.task.validation_data)
+        self._unchecked_override = type(task).train_step is not Task.train_step
+        """Whether the task overrides `Task.train_step` and no step has shown yet that it
+        trains something (see `refuse_a_step_that_trained_nothing`)."""
         # With compile_step, the task's forward and loss are compiled and backward runs through
         # the compiled graph; the update stays eager (a graph break there gains nothing).
         self._task_train_step: Callable[..., Any] | None = None
@@ -372,7 +378,13 @@ class Trainer(StandardTrainer, StandardEvaluator):
         return next(iterator)
 
     def train_step(self, iterator: Iterator[Any]) -> None:
-        """One step: ``gradient_accumulation_steps`` micro-batches, then one update."""
+        """One step: ``gradient_accumulation_steps`` micro-batches, then one update.
+
+        Raises:
+            RuntimeError: if the loss has no gradient with the default ``Task.train_step``, or
+                if an overridden one's first step returned a loss without a gradient and
+                updated no weight itself (it would train nothing).
+        """
         # All micro-batches are fetched first: a pass that ends mid-step leaves no half step.
         accumulation = self._accumulation
         batches = ([self.next_train_inputs(iterator)] if accumulation == 1 else
@@ -381,6 +393,9 @@ class Trainer(StandardTrainer, StandardEvaluator):
             batches = [to_device(inputs, self._device) for inputs in batches]
         task_step = self._task_train_step or self.task.train_step
         model, optimizer, metrics = self._train_model, self.optimizer, self.train_metrics
+        # Only until an overridden train_step has shown that it trains: host-side counters, read
+        # once, no sync; the default train_step never pays for it.
+        marks = update_marks(self._trainables()) if self._unchecked_override else None
         updated = False
         for index, inputs in enumerate(batches):
             if self._plain_forward:  # no autocast, no DDP: nothing to enter (the common case)
@@ -400,12 +415,22 @@ class Trainer(StandardTrainer, StandardEvaluator):
                     "The training loss has no gradient: the model has no trainable parameters, "
                     "or build_losses() detached the loss."
                 )
+        if marks is not None:
+            self._unchecked_override = False  # later steps are not checked
+            refuse_a_step_that_trained_nothing(self.task, marks, self._trainables(), updated)
         if updated:
             self._apply_gradients()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         if self.ema is not None:
             self.ema.update(self.global_step + 1)
+
+    def _trainables(self) -> list[torch.Tensor]:
+        """The trainable tensors of the model and the task, each once."""
+        tensors: dict[int, torch.Tensor] = {
+            id(p): p for p in self.model.parameters() if p.requires_grad}
+        tensors.update((id(v), v) for v in self.task.trainable_variables)
+        return list(tensors.values())
 
     def _micro_batch_context(self, last: bool) -> contextlib.ExitStack:
         """Autocast, and -- between micro-batches -- no gradient averaging (DDP's ``no_sync``,

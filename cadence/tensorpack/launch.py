@@ -10,6 +10,7 @@ from typing import Any
 
 from cadence.callbacks.progress import ProgressBar
 from cadence.core.callbacks import Callback
+from cadence.core.intervals import check_int
 from cadence.core.summary import DEFAULT_WRITERS, WriterSpec, check_writers
 from cadence.tensorpack.trainer import ModelDesc, SingleCostTrainer
 
@@ -45,6 +46,12 @@ class TrainConfig:
         logdir: where checkpoints, summaries and ``stats.jsonl`` go; training resumes from it.
         writers: the metric writers of the default monitors' summaries in ``<logdir>/train``:
             ``tensorboard``, ``jsonl``, ``csv``, ``mlflow``, ``wandb`` (see ``docs/writers.md``).
+
+    Raises:
+        ValueError: without exactly one input, for an input of no length and no
+            `steps_per_epoch`, if `steps_per_epoch`, `max_epoch` or `starting_epoch` is not a
+            positive int, or if `starting_epoch` is after `max_epoch`.
+        TypeError: for a `model` that is not a `ModelDesc`, or callbacks not in a list.
     """
 
     model: ModelDesc | None = None
@@ -76,6 +83,25 @@ class TrainConfig:
                 self.steps_per_epoch = len(self.input)
             except TypeError:
                 raise ValueError("The input has no length: set steps_per_epoch.") from None
+            if self.steps_per_epoch == 0:
+                raise ValueError("TrainConfig: the input is empty (its length is 0), so an "
+                                 "epoch would have no steps. Give it data, or set "
+                                 "steps_per_epoch.")
+        # A schedule that trains nothing (max_epoch=0) or is misread (2.5, True) is refused
+        # here, where the config is written, not when training starts.
+        self.steps_per_epoch = check_int(
+            "TrainConfig", "steps_per_epoch", self.steps_per_epoch,
+            "Pass the number of steps in one epoch, e.g. steps_per_epoch=100, or None for "
+            "one pass over the input.")
+        self.max_epoch = check_int("TrainConfig", "max_epoch", self.max_epoch,
+                                   "Pass the number of epochs to train, e.g. max_epoch=10.")
+        self.starting_epoch = check_int(
+            "TrainConfig", "starting_epoch", self.starting_epoch,
+            "Pass the first epoch of a fresh run, e.g. starting_epoch=1.")
+        if self.starting_epoch > self.max_epoch:
+            raise ValueError(f"TrainConfig: `starting_epoch` (got {self.starting_epoch}) is "
+                             f"after `max_epoch` (got {self.max_epoch}), so no epoch would "
+                             f"run. Pass a max_epoch of at least {self.starting_epoch}.")
 
     @property
     def input(self) -> Any:

@@ -47,6 +47,7 @@ from cadence.callbacks.savers import ModelSaver
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.checkpoint_dir import DEFAULT_MAX_TO_KEEP
 from cadence.core.controller import Controller
+from cadence.core.intervals import check_int
 from cadence.core.logs import humanize_duration
 from cadence.core.rank import is_chief
 from cadence.core.run_dir import RunDirectory
@@ -268,12 +269,16 @@ class Trainer(StandardTrainer):
 
         Orbit's runner protocol has a ``train`` too: called with one int, as the Controller does
         (``train(num_steps)``), this runs one inner loop of `StandardTrainer.train` instead.
+
+        Raises:
+            ValueError: before anything runs, if `steps_per_epoch` (required), `max_epoch` or
+                `starting_epoch` is not a positive int, or `starting_epoch` is after
+                `max_epoch`: such a schedule would train nothing.
         """
         if isinstance(callbacks, int):
             return StandardTrainer.train(self, callbacks)
-        if steps_per_epoch is None:
-            raise ValueError("`steps_per_epoch` is required.")
-        self._check_schedule(steps_per_epoch, max_epoch)
+        steps_per_epoch, max_epoch, starting_epoch = self._check_schedule(
+            steps_per_epoch, max_epoch, starting_epoch)
         self.setup_callbacks(callbacks, monitors)
         self.resume_or_initialize(session_init)
         self.main_loop(steps_per_epoch, starting_epoch, max_epoch)
@@ -297,11 +302,29 @@ class Trainer(StandardTrainer):
         self.train([*(callbacks or []), *extra], monitors, session_init, steps_per_epoch,
                    starting_epoch, max_epoch)
 
-    @staticmethod
-    def _check_schedule(steps_per_epoch: Any, max_epoch: Any) -> None:
-        for name, value in (("steps_per_epoch", steps_per_epoch), ("max_epoch", max_epoch)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"`{name}` (got {value!r}) must be a non-negative int.")
+    def _check_schedule(self, steps_per_epoch: Any, max_epoch: Any,
+                        starting_epoch: Any) -> tuple[int, int, int]:
+        """Refuses a schedule that would train nothing or be misread: an epoch of no steps, no
+        epoch to train, a count that is not an int (``max_epoch=2.5``, ``True``).
+
+        Returns:
+            ``(steps_per_epoch, max_epoch, starting_epoch)`` as plain ints.
+
+        Raises:
+            ValueError: with the argument, its value and the fix, on one line.
+        """
+        owner = f"{type(self).__name__}.train"
+        steps = check_int(owner, "steps_per_epoch", steps_per_epoch,
+                          "Pass the number of steps in one epoch, e.g. steps_per_epoch=100.")
+        last = check_int(owner, "max_epoch", max_epoch,
+                         "Pass the number of epochs to train, e.g. max_epoch=10.")
+        first = check_int(owner, "starting_epoch", starting_epoch,
+                          "Pass the first epoch of a fresh run, e.g. starting_epoch=1.")
+        if first > last:
+            raise ValueError(f"{owner}: `starting_epoch` (got {first}) is after `max_epoch` "
+                             f"(got {last}), so no epoch would run. Pass a max_epoch of at "
+                             f"least {first}.")
+        return steps, last, first
 
     def main_loop(self, steps_per_epoch: int, starting_epoch: int = 1,
                   max_epoch: int = 9999999, handle_signals: bool = True) -> None:
@@ -314,11 +337,13 @@ class Trainer(StandardTrainer):
         checkpoint is saved in `checkpoint_dir`, and `Preempted` is raised.
 
         Raises:
-            ValueError: for negative `steps_per_epoch` or `max_epoch`.
+            ValueError: if `steps_per_epoch`, `max_epoch` or `starting_epoch` is not a positive
+                int, or `starting_epoch` is after `max_epoch`.
             RuntimeError: if called twice.
             Preempted: after SIGTERM or SIGINT.
         """
-        self._check_schedule(steps_per_epoch, max_epoch)
+        steps_per_epoch, max_epoch, starting_epoch = self._check_schedule(
+            steps_per_epoch, max_epoch, starting_epoch)
         if self._trained:
             raise RuntimeError("main_loop() can run once per trainer; create a new trainer.")
         self._trained = True

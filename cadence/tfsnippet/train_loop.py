@@ -43,6 +43,7 @@ from cadence.core.best import BestTracker
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.checkpoint_dir import DEFAULT_MAX_TO_KEEP
 from cadence.core.eta import ETA
+from cadence.core.intervals import check_int
 from cadence.core.preemption import Preemption
 from cadence.core.progress import Progress
 from cadence.core.rank import is_chief
@@ -107,9 +108,12 @@ class TrainLoop(LoopReporting):
             ``docs/writers.md``); MLflow and W&B keep their run in `summary_dir`.
 
     Raises:
-        ValueError: for a `max_epoch` or `max_step` that is not a positive int (or None), a bad
-            `checkpoint_epoch_freq`, checkpoint options without a `checkpoint_dir`, or an
+        ValueError: for a `max_epoch`, `max_step`, `checkpoint_epoch_freq` or a
+            `summary_commit_freqs` value that is not a positive int (None allowed but for the
+            frequencies of `summary_commit_freqs`), a `checkpoint_max_to_keep` that is not a
+            non-negative int or None, checkpoint options without a `checkpoint_dir`, or an
             unknown writer.
+        TypeError: for an `early_stopping` that is not a bool (it has no patience).
         KeyError: if `checkpoint_save_objects` uses a reserved name.
     """
 
@@ -140,15 +144,28 @@ class TrainLoop(LoopReporting):
         handle_signals: bool = True,
         writers: Sequence[WriterSpec] = DEFAULT_WRITERS,
     ) -> None:
-        for name, limit in (("max_epoch", max_epoch), ("max_step", max_step)):
-            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
-                                      or limit < 1):
-                raise ValueError(f"`{name}` (got {limit!r}) must be a positive int, or None for "
-                                 "no limit.")
-        freq = checkpoint_epoch_freq
-        if freq is not None and (isinstance(freq, bool) or not isinstance(freq, int) or freq < 1):
-            raise ValueError(f"`checkpoint_epoch_freq` (got {checkpoint_epoch_freq!r}) must be a "
-                             "positive int or None.")
+        max_epoch = check_int("TrainLoop", "max_epoch", max_epoch, "Pass the last epoch to "
+                              "train, e.g. max_epoch=10, or None for no limit.", none_ok=True)
+        max_step = check_int("TrainLoop", "max_step", max_step, "Pass the last global step to "
+                             "train, e.g. max_step=1000, or None for no limit.", none_ok=True)
+        checkpoint_epoch_freq = check_int(
+            "TrainLoop", "checkpoint_epoch_freq", checkpoint_epoch_freq,
+            "Pass how many epochs apart to checkpoint, e.g. checkpoint_epoch_freq=1, or None "
+            "to checkpoint only with make_checkpoint().", none_ok=True)
+        checkpoint_max_to_keep = check_int(
+            "TrainLoop", "checkpoint_max_to_keep", checkpoint_max_to_keep,
+            "Pass how many checkpoints to keep, e.g. checkpoint_max_to_keep=5, or None to keep "
+            "all.", minimum=0, none_ok=True)
+        for metric, freq in (summary_commit_freqs or {}).items():
+            check_int("TrainLoop", f"summary_commit_freqs[{metric!r}]", freq,
+                      f"Pass how many prints apart to write {metric!r}, e.g. "
+                      f"summary_commit_freqs={{{metric!r}: 2}}; 1 writes it at every print.")
+        if not isinstance(early_stopping, bool):
+            raise TypeError(
+                f"TrainLoop: `early_stopping` (got {early_stopping!r}) must be True or False: "
+                "it keeps the best parameters and restores them on exit, and has no patience. "
+                "To stop after epochs without improvement, add the callback "
+                "cadence.callbacks.EarlyStopping(monitor, patience=...) instead.")
         if checkpoint_dir is None and (checkpoint_epoch_freq or checkpoint_save_objects):
             raise ValueError("`checkpoint_epoch_freq` and `checkpoint_save_objects` need a "
                              "`checkpoint_dir`.")

@@ -2,6 +2,7 @@
 one by the Controller): what it does, when, and what it costs per step."""
 
 import json
+import re
 import time
 
 import pytest
@@ -31,6 +32,7 @@ from cadence.callbacks import (
     cosine_schedule,
 )
 from cadence.core.callbacks import CallbackList, overridden_hooks
+from cadence.core.errors import MissingMetricError
 from cadence.engine.exporter import read_weights
 from cadence.tensorpack import SimpleTrainer
 
@@ -153,10 +155,71 @@ def test_wrappers_validate_their_schedules():
         PeriodicTrigger(object(), every_k_steps=1)
 
 
+# A period that never fires (0), fires always (-1), or fires where nobody expects it (1.5 fires
+# at epochs 3, 6, ...; True is not 1): each wrapper, each argument, each bad value.
+BAD_PERIODS = [0, -1, 1.5, True, "2"]
+
+
+@pytest.mark.parametrize("bad", BAD_PERIODS)
+@pytest.mark.parametrize("name", ["every_k_steps", "every_k_epochs"])
+@pytest.mark.parametrize("wrapper", [PeriodicTrigger, PeriodicCallback])
+def test_a_period_that_is_not_a_positive_int_is_refused_naming_the_argument(wrapper, name, bad):
+    unit = name.removeprefix("every_k_")
+    with pytest.raises(ValueError, match=(
+            rf"^{wrapper.__name__}: `{name}` \(got {re.escape(repr(bad))}\) must be a positive "
+            rf"int or None\. Pass a whole number of {unit}, e.g\. {name}=2, or None\.$")):
+        wrapper(Trigger(), **{name: bad})
+
+
+@pytest.mark.parametrize("bad", [0, -5, float("nan"), float("inf"), True, "600"])
+def test_every_k_seconds_that_is_not_a_positive_finite_number_is_refused(bad):
+    with pytest.raises(ValueError, match=(
+            rf"^PeriodicTrigger: `every_k_seconds` \(got {re.escape(repr(bad))}\) must be a "
+            r"positive number of seconds or None\. Pass e\.g\. every_k_seconds=600\.$")):
+        PeriodicTrigger(Trigger(), every_k_seconds=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), True, "3600"])
+def test_a_time_limit_that_is_not_a_positive_finite_number_is_refused(bad):
+    with pytest.raises(ValueError, match=(
+            rf"^StopAtTimeLimit: `seconds` \(got {re.escape(repr(bad))}\) must be a positive "
+            r"number of seconds\. Pass e\.g\. StopAtTimeLimit\(3600\) for an hour\.$")):
+        StopAtTimeLimit(bad)
+
+
+@pytest.mark.parametrize(("name", "bad", "kind"), [
+    ("start_step", -1, "non-negative"), ("start_step", 2.5, "non-negative"),
+    ("start_step", True, "non-negative"), ("end_step", 0, "positive"),
+    ("end_step", 12.5, "positive"), ("end_step", "20", "positive"),
+])
+def test_a_profiler_step_that_is_never_reached_is_refused_naming_the_argument(name, bad, kind):
+    steps = {"start_step": 10, "end_step": 20, name: bad}
+    with pytest.raises(ValueError, match=(
+            rf"^Profiler: `{name}` \(got {re.escape(repr(bad))}\) must be a {kind} int\. "
+            rf"Pass the global step after which to (start|stop), e\.g\. {name}=")):
+        Profiler(**steps)
+
+
+def test_a_profiler_range_of_no_steps_is_refused():
+    with pytest.raises(ValueError, match=r"^Profiler: `end_step` \(got 10\) must be after "
+                                         r"`start_step` \(got 10\), or no step is profiled\. "
+                                         r"Pass e\.g\. Profiler\(start_step=10, end_step=20\)"):
+        Profiler(start_step=10, end_step=10)
+
+
+@pytest.mark.parametrize("bad", [0, -8, 8.0, True])
+def test_samples_per_step_that_is_not_a_positive_int_is_refused(bad):
+    with pytest.raises(ValueError, match=(
+            rf"^ThroughputTracker: `samples_per_step` \(got {re.escape(repr(bad))}\) must be a "
+            r"positive int or None\. Pass the number of examples in one step")):
+        ThroughputTracker(samples_per_step=bad)
+
+
 def test_callbacks_without_step_schedules_add_no_per_step_hooks():
     callbacks = CallbackList([PeriodicTrigger(ModelSaver(), every_k_epochs=1),
                               *(PeriodicTrigger(Trigger(), every_k_epochs=2) for _ in range(50)),
-                              InferenceRunner([], lambda m, b: {}, names=[]), JSONWriter(),
+                              InferenceRunner([None], lambda m, b: {}, names=["loss"]),
+                              JSONWriter(),
                               ScalarPrinter(), EstimatedTimeLeft(), ThroughputTracker(),
                               MinSaver("x"), EarlyStopping("x"),
                               ScheduledHyperParamSetter("learning_rate", [(1, 0.1)])])
@@ -165,7 +228,7 @@ def test_callbacks_without_step_schedules_add_no_per_step_hooks():
 
 
 def test_a_reader_before_its_producer_is_refused_at_setup():
-    runner = InferenceRunner([], lambda model, batch: {}, names=["loss"])
+    runner = InferenceRunner([None], lambda model, batch: {}, names=["loss"])
     with pytest.raises(ValueError, match="MinSaver reads 'validation_loss', which "
                                          "InferenceRunner produces, but comes before it"):
         CallbackList([MinSaver("validation_loss"), runner])
@@ -225,6 +288,73 @@ def test_inference_runner_records_example_weighted_means_in_eval_mode_without_gr
     assert trainer.state.metrics["validation_loss"] == 2.0
     assert seen == [(False, False), (False, False)]
     assert trainer.model.training  # back in train mode
+
+
+def test_an_inference_runner_with_nothing_to_evaluate_is_refused():
+    def infer(model, batch):
+        return {"loss": batch}
+
+    with pytest.raises(TypeError, match=r"^InferenceRunner: `infer_fn` \(got \[\]\) must be a "
+                                        r"function \(model, batch\) -> \{name: scalar tensor\}"
+                                        r"; tensorpack's list of inferencers is infer_fn and "
+                                        r"names here\. Pass e\.g\. InferenceRunner\(data, "):
+        InferenceRunner([1.0], [])  # tensorpack's InferenceRunner(ds, []): no inferencer
+    with pytest.raises(ValueError, match=r"^InferenceRunner: `names` \(got \[\]\) and "
+                                         r"`metrics` \(got None\) are both empty, so it would "
+                                         r"evaluate nothing\. Pass the names infer_fn returns"):
+        InferenceRunner([1.0], infer)
+    with pytest.raises(ValueError, match=r"^InferenceRunner: `names` \(got \[\]\) and "
+                                         r"`metrics` \(got \{\}\) are both empty"):
+        InferenceRunner([1.0], infer, names=[], metrics={})
+    with pytest.raises(TypeError, match=r"^InferenceRunner: `names` \(got 'loss'\) must be a "
+                                        r"list of names, not one string\. Pass "
+                                        r"names=\['loss'\]\.$"):
+        InferenceRunner([1.0], infer, names="loss")  # would have read as names l, o, s, s
+    with pytest.raises(ValueError, match=r"^InferenceRunner: `data` is empty \(its length is "
+                                         r"0\), so it would record NaN\."):
+        InferenceRunner([], infer, names=["loss"])
+
+
+@pytest.mark.parametrize(("names", "returned", "asked"), [
+    (["accuracy"], {"loss": 1.0}, "['accuracy']"),
+    (["loss", "accuracy"], {"loss": 1.0, "error": 0.0}, "['accuracy']"),
+    (["validation_loss"], {"loss": 1.0}, "['validation_loss']"),  # the prefix is the runner's
+    (["Loss"], {"loss": 1.0}, "['Loss']"),
+])
+def test_names_that_infer_fn_does_not_return_are_an_error_naming_both_sides(names, returned,
+                                                                             asked):
+    runner = InferenceRunner([(torch.ones(2),)], lambda model, batch: returned, names=names)
+    trainer, _ = make_trainer()
+    keys = sorted(returned)
+    with pytest.raises(MissingMetricError, match=(
+            rf"^InferenceRunner: `names` \(got {re.escape(str(names))}\) asks for "
+            rf"{re.escape(asked)}, which infer_fn did not return; it returned "
+            rf"{re.escape(str(keys))}\. Make names the keys infer_fn returns, e\.g\. "
+            rf"names={re.escape(str(keys))}\.$")) as error:
+        trainer.train(callbacks=[runner], steps_per_epoch=1, max_epoch=1)
+    assert isinstance(error.value, KeyError)  # what it raised before, now with both sides
+    assert error.value.__suppress_context__  # one error, not a KeyError and then another
+
+
+def test_an_infer_fn_that_returns_no_dict_is_a_clear_error():
+    runner = InferenceRunner([(torch.ones(2),)], lambda model, batch: torch.ones(()),
+                             names=["loss"])
+    trainer, _ = make_trainer()
+    with pytest.raises(TypeError, match=r"^InferenceRunner: infer_fn returned a Tensor; it must "
+                                        r"return a dict with the `names` \['loss'\] as keys"):
+        trainer.train(callbacks=[runner], steps_per_epoch=1, max_epoch=1)
+
+
+def test_data_that_yields_no_batches_at_a_trigger_is_an_error_not_nan():
+    batches = (batch for batch in [(torch.ones(2),)])  # a generator: one pass only
+    runner = InferenceRunner(batches, lambda model, batch: {"loss": batch[0].sum()},
+                             names=["loss"])
+    trainer, _ = make_trainer()
+    with pytest.raises(ValueError, match=r"^InferenceRunner: `data` yielded no batches, so there "
+                                         r"was nothing to evaluate \(a generator is used up "
+                                         r"after one pass\)"):
+        trainer.train(callbacks=[runner], steps_per_epoch=1, max_epoch=2)
+    assert runner.last_results == {"validation_loss": 2.0}  # the first epoch's, the one pass
 
 
 # ---------------------------------------------------------------------------- schedules

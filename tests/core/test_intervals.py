@@ -1,6 +1,6 @@
 import pytest
 
-from cadence.core.intervals import Interval, check_interval, steps_until_boundary
+from cadence.core.intervals import Interval, check_int, check_interval, steps_until_boundary
 
 
 @pytest.mark.parametrize(
@@ -30,3 +30,25 @@ def test_steps_until_boundary_stops_at_the_nearest_boundary_or_target():
 def test_check_interval_rejects_bad_values(value, error):
     with pytest.raises(error, match="interval"):
         check_interval("interval", value)
+
+
+@pytest.mark.parametrize(("value", "minimum", "none_ok", "kind"), [
+    (0, 1, False, "a positive int"), (-1, 0, True, "a non-negative int or None"),
+    (True, 1, False, "a positive int"), (2.0, 1, False, "a positive int"),
+    (None, 1, False, "a positive int"), (1, 2, False, "an int >= 2"),
+])
+def test_check_int_refuses_with_the_owner_the_argument_the_value_and_the_fix(value, minimum,
+                                                                           none_ok, kind):
+    expected = f"Loop: `every` (got {value!r}) must be {kind}. Pass e.g. every=5."
+    with pytest.raises(ValueError) as error:
+        check_int("Loop", "every", value, "Pass e.g. every=5.", minimum=minimum, none_ok=none_ok)
+    assert str(error.value) == expected
+
+
+def test_check_int_returns_plain_ints_and_none_where_allowed():
+    import numpy as np
+
+    assert check_int("Loop", "every", np.int64(3), "") == 3
+    assert type(check_int("Loop", "every", np.int64(3), "")) is int
+    assert check_int("Loop", "every", 0, "", minimum=0) == 0
+    assert check_int("Loop", "every", None, "", none_ok=True) is None

@@ -258,6 +258,70 @@ def test_a_task_that_updates_the_weights_itself_is_only_counted():
     assert float(logs["scale"]) == 2.0  # other scalars a step returns are averaged per loop
 
 
+class DetachedLoss(ToyTask):
+    """Computes the loss with the Task's machinery, then loses its gradient."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+
+    def train_step(self, inputs, model, optimizer, metrics=None):
+        if self.how == "no_grad":
+            with torch.no_grad():
+                return super().train_step(inputs, model, optimizer, metrics)
+        logs = super().train_step(inputs, model, optimizer, metrics)
+        return {self.loss: logs[self.loss].detach()}
+
+
+@pytest.mark.parametrize("how", ["detach", "no_grad"])
+def test_an_overridden_train_step_whose_loss_has_no_gradient_is_refused_at_its_first_step(how):
+    trainer = make_trainer(task=DetachedLoss(how))
+    before = trainer.model.weight.detach().clone()
+    with pytest.raises(RuntimeError, match=(
+            r"^DetachedLoss\.train_step\(\) returned a loss 'loss' that has no gradient "
+            r"\(requires_grad=False\) and updated no weight, so training would change nothing\. "
+            r"Was the loss computed under torch\.no_grad\(\) or \.detach\(\)ed\? Return it "
+            r"with its gradient for the Trainer to update the weights, or update them in "
+            r"train_step with the optimizer \(and return detached values\)\.$")):
+        trainer.train(5)
+    assert trainer.global_step == 0  # the first step, before any was counted
+    assert torch.equal(trainer.model.weight, before)
+
+
+class Accumulating(ToyTask):
+    """Updates the weights itself every second step: the first computes gradients only."""
+
+    calls = 0
+
+    def train_step(self, inputs, model, optimizer, metrics=None):
+        x, y = inputs
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        self.calls += 1
+        if self.calls % 2 == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+        return {"loss": loss.detach()}
+
+
+class Frozen(DetachedLoss):
+    """A model with nothing to train: a detached loss changes nothing it could have changed."""
+
+    def build_model(self):
+        return super().build_model().requires_grad_(False)
+
+
+@pytest.mark.parametrize("task", [ToyTask, Accumulating, lambda: Frozen("detach")],
+                         ids=["default", "accumulating", "frozen"])
+def test_a_step_that_trains_or_has_nothing_to_train_is_not_refused(task):
+    trainer = make_trainer(task=task())
+    before = trainer.model.weight.detach().clone()
+    trainer.train(4)
+    assert trainer.global_step == 4
+    moved = not torch.equal(trainer.model.weight, before)
+    assert moved == trainer.model.weight.requires_grad  # the weights move if they can
+
+
 def test_a_train_step_without_the_loss_is_a_clear_error():
     class NoLoss(ToyTask):
         def train_step(self, inputs, model, optimizer, metrics=None):

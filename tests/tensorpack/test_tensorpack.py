@@ -2,6 +2,7 @@
 SingleCostTrainer / TrainConfig / launch_train_with_config, resume, the GAN example."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -148,15 +149,72 @@ def test_a_callback_requesting_a_stop_ends_the_epoch_early_but_runs_its_end():
     assert (trainer.global_step, trainer.epoch_num) == (3, 2)
 
 
-def test_zero_step_epochs_run_only_callbacks_and_bad_arguments_are_refused():
-    calls = run(Counting(), steps_per_epoch=0, max_epoch=2)
-    assert [c[0] for c in calls] == ["on_train_begin", "on_epoch_begin", "on_epoch_end",
-                                     "on_loop_end", "on_epoch_begin", "on_epoch_end",
-                                     "on_loop_end", "on_train_end"]
-    with pytest.raises(ValueError, match="steps_per_epoch"):
-        Counting().train(steps_per_epoch=-1, max_epoch=1)
+def test_a_trainer_without_run_step_is_a_clear_error():
     with pytest.raises(NotImplementedError, match="override it"):
         Trainer().train(steps_per_epoch=1, max_epoch=1)
+
+
+# A schedule that trains nothing (0), that no count can mean (-1), or that is misread (2.5 steps,
+# True for 1, a string): each argument, each bad value, refused before anything runs.
+BAD_COUNTS = [0, -1, 2.5, True, False, "10", np.float32(3.0)]
+FIXES = {"steps_per_epoch": "the number of steps in one epoch, e.g. steps_per_epoch=100",
+         "max_epoch": "the number of epochs to train, e.g. max_epoch=10",
+         "starting_epoch": "the first epoch of a fresh run, e.g. starting_epoch=1"}
+
+
+def refused(owner, name, bad):
+    """The one line that refuses `bad` for `name`: the argument, its value and the fix."""
+    return (rf"^{owner}: `{name}` \(got {re.escape(repr(bad))}\) must be a positive int"
+            rf"\. Pass {re.escape(FIXES[name])}")
+
+
+@pytest.mark.parametrize("bad", BAD_COUNTS)
+@pytest.mark.parametrize("name", ["steps_per_epoch", "max_epoch", "starting_epoch"])
+def test_trainer_train_refuses_a_schedule_that_trains_nothing_naming_the_argument(name, bad):
+    calls = []
+    schedule = {"steps_per_epoch": 2, "max_epoch": 2, name: bad}
+    with pytest.raises(ValueError, match=refused("Counting.train", name, bad)):
+        Counting().train(callbacks=[Recorder(calls)], **schedule)
+    assert calls == []  # refused before any hook ran
+
+
+def test_trainer_train_refuses_a_missing_steps_per_epoch_naming_the_argument():
+    with pytest.raises(ValueError, match=refused("Counting.train", "steps_per_epoch", None)):
+        Counting().train(max_epoch=1)
+
+
+@pytest.mark.parametrize("bad", BAD_COUNTS)
+@pytest.mark.parametrize("name", ["steps_per_epoch", "max_epoch", "starting_epoch"])
+def test_train_config_refuses_a_schedule_that_trains_nothing_naming_the_argument(name, bad):
+    with pytest.raises(ValueError, match=refused("TrainConfig", name, bad)):
+        TrainConfig(model=Regression(), data=[1, 2], **{name: bad})
+
+
+def test_train_config_refuses_a_max_epoch_of_none_naming_the_argument():
+    with pytest.raises(ValueError, match=refused("TrainConfig", "max_epoch", None)):
+        TrainConfig(model=Regression(), data=[1, 2], max_epoch=None)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: TrainConfig(model=Regression(), data=[1, 2], starting_epoch=4, max_epoch=3),
+    lambda: Counting().train(steps_per_epoch=1, starting_epoch=4, max_epoch=3),
+])
+def test_a_starting_epoch_after_max_epoch_is_refused_as_a_schedule_of_no_epochs(make):
+    with pytest.raises(ValueError, match=r"`starting_epoch` \(got 4\) is after `max_epoch` "
+                                         r"\(got 3\), so no epoch would run\. Pass a max_epoch "
+                                         r"of at least 4\."):
+        make()
+
+
+def test_an_empty_input_is_refused_rather_than_epochs_of_no_steps():
+    with pytest.raises(ValueError, match=r"TrainConfig: the input is empty \(its length is 0\)"
+                                         r", so an epoch would have no steps"):
+        TrainConfig(model=Regression(), data=[])
+
+
+def test_a_numpy_integer_is_a_valid_count():
+    config = TrainConfig(model=Regression(), data=[1, 2], max_epoch=np.int64(3))
+    assert config.max_epoch == 3 and type(config.max_epoch) is int
 
 
 def test_a_failing_on_train_end_does_not_skip_the_others(caplog):
@@ -257,11 +315,16 @@ def test_session_init_loads_weights_for_a_fresh_run_only(tmp_path):
     source = Regression()
     cadence.BestCheckpointExporter(tmp_path / "pretrained", "x").maybe_export_checkpoint(
         source, {"x": 1.0}, 1)
-    config = regression_config(tmp_path / "run", max_epoch=0,
+    initial = []
+
+    class Initial(cadence.Callback):
+        def on_train_begin(self, state):
+            initial.extend(p.detach().clone() for p in state.trainer.model.parameters())
+
+    config = regression_config(tmp_path / "run", max_epoch=1, callbacks=[Initial()],
                                session_init=tmp_path / "pretrained")
-    trainer = SimpleTrainer()
-    launch_train_with_config(config, trainer)
-    for a, b in zip(source.parameters(), trainer.model.parameters()):
+    launch_train_with_config(config, SimpleTrainer())
+    for a, b in zip(source.parameters(), initial, strict=True):
         assert torch.equal(a, b)
 
 

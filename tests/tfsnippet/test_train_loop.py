@@ -1,6 +1,7 @@
 """TrainLoop (seed 004): counters, events, metrics and logs, early stopping, exact resume."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -457,6 +458,55 @@ def test_sigterm_ends_the_loops_saves_and_raises_preempted(tmp_path):
 def test_max_epoch_and_max_step_must_be_positive_ints(name, bad):
     with pytest.raises(ValueError, match=rf"`{name}` \(got {bad!r}\) must be a positive int"):
         cadence.TrainLoop(nn.Linear(1, 1), **{name: bad})
+
+
+@pytest.mark.parametrize(("name", "bad", "fix"), [
+    ("max_epoch", 0, "Pass the last epoch to train, e.g. max_epoch=10, or None for no limit."),
+    ("max_step", 0, "Pass the last global step to train, e.g. max_step=1000, or None for no "
+                    "limit."),
+])
+def test_max_epoch_and_max_step_errors_say_what_to_pass_instead(name, bad, fix):
+    with pytest.raises(ValueError, match=rf"^TrainLoop: `{name}` \(got 0\) must be a positive "
+                                         rf"int or None\. {re.escape(fix)}$"):
+        cadence.TrainLoop(nn.Linear(1, 1), **{name: bad})
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "1"])
+def test_checkpoint_epoch_freq_that_is_not_a_positive_int_is_refused_with_the_fix(bad, tmp_path):
+    with pytest.raises(ValueError, match=(
+            rf"^TrainLoop: `checkpoint_epoch_freq` \(got {re.escape(repr(bad))}\) must be a "
+            r"positive int or None\. Pass how many epochs apart to checkpoint, e\.g\. "
+            r"checkpoint_epoch_freq=1, or None to checkpoint only with make_checkpoint\(\)\.$")):
+        make_loop(checkpoint_dir=tmp_path, checkpoint_epoch_freq=bad)
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True, "5"])
+def test_checkpoint_max_to_keep_that_is_not_a_count_is_refused_naming_the_argument(bad):
+    with pytest.raises(ValueError, match=(
+            rf"^TrainLoop: `checkpoint_max_to_keep` \(got {re.escape(repr(bad))}\) must be a "
+            r"non-negative int or None\. Pass how many checkpoints to keep, e\.g\. "
+            r"checkpoint_max_to_keep=5, or None to keep all\.$")):
+        make_loop(checkpoint_max_to_keep=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_a_summary_commit_freq_that_is_not_a_positive_int_is_refused_naming_the_metric(bad):
+    # 0 was a ZeroDivisionError at the first print; -1 wrote the metric at every print
+    with pytest.raises(ValueError, match=(
+            rf"^TrainLoop: `summary_commit_freqs\['loss'\]` \(got {re.escape(repr(bad))}\) "
+            r"must be a positive int\. Pass how many prints apart to write 'loss', e\.g\. "
+            r"summary_commit_freqs=\{'loss': 2\}; 1 writes it at every print\.$")):
+        make_loop(max_epoch=1, summary_commit_freqs={"loss": bad})
+
+
+@pytest.mark.parametrize("bad", [1, 0, 3, "True", None])
+def test_early_stopping_that_is_not_a_bool_is_refused_as_it_has_no_patience(bad):
+    with pytest.raises(TypeError, match=(
+            rf"^TrainLoop: `early_stopping` \(got {re.escape(repr(bad))}\) must be True or "
+            r"False: it keeps the best parameters and restores them on exit, and has no "
+            r"patience\. To stop after epochs without improvement, add the callback "
+            r"cadence\.callbacks\.EarlyStopping\(monitor, patience=\.\.\.\) instead\.$")):
+        make_loop(max_epoch=1, early_stopping=bad)
 
 
 @pytest.mark.gpu
