@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -403,6 +402,15 @@ class TaskConfig(Config):
     )
     name: str | None = None
 
+    def problems(self) -> Iterable[str]:
+        """What is wrong with this task's own fields, one ``"task.<key>: ..."`` phrase each;
+        `ExperimentConfig.validate` reports them with the rest, before anything is created.
+
+        A subclass with fields of its own checks them here (with
+        `cadence.task.config_checks.range_problem`) and yields from ``super().problems()``.
+        """
+        return ()
+
 
 @dataclass
 class ExperimentConfig(Config):
@@ -442,55 +450,28 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def _problems(config: ExperimentConfig) -> Iterable[str]:
+    """What `ExperimentConfig.validate` reports: the ranges of `cadence.task.config_checks`,
+    then the choices among names and the settings that exclude each other."""
+    from cadence.task.config_checks import config_problems
+
+    yield from config_problems(config)
     trainer, opt = config.trainer, config.trainer.optimizer_config
-    positive = {
-        "trainer.steps_per_loop": trainer.steps_per_loop,
-        "trainer.summary_interval": trainer.summary_interval,
-        "trainer.checkpoint_interval": trainer.checkpoint_interval,
-        "trainer.max_to_keep": trainer.max_to_keep,
-        "trainer.validation_interval": trainer.validation_interval,
-        "trainer.best_checkpoint_max_to_keep": trainer.best_checkpoint_max_to_keep,
-        "trainer.optimizer_config.gradient_accumulation_steps": opt.gradient_accumulation_steps,
-        "trainer.optimizer_config.learning_rate.step_size": opt.learning_rate.step_size,
-        "runtime.num_threads": config.runtime.num_threads,
-    }
-    for key, value in positive.items():
-        if value is not None and value <= 0:
-            yield f"{key}: must be a positive integer (got {value})."
-    if trainer.train_steps < 0:
-        yield f"trainer.train_steps: must be >= 0 (got {trainer.train_steps})."
-    if trainer.validation_steps == 0 or trainer.validation_steps < -1:
+    if not _is_int(trainer.validation_steps) or (
+            trainer.validation_steps == 0 or trainer.validation_steps < -1):
         yield (f"trainer.validation_steps: must be positive, or -1 for the whole validation set "
-               f"(got {trainer.validation_steps}).")
+               f"(got {trainer.validation_steps!r}).")
     if trainer.best_checkpoint_metric_comp not in ("higher", "lower"):
         yield (f"trainer.best_checkpoint_metric_comp: must be 'higher' or 'lower' "
                f"(got {trainer.best_checkpoint_metric_comp!r}).")
-    if trainer.recovery_max_trials < -1:
+    if not _is_int(trainer.recovery_max_trials) or trainer.recovery_max_trials < -1:
         yield (f"trainer.recovery_max_trials: must be -1 (ignore), 0 (fail) or a positive number "
-               f"of restores (got {trainer.recovery_max_trials}).")
-    if not 0.0 <= trainer.ema.decay < 1.0:
-        yield f"trainer.ema.decay: must be in [0, 1) (got {trainer.ema.decay})."
+               f"of restores (got {trainer.recovery_max_trials!r}).")
     if opt.optimizer.name not in OPTIMIZERS:
         yield (f"trainer.optimizer_config.optimizer.name: unknown optimizer "
                f"{opt.optimizer.name!r}; valid: {', '.join(OPTIMIZERS)}.")
-    if opt.optimizer.learning_rate <= 0:
-        yield (f"trainer.optimizer_config.optimizer.learning_rate: must be positive "
-               f"(got {opt.optimizer.learning_rate}).")
     if opt.learning_rate.schedule not in SCHEDULES:
         yield (f"trainer.optimizer_config.learning_rate.schedule: unknown schedule "
                f"{opt.learning_rate.schedule!r}; valid: {', '.join(SCHEDULES)}.")
-    if opt.learning_rate.decay_steps is not None and opt.learning_rate.decay_steps <= 0:
-        yield (f"trainer.optimizer_config.learning_rate.decay_steps: must be positive or null "
-               f"(null: until trainer.train_steps) (got {opt.learning_rate.decay_steps}).")
-    if math.isnan(trainer.loss_upper_bound) or trainer.loss_upper_bound < 0:
-        yield (f"trainer.loss_upper_bound: must be >= 0 (a larger mean training loss is a "
-               f"blow-up; .inf disables the bound) (got {trainer.loss_upper_bound}).")
-    if opt.learning_rate.warmup_steps < 0:
-        yield (f"trainer.optimizer_config.learning_rate.warmup_steps: must be >= 0 "
-               f"(got {opt.learning_rate.warmup_steps}).")
-    if opt.gradient_clip_norm is not None and opt.gradient_clip_norm <= 0:
-        yield (f"trainer.optimizer_config.gradient_clip_norm: must be positive or null "
-               f"(got {opt.gradient_clip_norm}).")
     if trainer.compile_mode not in COMPILE_MODES:
         yield (f"trainer.compile_mode: unknown mode {trainer.compile_mode!r}; valid: null, "
                f"{', '.join(str(m) for m in COMPILE_MODES[1:])}.")
@@ -505,9 +486,6 @@ def _problems(config: ExperimentConfig) -> Iterable[str]:
     if config.runtime.strategy not in STRATEGIES:
         yield (f"runtime.strategy: must be one of {', '.join(STRATEGIES)} "
                f"(got {config.runtime.strategy!r}).")
-    if not config.runtime.collective_timeout > 0:
-        yield (f"runtime.collective_timeout: must be a positive number of seconds "
-               f"(got {config.runtime.collective_timeout}).")
     unknown = [name for name in config.runtime.writers if name not in WRITERS]
     if unknown:
         yield (f"runtime.writers: unknown writer{'s' if len(unknown) > 1 else ''} "
@@ -518,10 +496,16 @@ def _problems(config: ExperimentConfig) -> Iterable[str]:
     if config.runtime.mixed_precision not in PRECISIONS:
         yield (f"runtime.mixed_precision: must be null, 'bf16' or 'fp16' "
                f"(got {config.runtime.mixed_precision!r}).")
-    for name in ("train_data", "validation_data"):
-        data: DataConfig = getattr(config.task, name)
-        if data.global_batch_size <= 0:
-            yield (f"task.{name}.global_batch_size: must be a positive integer "
-                   f"(got {data.global_batch_size}).")
-        if data.num_workers < 0:
-            yield f"task.{name}.num_workers: must be >= 0 (got {data.num_workers})."
+    for key in ("validation_summary_subdir", "best_checkpoint_export_subdir"):
+        top = str(getattr(trainer, key)).split("/")[0]
+        if top in _RUN_FILES:
+            yield (f"trainer.{key}: {top!r} is where the run keeps its own files; pass another "
+                   f"name, e.g. {'eval' if key.startswith('validation') else 'best'}.")
+
+
+_RUN_FILES = ("checkpoints", "train", "params.yaml", "train.lock", "resumes.jsonl")
+"""What a run directory holds that a configured subdirectory must not be."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

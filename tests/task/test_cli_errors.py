@@ -61,7 +61,8 @@ TRAIN_MISTAKES = [
      r"task.validation_data.global_batch_size \(got 5000\) is larger than the data"),
     ("a config file that is a directory", ["-c", "a_dir"], r"'a_dir' is a directory"),
     ("negative decay_steps", ["--set", "trainer.optimizer_config.learning_rate.decay_steps=-5"],
-     r"decay_steps: must be positive or null"),
+     r"decay_steps: must be a positive integer or null \(null: until trainer.train_steps\) "
+     r"\(got -5\)"),
     ("negative loss_upper_bound", ["--set", "trainer.loss_upper_bound=-1"],
      r"trainer.loss_upper_bound: must be >= 0"),
     ("an init checkpoint that does not exist", ["--set", "task.init_checkpoint=no/such"],

@@ -171,14 +171,14 @@ def test_tfm_a_config_holding_nan_accepts_its_own_run_directory(tmp_path):
     from cadence.core.run_dir import RunDirectory
     from cadence.task.train_lib import check_saved_config, save_run_config
 
-    def config(beta=".nan"):
+    def config(beta=".nan"):  # betas are checked to lie in [0, 1): a free-form kwarg holds NaN
         return load_config("digits", overrides=[
-            f"trainer.optimizer_config.optimizer.betas=[{beta},0.9]"])
+            f"trainer.optimizer_config.optimizer.kwargs={{betas: [{beta},0.9]}}"])
 
     assert config_differences(config(), config()) == []
     run = RunDirectory(tmp_path)
     save_run_config(config(), run, check_saved_config(config(), run))
     save_run_config(config(), run, check_saved_config(config(), run))  # resumed: accepted
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # nothing backed up
-    with pytest.raises(ConfigError, match=r"betas: \[nan, 0.9\] -> \[0.5, 0.9\]"):
+    with pytest.raises(ConfigError, match=r"kwargs.betas: \[nan, 0.9\] -> \[0.5, 0.9\]"):
         check_saved_config(config(beta="0.5"), run)

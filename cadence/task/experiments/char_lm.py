@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import sysconfig
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from cadence.task.config import (
     TaskConfig,
     TrainerConfig,
 )
+from cadence.task.config_checks import FRACTION, POSITIVE_INT, range_problem
 from cadence.task.registry import register_experiment, register_task
 from cadence.task.task import Task
 
@@ -78,6 +80,20 @@ class CharLMTaskConfig(TaskConfig):
     sequence_length: int = 128
     max_bytes: int = 2_000_000
     validation_fraction: float = 0.1
+
+    def problems(self) -> Iterable[str]:
+        yield from super().problems()
+        yield from text_problems(self)
+
+
+def text_problems(config: Any) -> Iterable[str]:
+    """What is wrong with a language-model task's text options: `max_bytes` a positive
+    integer, `validation_fraction` in (0, 1) (both parts of the text must hold tokens)."""
+    for problem in (range_problem("task.max_bytes", config.max_bytes, POSITIVE_INT),
+                    range_problem("task.validation_fraction", config.validation_fraction,
+                                  FRACTION, "the share of the text held out")):
+        if problem is not None:
+            yield problem
 
 
 def stdlib_text(max_bytes: int) -> bytes:

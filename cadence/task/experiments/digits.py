@@ -9,6 +9,7 @@ validation. An MLP reaches about 97-98% validation accuracy in a few seconds on 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ from cadence.task.config import (
     TaskConfig,
     TrainerConfig,
 )
+from cadence.task.config_checks import FRACTION, SEED, range_problem
 from cadence.task.registry import register_experiment, register_task
 from cadence.task.task import Task
 
@@ -59,6 +61,15 @@ class DigitsTaskConfig(TaskConfig):
     model: DigitsModelConfig = field(default_factory=DigitsModelConfig)
     validation_fraction: float = 0.2
     split_seed: int = 0
+
+    def problems(self) -> Iterable[str]:
+        """`validation_fraction` in (0, 1) (both sets must hold images), `split_seed` a seed."""
+        yield from super().problems()
+        for problem in (range_problem("task.validation_fraction", self.validation_fraction,
+                                      FRACTION, "the share of the images held out"),
+                        range_problem("task.split_seed", self.split_seed, SEED)):
+            if problem is not None:
+                yield problem
 
 
 def load_digits_arrays() -> tuple[torch.Tensor, torch.Tensor]:

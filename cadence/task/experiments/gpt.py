@@ -19,6 +19,7 @@ small's shape and cost (124M parameters); ids above 255 never occur.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -36,7 +37,12 @@ from cadence.task.config import (
     TaskConfig,
     TrainerConfig,
 )
-from cadence.task.experiments.char_lm import CharLMTask, language_model_config, shape_problems
+from cadence.task.experiments.char_lm import (
+    CharLMTask,
+    language_model_config,
+    shape_problems,
+    text_problems,
+)
 from cadence.task.registry import register_experiment, register_task
 
 
@@ -180,6 +186,10 @@ class GPTTaskConfig(TaskConfig):
     sequence_length: int = 128
     max_bytes: int = 2_000_000
     validation_fraction: float = 0.1
+
+    def problems(self) -> Iterable[str]:
+        yield from super().problems()
+        yield from text_problems(self)
 
 
 @register_task(GPTTaskConfig)

@@ -1,0 +1,141 @@
+"""The ranges of an `ExperimentConfig`'s values, checked before anything is created.
+
+Types alone let through what cannot train: a negative learning-rate factor trains with a
+negative rate, a seed of -1 fails deep inside NumPy, a summary subdirectory of ``../x`` writes
+outside the run. `config_problems` lists every value out of its range as ``key: must be <the
+range> (got <value>)`` and, where the key alone does not say it, why; `ExperimentConfig.validate`
+puts them on one line. Each rule is a row of `RANGES`, so a reader finds a key's range in one
+place, and a new field gets its range by adding a row.
+
+A `TaskConfig` subclass checks its own fields by overriding `TaskConfig.problems` (with the
+rules here: `range_problem`).
+
+>>> from cadence.task.config import ExperimentConfig
+>>> config = ExperimentConfig()
+>>> config.runtime.seed = -1
+>>> list(config_problems(config))
+['runtime.seed: must be an integer in [0, 2**32) or null (got -1).']
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+from cadence.core.files import relative_name
+
+
+class Rule(NamedTuple):
+    """A range: `holds(value)`, and the phrase that names it ("a positive integer")."""
+
+    holds: Callable[[Any], bool]
+    phrase: str
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+POSITIVE_INT = Rule(lambda v: _is_int(v) and v > 0, "a positive integer")
+NON_NEGATIVE_INT = Rule(lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+SEED = Rule(lambda v: _is_int(v) and 0 <= v < 2**32, "an integer in [0, 2**32)")
+POSITIVE = Rule(lambda v: _is_real(v) and v > 0, "a positive finite number")
+NON_NEGATIVE = Rule(lambda v: _is_real(v) and v >= 0, "a finite number >= 0")
+FRACTION = Rule(lambda v: _is_real(v) and 0 < v < 1, "a fraction in (0, 1)")
+FACTOR = Rule(lambda v: _is_real(v) and 0 <= v <= 1, "a factor in [0, 1]")
+DECAY = Rule(lambda v: _is_real(v) and 0 <= v < 1, "in [0, 1)")
+BETAS = Rule(lambda v: isinstance(v, (list, tuple)) and len(v) == 2
+             and all(_is_real(b) and 0 <= b < 1 for b in v), "a pair of numbers in [0, 1)")
+LOSS_BOUND = Rule(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                  and v >= 0, ">= 0")  # .inf allowed, nan not (nan >= 0 is False)
+SUBDIRECTORY = Rule(relative_name, "a relative path inside the run directory")
+
+
+def optional(rule: Rule) -> Rule:
+    """`rule`, or None."""
+    return Rule(lambda v: v is None or rule.holds(v), f"{rule.phrase} or null")
+
+
+def disabled_by_empty(rule: Rule) -> Rule:
+    """`rule`, or "" (which disables what the value names)."""
+    return Rule(lambda v: v == "" or rule.holds(v), f"{rule.phrase}, or '' to disable it")
+
+
+_OPT = "trainer.optimizer_config"
+_LR = f"{_OPT}.learning_rate"
+
+RANGES: dict[str, tuple[Rule, str]] = {
+    # key: (its range, why -- when the key alone does not say it)
+    "trainer.train_steps": (NON_NEGATIVE_INT, ""),
+    "trainer.steps_per_loop": (POSITIVE_INT, ""),
+    "trainer.summary_interval": (optional(POSITIVE_INT), "null: every loop"),
+    "trainer.checkpoint_interval": (optional(POSITIVE_INT), "null: only at the end"),
+    "trainer.max_to_keep": (POSITIVE_INT, ""),
+    "trainer.validation_interval": (POSITIVE_INT, ""),
+    "trainer.continuous_eval_timeout": (optional(NON_NEGATIVE),
+                                        "seconds without a new checkpoint; null: no limit"),
+    "trainer.validation_summary_subdir": (SUBDIRECTORY, "e.g. eval"),
+    "trainer.best_checkpoint_export_subdir": (disabled_by_empty(SUBDIRECTORY), "e.g. best"),
+    "trainer.best_checkpoint_max_to_keep": (POSITIVE_INT, ""),
+    "trainer.loss_upper_bound": (LOSS_BOUND, "a larger mean training loss is a blow-up; .inf "
+                                 "disables the bound"),
+    "trainer.recovery_begin_steps": (NON_NEGATIVE_INT, ""),
+    "trainer.ema.decay": (DECAY, ""),
+    "trainer.ema.start_step": (NON_NEGATIVE_INT, ""),
+    f"{_OPT}.gradient_clip_norm": (optional(POSITIVE), "null: no clipping"),
+    f"{_OPT}.gradient_accumulation_steps": (POSITIVE_INT, ""),
+    f"{_OPT}.optimizer.learning_rate": (POSITIVE, ""),
+    f"{_OPT}.optimizer.weight_decay": (NON_NEGATIVE, ""),
+    f"{_OPT}.optimizer.momentum": (NON_NEGATIVE, ""),
+    f"{_OPT}.optimizer.betas": (BETAS, "the decay rates of Adam's two moments, e.g. "
+                                "[0.9, 0.999]"),
+    f"{_OPT}.optimizer.eps": (POSITIVE, "it keeps an update finite where a gradient's second "
+                              "moment is 0"),
+    f"{_LR}.warmup_steps": (NON_NEGATIVE_INT, ""),
+    f"{_LR}.warmup_init_factor": (FACTOR, "the share of the peak learning rate warmup starts "
+                                  "from"),
+    f"{_LR}.decay_steps": (optional(POSITIVE_INT), "null: until trainer.train_steps"),
+    f"{_LR}.end_factor": (FACTOR, "the share of the peak learning rate decay ends at"),
+    f"{_LR}.step_size": (POSITIVE_INT, ""),
+    f"{_LR}.gamma": (POSITIVE, "the learning rate is multiplied by it; at or below 0 it would "
+                     "train with a rate of 0 or a negative one"),
+    "runtime.seed": (optional(SEED), ""),
+    "runtime.num_threads": (optional(POSITIVE_INT), "null: torch's default"),
+    "runtime.collective_timeout": (POSITIVE, "seconds a collective waits for the other ranks"),
+    **{f"task.{data}.{key}": value
+       for data in ("train_data", "validation_data")
+       for key, value in {"global_batch_size": (POSITIVE_INT, ""),
+                          "num_workers": (NON_NEGATIVE_INT, "0: load in the main process"),
+                          "seed": (optional(SEED), "null: from runtime.seed")}.items()},
+}
+"""Every ranged key of an `ExperimentConfig`, its `Rule` and, where useful, why."""
+
+
+def value_at(config: Any, key: str) -> Any:
+    """The value at a dotted `key` of `config` (``trainer.ema.decay``)."""
+    for name in key.split("."):
+        config = getattr(config, name)
+    return config
+
+
+def range_problem(key: str, value: Any, rule: Rule, why: str = "") -> str | None:
+    """``"key: must be <rule> (why) (got value)."``, or None when `value` is in range."""
+    if rule.holds(value):
+        return None
+    return f"{key}: must be {rule.phrase}{f' ({why})' if why else ''} (got {value!r})."
+
+
+def config_problems(config: Any) -> Iterable[str]:
+    """Every value of `config` (an `ExperimentConfig`) outside its range in `RANGES`, then what
+    its task config's `problems` says."""
+    for key, (rule, why) in RANGES.items():
+        problem = range_problem(key, value_at(config, key), rule, why)
+        if problem is not None:
+            yield problem
+    yield from config.task.problems()
