@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cadence.core.errors import CheckpointError
+from cadence.core.errors import CheckpointError, ConfigError
 from cadence.core.files import relative_name
 
 logger = logging.getLogger(__name__)
@@ -190,6 +190,10 @@ class CheckpointDirectory:
     Args:
         directory: where checkpoints live; created on the first commit.
         max_to_keep: how many of the newest complete checkpoints to keep; None keeps all.
+
+    Raises:
+        ConfigError: for an empty `directory` (the current one), or one that is a file --
+            refused when the manager is made, not at the first save after training.
     """
 
     def __init__(self, directory: str | os.PathLike[str],
@@ -201,7 +205,13 @@ class CheckpointDirectory:
                 f"`max_to_keep` (got {max_to_keep!r}) must be a positive int, or None to keep "
                 "every checkpoint."
             )
+        if not str(directory).strip():
+            raise ConfigError("The checkpoint directory is '': pass a directory, e.g. "
+                             "'runs/mine/checkpoints' ('' would write into the current one).")
         self.directory = Path(directory)
+        if self.directory.exists() and not self.directory.is_dir():
+            raise ConfigError(f"The checkpoint directory {str(directory)!r} is a file: move it "
+                             "away, or pass another directory.")
         self.max_to_keep = max_to_keep
         self._reported: set[str] = set()  # incomplete directories already warned about
 

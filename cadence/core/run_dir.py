@@ -30,6 +30,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -143,6 +144,56 @@ class RunDirectory:
         with open_append(self.resumes) as handle:
             handle.write(json.dumps(record) + "\n")
 
+    def layout_problem(self, training: bool) -> str | None:
+        """What makes this directory unfit to hold the run, in one sentence with the fix, or
+        None: found before step 0, never at the first save after a loop of training.
+
+        Refused: a file where the run's directory, ``checkpoints/``, a summary or export
+        directory must be; a directory where ``params.yaml`` or ``train.lock`` must be; a
+        directory inside another run (``runs/X/checkpoints``); and, to train, an existing
+        directory of someone else's files (files cadence does not write, and no run: see
+        `is_run`), such as the current directory of a project.
+
+        Args:
+            training: whether a trainer is about to write into it (evaluation only reads a
+                run, and writes its summaries).
+        """
+        root = self.root
+        outer = enclosing_run(root)
+        if outer is not None:
+            return (f"{str(root)!r} is inside the run directory {str(outer)!r}: pass that run "
+                    f"itself (--model-dir {outer}) to "
+                    f"{'continue' if training else 'evaluate'} it, or a directory outside it.")
+        if not root.exists():
+            return None
+        if not root.is_dir():
+            return (f"The run directory {str(root)!r} is a file: pass a directory (a new one "
+                    "starts a run, an existing one continues it).")
+        for path, kind in ((self.params, "file"), (self.lock_file, "file"),
+                           (self.checkpoints, "directory"), (self.train, "directory"),
+                           (self.eval, "directory"), (self.best, "directory")):
+            if path == root:
+                continue
+            if path.is_symlink() or (path.exists() and path.is_dir() != (kind == "directory")):
+                what = "a symbolic link" if path.is_symlink() else (
+                    "a directory" if path.is_dir() else "a file")
+                return (f"{str(path)!r} is {what} where cadence keeps its {path.name} "
+                        f"{kind}: move it away, or use another run directory.")
+        own = {PARAMS_FILE, LOCK_FILE, RESUMES_FILE, "checkpoints", "train", "plots",
+               "profile", "stats.jsonl", "mlruns", "mlflow_run.json", "wandb", "wandb_run.json",
+               self.eval_subdir.split("/")[0], self.best_subdir.split("/")[0]}
+        others = [p.name for p in root.iterdir()
+                  if p.name not in own and not _PARAMS_BACKUP.match(p.name)]
+        if training and others and not is_run(root):
+            named = ", ".join(sorted(others)[:3]) + (", ..." if len(others) > 3 else "")
+            if any(is_run(root / name) for name in others):
+                return (f"{str(root)!r} holds other runs ({named}): pass one of them to "
+                        "continue it, or a new directory for a new run.")
+            return (f"{str(root)!r} holds files that are not a run's ({named}) and no run "
+                    f"({PARAMS_FILE} with checkpoints/): cadence will not train among someone "
+                    "else's files; pass a new or empty directory, or a run's.")
+        return None
+
     def subdir(self, name: str) -> Path:
         """Another directory of the run (a callback's own, e.g. ``profile``)."""
         return self.root / name
@@ -160,6 +211,33 @@ class RunDirectory:
             yield lock
         finally:
             lock.release()
+
+
+_PARAMS_BACKUP = re.compile(r"^params\.[0-9-]+\.yaml$")
+"""The name of a replaced config (``params.<time>.yaml``)."""
+
+
+def is_run(path: Path) -> bool:
+    """Whether `path` is the directory of a run that started: it holds ``params.yaml`` and
+    ``train.lock`` or ``checkpoints/`` (a ``params.yaml`` alone may be another tool's)."""
+    return (path / PARAMS_FILE).is_file() and (
+        (path / LOCK_FILE).exists() or (path / "checkpoints").is_dir())
+
+
+def enclosing_run(path: str | os.PathLike[str]) -> Path | None:
+    """The run directory that `path` lies inside of (not `path` itself), or None.
+
+    >>> enclosing_run("/") is None
+    True
+    """
+    absolute = Path(os.path.abspath(path))
+    for parent in absolute.parents:
+        if parent.is_dir() and is_run(parent):
+            try:  # say it as the user did: relative where they passed a relative path
+                return parent.relative_to(Path.cwd()) if not Path(path).is_absolute() else parent
+            except ValueError:
+                return parent
+    return None
 
 
 class RunLockedError(RuntimeError):

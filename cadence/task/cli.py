@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import sys
 import time
@@ -55,9 +56,17 @@ def _add_config_arguments(parser: argparse.ArgumentParser, run_default: bool = T
                         "(repeatable; applied last, in order)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose error is one line like every other mistake's:
+    ``cadence: error: cadence train: argument --model-dir/-m: is empty; ...`` (exit 2)."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"cadence: error: {self.prog}: {message} (see {self.prog} --help).\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``cadence`` command."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="cadence", description="Train and evaluate registered cadence experiments.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Run `cadence train` to train the default experiment.",
@@ -67,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="train an experiment (resumes unfinished runs)")
     _add_config_arguments(train)
-    train.add_argument("--model-dir", "-m", type=Path,
+    train.add_argument("--model-dir", "-m", type=_model_dir_argument,
                        help="the run directory (default: the newest unfinished run of the "
                        "experiment with the same config, else a new one under runs/)")
     train.add_argument("--mode", choices=MODES, default="train_and_eval",
@@ -78,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("eval", help="evaluate the newest checkpoint of a run")
     _add_config_arguments(evaluate)
-    evaluate.add_argument("--model-dir", "-m", type=Path,
+    evaluate.add_argument("--model-dir", "-m", type=_model_dir_argument,
                           help="the run directory (default: the newest run of the experiment)")
     evaluate.add_argument("--mode", choices=("eval", "continuous_eval"), default="eval",
                           help="eval once (default), or every new checkpoint")
@@ -191,24 +200,36 @@ def _logging(progress: bool) -> Iterator[None]:
         loop_logger.setLevel(logging.NOTSET)
 
 
+def _model_dir_argument(text: str) -> Path:
+    """``--model-dir``'s value: a path, never empty (``Path("")`` is the current directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"is empty; pass the directory of a run, e.g. "
+                                         f"{RUNS_DIR}/<experiment>-<time>")
+    return Path(text)
+
+
 def _check_model_dir(model_dir: Path | None) -> None:
     if model_dir is not None and model_dir.exists() and not model_dir.is_dir():
         raise ConfigError(f"--model-dir {str(model_dir)!r} is a file; pass the directory of a "
                           f"run, e.g. {RUNS_DIR}/<experiment>-<time>.")
+    if model_dir is not None and (model_dir / "manifest.json").is_file():
+        raise ConfigError(f"--model-dir {str(model_dir)!r} is a checkpoint, not a run: pass "
+                          f"the run directory that holds it (--model-dir "
+                          f"{model_dir.parent.parent}); eval evaluates its newest checkpoint.")
 
 
 def _load(args: argparse.Namespace, model_dir: Path | None) -> Any:
+    """The config of a command: for an existing run, the run's own ``params.yaml`` is the base
+    (a run continues, and is evaluated, as it was configured; ``--config-file`` and ``--set``
+    go on top, and a change is refused unless allowed), unless ``--experiment`` names another
+    experiment; else the experiment's defaults."""
     from cadence.task.config_files import experiment_of, load_config
 
     files: list[Path | str] = list(args.config_file)
     saved = RunDirectory(model_dir).params if model_dir is not None else None
-    experiment = args.experiment
-    if saved is not None and saved.is_file():
-        if args.command == "eval":
-            files.insert(0, saved)  # evaluate a run with the config it was trained with
-        elif experiment is None:
-            experiment = experiment_of(saved)  # resume a run of its own experiment
-    return load_config(experiment, files, args.overrides)
+    if saved is not None and saved.is_file() and args.experiment in (None, experiment_of(saved)):
+        files.insert(0, saved)
+    return load_config(args.experiment, files, args.overrides)
 
 
 def _summary(run: RunDirectory, logs: dict[str, Any]) -> None:
@@ -336,6 +357,9 @@ def _plot(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise ConfigError(str(error)) from None
     out = args.out if args.out is not None else args.run_dirs[0] / "plots"
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a file: pass a directory for the PNGs (it "
+                          "is created if it does not exist).")
     try:
         paths = plot_runs(runs, out, metrics, args.smooth)
     except ModuleNotFoundError as error:
@@ -366,7 +390,10 @@ def _leave_the_job() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the ``cadence`` command; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:  # --help (0), or a mistake in the arguments (2): printed
+        return done.code if isinstance(done.code, int) else 2
     try:
         return _run_command(args)
     finally:
@@ -393,6 +420,37 @@ def _run_command(args: argparse.Namespace) -> int:
     except FloatingPointError as error:
         print(f"cadence: error: {error}", file=sys.stderr)
         return 1
+    except (OSError, MemoryError, RuntimeError) as error:
+        problem = environment_problem(error)
+        if problem is None:
+            raise  # a bug: its traceback is what to report
+        print(f"cadence: error: {problem}", file=sys.stderr)
+        return 1
+
+
+_ENVIRONMENT = {errno.ENOSPC: "Free some space", errno.EDQUOT: "Free some space",
+                errno.EACCES: "Fix the permissions", errno.EPERM: "Fix the permissions",
+                errno.EROFS: "Use a writable file system", errno.EMFILE: "Raise `ulimit -n`",
+                errno.EIO: "Check the disk"}
+"""The errors of the machine rather than of cadence or the user, and what to do about each."""
+
+
+def environment_problem(error: BaseException) -> str | None:
+    """One line for a failure of the environment (a full disk, a permission, out of memory)
+    with what to do, or None for anything else. What was saved before it stays: checkpoints
+    are committed atomically."""
+    fix = "then run the same command again: what was saved before is kept"
+    if isinstance(error, OSError) and error.errno in _ENVIRONMENT:
+        where = f": {error.filename!r}" if error.filename else ""
+        return (f"{error.strerror or error}{where}. {_ENVIRONMENT[error.errno]} (or pass "
+                f"another --model-dir), {fix}.")
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if isinstance(error, MemoryError) or "out of memory" in text.lower() or (
+            "can't allocate memory" in text):
+        return (f"Out of memory ({text}). Make the model or the batch smaller (e.g. "
+                "--set task.train_data.global_batch_size=...), or spread it over more devices "
+                f"(runtime.strategy=fsdp2, runtime.activation_checkpointing=true), {fix}.")
+    return None
 
 
 if __name__ == "__main__":

@@ -133,10 +133,18 @@ def experiment_of(path: str | os.PathLike[str]) -> str | ExperimentConfig:
 
 def _parse_override(text: str) -> Any:
     oc = _omegaconf()
+    if not isinstance(text, str):
+        raise ConfigError(f"overrides: {text!r} is not a 'key=value' string; pass e.g. "
+                          "['trainer.train_steps=500'], or a mapping {'trainer': {...}}.")
     key, sep, _ = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError(
             f"--set {text}: an override is KEY=VALUE with a dotted key, e.g. "
+            "trainer.train_steps=500."
+        )
+    if any(not part.strip() for part in key.split(".")):
+        raise ConfigError(
+            f"--set {text}: the key {key!r} has an empty part; a key is dotted names, e.g. "
             "trainer.train_steps=500."
         )
     try:

@@ -65,9 +65,13 @@ def register_experiment(name: str) -> Callable[[F], F]:
 
     Raises:
         ValueError: if `name` is already registered.
+        TypeError: if what it decorates is not callable.
     """
 
     def decorator(factory: F) -> F:
+        if not callable(factory):
+            raise TypeError(f"@register_experiment({name!r}) decorates a function that returns "
+                            f"an ExperimentConfig (got {type(factory).__name__}).")
         if name in _experiments and _experiments[name] is not factory:
             raise ValueError(f"Experiment {name!r} is already registered "
                              f"(by {_experiments[name].__module__}); pick another name.")

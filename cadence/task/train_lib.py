@@ -212,13 +212,17 @@ def _check_before_writing(config: ExperimentConfig, mode: str, run: RunDirectory
     if mode.startswith("train") and trainer.train_steps <= 0:
         raise ConfigError("trainer.train_steps is 0: set it, e.g. --set "
                           "trainer.train_steps=1000.")
-    if run.root.exists() and not run.root.is_dir():
-        raise ConfigError(f"The model directory {str(run.root)!r} is a file; pass a directory "
-                          "(a new one starts a run, an existing one resumes it).")
+    problem = run.layout_problem(training=mode.startswith("train"))
+    if problem is not None:
+        raise ConfigError(problem)
     try:
-        local_device(config.runtime.device)
+        device = local_device(config.runtime.device)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    if trainer.cuda_graphs and device.type != "cuda":
+        raise ConfigError(f"trainer.cuda_graphs is true but the device is {device}: CUDA graphs "
+                          "replay recorded GPU kernels. Set trainer.cuda_graphs=false (and "
+                          "trainer.compile_step=true to compile), or run on a GPU.")
     init = Path(config.task.init_checkpoint) if config.task.init_checkpoint else None
     if init is not None and not init.exists():
         raise ConfigError(f"task.init_checkpoint {str(init)!r} does not exist: pass a "
@@ -382,6 +386,9 @@ def run_experiment(
             and the recovery policy says to stop.
     """
     check_mode(mode)
+    if not isinstance(config, ExperimentConfig):
+        raise TypeError(f"`config` (got {type(config).__name__}) must be an ExperimentConfig: "
+                        "build it with cadence.load_config(...).")
     config.validate()
     config.lock()  # as TF Model Garden: nothing changes the config of a running experiment
     run = run_directory(config, model_dir)

@@ -100,3 +100,24 @@ def test_eval_of_a_directory_that_does_not_exist_is_an_error_not_random_weights(
                                                                                 tmp_path):
     assert main(["eval", "--model-dir", str(tmp_path / "typo")]) == 2
     assert "does not exist: pass the directory of a run" in capsys.readouterr().err
+
+
+def test_train_m_run_continues_the_run_as_it_was_configured(capsys, tmp_path, monkeypatch):
+    """The run's params.yaml is the base: the --sets it was started with are not repeated; a
+    --set on top is a config change."""
+    monkeypatch.chdir(tmp_path)
+    started = [*FAST, "--set", "trainer.train_steps=20", "--set", "task.model.hidden_sizes=[16]",
+               "--set", "trainer.optimizer_config.optimizer.learning_rate=0.01"]
+    assert main(["train", "-m", "run", "--no-progress", *started]) == 0
+    capsys.readouterr()
+    assert main(["train", "-m", "run", "--no-progress"]) == 0  # as configured: nothing to do
+    assert "Evaluation: accuracy=" in capsys.readouterr().out
+    assert main(["train", "-m", "run", "--set", "trainer.train_steps=40"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "cadence: error: 'run' holds a run with a different config (trainer.train_steps: "
+        "20 -> 40):")  # that one key, nothing the run was started with
+    assert main(["train", "-m", "run", "--no-progress", "--set", "trainer.train_steps=40",
+                 "--allow-config-change"]) == 0
+    config = load_config(config_files=[tmp_path / "run" / "params.yaml"])
+    assert config.trainer.train_steps == 40 and config.task.model.hidden_sizes == [16]
+    assert config.trainer.optimizer_config.optimizer.learning_rate == 0.01

@@ -52,14 +52,15 @@ def test_train_and_eval_writes_config_checkpoints_summaries_and_the_best_export(
 
 
 def test_train_then_eval_and_continuous_eval_read_the_checkpoints(tmp_path):
+    run = tmp_path / "run"  # beside the reference run: a run never holds another
     _, in_memory = run_experiment(digits(), "train_and_post_eval", tmp_path / "reference")
-    run_experiment(digits(), "train", tmp_path)
-    assert not (tmp_path / "eval").exists()
-    _, logs = run_experiment(digits(), "eval", tmp_path)
+    run_experiment(digits(), "train", run)
+    assert not (run / "eval").exists()
+    _, logs = run_experiment(digits(), "eval", run)
     assert logs["accuracy"] == in_memory["accuracy"] > 0.5  # the restored weights were used
-    assert eval_records(tmp_path)[-1]["step"] == 40
-    _, logs = run_experiment(digits(), "continuous_eval", tmp_path)
-    assert [r["step"] for r in eval_records(tmp_path)] == [40, 20, 40]  # every checkpoint
+    assert eval_records(run)[-1]["step"] == 40
+    _, logs = run_experiment(digits(), "continuous_eval", run)
+    assert [r["step"] for r in eval_records(run)] == [40, 20, 40]  # every checkpoint
     assert [r["step"] for r in eval_records(tmp_path / "reference")] == [40]  # once, at the end
 
 
