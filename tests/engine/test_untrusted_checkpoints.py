@@ -6,6 +6,7 @@ forged manifest -- must never run when a checkpoint is restored or its weights a
 planted pickle here would create a marker file if it ran.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -190,3 +191,51 @@ def test_cadence_eval_and_train_of_a_run_with_planted_dcp_metadata_run_no_code(
                  "--allow-config-change"]) == 0
     assert "Evaluation: accuracy=" in capsys.readouterr().out
     assert not marker.exists()
+
+
+def test_a_pickle_planted_in_any_file_of_a_run_never_runs(tmp_path, monkeypatch, capsys):
+    """Every file a run directory holds -- each checkpoint's manifest, state file, rank file,
+    DCP metadata and shard; the config and its backup; the lock; the summaries of every writer;
+    the best export, its metrics and the ledger; the record of resumes -- replaced in turn by a
+    pickle (the checkpoint's manifest forged to fit, so that no checksum gives it away); then
+    ``cadence eval``, ``cadence train`` and ``cadence plot`` of the run, and `load_weights` of
+    its exports. None runs the pickle, and each command ends in its own way: it works, or it
+    says in one line what is wrong."""
+    import shutil
+
+    from cadence import load_weights
+    from cadence.task.experiments.digits import DigitsTask, DigitsTaskConfig
+
+    monkeypatch.chdir(tmp_path)
+    fast = ["--no-progress", "--set", "trainer.steps_per_loop=10", "--set",
+            "trainer.checkpoint_interval=10", "--set", "trainer.validation_interval=10",
+            "--set", "task.model.hidden_sizes=[16]", "--set", "runtime.strategy=fsdp2",
+            "--set", "runtime.writers=[tensorboard,jsonl,csv]"]
+    assert main(["train", "-m", "made", *fast, "--set", "trainer.train_steps=20"]) == 0
+    assert main(["train", "-m", "made", *fast, "--set", "trainer.train_steps=30",
+                 "--allow-config-change"]) == 0  # a resume, and the old config kept
+    files = sorted(p.relative_to(tmp_path / "made") for p in (tmp_path / "made").rglob("*")
+                   if p.is_file())
+    kinds = {p.name.split(".")[-1] if "." in p.name else p.name for p in files}
+    assert {"manifest", "cadence", "metadata", "distcp", "yaml", "lock", "jsonl", "csv",
+            "safetensors"} <= kinds | {"manifest"}, kinds
+    assert any(p.name.startswith("events.out.tfevents") for p in files)
+    assert any(p.name == "resumes.jsonl" for p in files) and len(files) >= 25, files
+    marker = tmp_path / "ran"
+    model = DigitsTask(DigitsTaskConfig()).build_model()
+    for name in files:
+        shutil.rmtree(tmp_path / "run", ignore_errors=True)
+        shutil.copytree(tmp_path / "made", tmp_path / "run")
+        plant(tmp_path / "run" / name, marker)
+        if name.parts[0] == "checkpoints" and name.name != "manifest.json":
+            forge_manifest(tmp_path / "run" / name.parts[0] / name.parts[1])
+        statuses = [main(["eval", "-m", "run"]),
+                    main(["train", "-m", "run", "--no-progress"]),
+                    main(["plot", "run", "--out", "plots"])]
+        for weights in ("run/best", "run/best/best-30"):
+            with contextlib.suppress(CheckpointError, ValueError):  # refused is fine: nothing ran
+                load_weights(model, weights)
+        err = capsys.readouterr().err
+        assert not marker.exists(), f"planted in {name}: it ran"
+        assert set(statuses) <= {0, 2}, (name, statuses, err[-2000:])
+        assert "Traceback" not in err, (name, err[-2000:])

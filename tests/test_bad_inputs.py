@@ -1,0 +1,546 @@
+"""A sweep of bad inputs, each one a mistake a user can make: every one is refused in one clear
+line -- ``cadence: error: <the problem and the fix>`` and exit status 2 at the command line, one
+exception with a one-line message in Python -- and nothing is lost or written anywhere: the
+working directory, a finished run in it and a folder beside it are byte for byte what they were.
+
+The front-ends' own schedules (tensorpack's ``TrainConfig`` and callbacks, tfsnippet's
+``TrainLoop``) are swept in their own test files; a few of each are here too.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from torch import nn
+
+import cadence
+from cadence import (
+    BestCheckpointExporter,
+    CheckpointManager,
+    ConfigError,
+    Controller,
+    StandardTrainerOptions,
+    TrainLoop,
+    load_config,
+    load_weights,
+    run_experiment,
+)
+from cadence.task.cli import main
+
+FAST = ["--no-progress", "--set", "trainer.train_steps=20", "--set", "trainer.steps_per_loop=10",
+        "--set", "trainer.validation_interval=10", "--set", "trainer.checkpoint_interval=10",
+        "--set", "task.model.hidden_sizes=[16]"]
+OPT = "trainer.optimizer_config.optimizer"
+LR = "trainer.optimizer_config.learning_rate"
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished digits run, made once and copied into each case's working directory."""
+    root = tmp_path_factory.mktemp("template")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        assert main(["train", "-m", "good", *FAST]) == 0
+    return root / "good"
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch, finished_run):
+    """The working directory: a file, a folder of someone else's files, and a finished run."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a_file.txt").write_text("not a run")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "notes.txt").write_text("someone else's")
+    shutil.copytree(finished_run, tmp_path / "runs" / "good")
+    return tmp_path
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file and folder under `root`, with the SHA-256 of each file."""
+    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest()
+                                       if p.is_file() else "dir")
+            for p in sorted(root.rglob("*"))}
+
+
+def one_clear_line(capsys, argv: list[str]) -> str:
+    """Runs ``cadence`` with `argv`; checks exit 2 and one ``cadence: error:`` line, no
+    traceback; returns the line."""
+    status = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2, err
+    assert err and err[-1].startswith("cadence: error: "), err
+    assert not any("Traceback" in line for line in err), err
+    return err[-1]
+
+
+def mkdir(*paths: str):
+    return lambda root: [(root / p).mkdir(parents=True) for p in paths]
+
+
+def touch(*paths: str):
+    def make(root: Path) -> None:
+        for p in paths:
+            (root / p).parent.mkdir(parents=True, exist_ok=True)
+            (root / p).write_text("x")
+    return make
+
+
+def write(path: str, text: str):
+    return lambda root: (root / path).write_text(text)
+
+
+def nothing(root: Path) -> None:
+    pass
+
+
+# (what the user did, setup of the working directory, the command line, what the line says)
+COMMAND_LINE = [
+    # -- values out of range, at the command line
+    ("negative end factor", nothing, ["train", *FAST, "--set", f"{LR}.schedule=linear",
+                                      "--set", f"{LR}.end_factor=-2"],
+     r"end_factor: must be a factor in \[0, 1\].*\(got -2"),
+    ("end factor above 1", nothing, ["train", *FAST, "--set", f"{LR}.end_factor=1.5"],
+     r"end_factor: must be a factor in \[0, 1\]"),
+    ("negative warmup factor", nothing, ["train", *FAST, "--set", f"{LR}.warmup_steps=5",
+                                         "--set", f"{LR}.warmup_init_factor=-3"],
+     r"warmup_init_factor: must be a factor in \[0, 1\]"),
+    ("negative step gamma", nothing, ["train", *FAST, "--set", f"{LR}.schedule=step",
+                                      "--set", f"{LR}.gamma=-1"],
+     r"gamma: must be a positive finite number \(the learning rate is multiplied by it"),
+    ("zero exponential gamma", nothing, ["train", *FAST, "--set", f"{LR}.schedule=exponential",
+                                         "--set", f"{LR}.gamma=0"], r"gamma: must be a positive"),
+    ("zero step size", nothing, ["train", *FAST, "--set", f"{LR}.step_size=0"],
+     r"step_size: must be a positive integer \(got 0\)"),
+    ("negative warmup steps", nothing, ["train", *FAST, "--set", f"{LR}.warmup_steps=-1"],
+     r"warmup_steps: must be an integer >= 0"),
+    ("zero decay steps", nothing, ["train", *FAST, "--set", f"{LR}.decay_steps=0"],
+     r"decay_steps: must be a positive integer or null"),
+    ("unknown schedule", nothing, ["train", *FAST, "--set", f"{LR}.schedule=cosin"],
+     r"unknown schedule 'cosin'; valid: constant, cosine"),
+    ("zero learning rate", nothing, ["train", *FAST, "--set", f"{OPT}.learning_rate=0"],
+     r"optimizer.learning_rate: must be a positive finite number \(got 0.0\)"),
+    ("infinite learning rate", nothing, ["train", *FAST, "--set", f"{OPT}.learning_rate=.inf"],
+     r"optimizer.learning_rate: must be a positive finite number \(got inf\)"),
+    ("NaN learning rate", nothing, ["train", *FAST, "--set", f"{OPT}.learning_rate=.nan"],
+     r"optimizer.learning_rate: must be a positive finite number \(got nan\)"),
+    ("a learning rate as a word", nothing, ["train", *FAST, "--set", f"{OPT}.learning_rate=fast"],
+     r"learning_rate.*could not be converted to Float"),
+    ("one beta", nothing, ["train", *FAST, "--set", f"{OPT}.betas=[0.9]"],
+     r"betas: must be a pair of numbers in \[0, 1\)"),
+    ("a beta of 1.2", nothing, ["train", *FAST, "--set", f"{OPT}.betas=[1.2,0.9]"],
+     r"betas: must be a pair of numbers in \[0, 1\).*\(got \[1.2, 0.9\]\)"),
+    ("three betas", nothing, ["train", *FAST, "--set", f"{OPT}.betas=[0.9,0.99,0.999]"],
+     r"betas: must be a pair"),
+    ("zero eps", nothing, ["train", *FAST, "--set", f"{OPT}.eps=0"],
+     r"eps: must be a positive finite number \(it keeps an update finite"),
+    ("negative momentum", nothing, ["train", *FAST, "--set", f"{OPT}.name=sgd",
+                                    "--set", f"{OPT}.momentum=-1"],
+     r"momentum: must be a finite number >= 0 \(got -1.0\)"),
+    ("negative weight decay", nothing, ["train", *FAST, "--set", f"{OPT}.weight_decay=-0.1"],
+     r"weight_decay: must be a finite number >= 0"),
+    ("unknown optimizer", nothing, ["train", *FAST, "--set", f"{OPT}.name=lion"],
+     r"unknown optimizer 'lion'; valid: sgd, adam, adamw"),
+    ("a zero clip norm", nothing, ["train", *FAST, "--set",
+                                   "trainer.optimizer_config.gradient_clip_norm=0"],
+     r"gradient_clip_norm: must be a positive finite number or null \(null: no clipping\)"),
+    ("zero accumulation steps", nothing, ["train", *FAST, "--set",
+                                          "trainer.optimizer_config.gradient_accumulation_steps=0"],
+     r"gradient_accumulation_steps: must be a positive integer"),
+    ("a negative seed", nothing, ["train", *FAST, "--set", "runtime.seed=-1"],
+     r"runtime.seed: must be an integer in \[0, 2\*\*32\) or null \(got -1\)"),
+    ("a seed too large", nothing, ["train", *FAST, "--set", "runtime.seed=4294967296"],
+     r"runtime.seed: must be an integer in \[0, 2\*\*32\)"),
+    ("a negative data seed", nothing, ["train", *FAST, "--set", "task.train_data.seed=-4"],
+     r"task.train_data.seed: must be an integer in \[0, 2\*\*32\) or null"),
+    ("a negative split seed", nothing, ["train", *FAST, "--set", "task.split_seed=-4"],
+     r"task.split_seed: must be an integer in \[0, 2\*\*32\)"),
+    ("a validation fraction of 0", nothing, ["train", *FAST, "--set",
+                                              "task.validation_fraction=0"],
+     r"task.validation_fraction: must be a fraction in \(0, 1\)"),
+    ("a negative validation fraction", nothing, ["train", *FAST, "--set",
+                                                  "task.validation_fraction=-0.2"],
+     r"task.validation_fraction: must be a fraction in \(0, 1\).*\(got -0.2\)"),
+    ("a validation fraction of 1.5", nothing, ["train", *FAST, "--set",
+                                                "task.validation_fraction=1.5"],
+     r"task.validation_fraction: must be a fraction in \(0, 1\).*\(got 1.5\)"),
+    ("a char_lm validation fraction of 1", nothing,
+     ["train", "-e", "char_lm", *FAST[:9], "--set", "task.validation_fraction=1"],
+     r"task.validation_fraction: must be a fraction in \(0, 1\) \(the share of the text"),
+    ("a gpt of no bytes", nothing, ["train", "-e", "gpt", *FAST[:9], "--set", "task.max_bytes=0"],
+     r"task.max_bytes: must be a positive integer \(got 0\)"),
+    ("an EMA decay of 1", nothing, ["train", *FAST, "--set", "trainer.ema.enabled=true",
+                                    "--set", "trainer.ema.decay=1.0"],
+     r"trainer.ema.decay: must be in \[0, 1\) \(got 1.0\)"),
+    ("a negative EMA start", nothing, ["train", *FAST, "--set", "trainer.ema.start_step=-3"],
+     r"trainer.ema.start_step: must be an integer >= 0 \(got -3\)"),
+    ("negative recovery start", nothing, ["train", *FAST, "--set",
+                                          "trainer.recovery_begin_steps=-1"],
+     r"recovery_begin_steps: must be an integer >= 0"),
+    ("recovery trials of -2", nothing, ["train", *FAST, "--set",
+                                        "trainer.recovery_max_trials=-2"],
+     r"recovery_max_trials: must be -1 \(ignore\), 0 \(fail\) or a positive number"),
+    ("a NaN loss bound", nothing, ["train", *FAST, "--set", "trainer.loss_upper_bound=.nan"],
+     r"loss_upper_bound: must be >= 0 \(a larger mean training loss is a blow-up"),
+    ("a negative eval timeout", nothing, ["train", *FAST, "--set",
+                                          "trainer.continuous_eval_timeout=-1"],
+     r"continuous_eval_timeout: must be a finite number >= 0 or null"),
+    ("a zero collective timeout", nothing, ["train", *FAST, "--set",
+                                            "runtime.collective_timeout=0"],
+     r"runtime.collective_timeout: must be a positive finite number \(seconds"),
+    ("zero threads", nothing, ["train", *FAST, "--set", "runtime.num_threads=0"],
+     r"runtime.num_threads: must be a positive integer or null"),
+    ("zero validation steps", nothing, ["train", *FAST, "--set", "trainer.validation_steps=0"],
+     r"validation_steps: must be positive, or -1 for the whole validation set"),
+    ("zero checkpoints kept", nothing, ["train", *FAST, "--set", "trainer.max_to_keep=0"],
+     r"trainer.max_to_keep: must be a positive integer \(got 0\)"),
+    ("zero best exports kept", nothing, ["train", *FAST, "--set",
+                                         "trainer.best_checkpoint_max_to_keep=0"],
+     r"best_checkpoint_max_to_keep: must be a positive integer"),
+    ("best metric compared 'bigger'", nothing, ["train", *FAST, "--set",
+                                                "trainer.best_checkpoint_metric_comp=bigger"],
+     r"best_checkpoint_metric_comp: must be 'higher' or 'lower' \(got 'bigger'\)"),
+    ("zero summary interval", nothing, ["train", *FAST, "--set", "trainer.summary_interval=0"],
+     r"summary_interval: must be a positive integer or null \(null: every loop\)"),
+    ("a negative checkpoint interval", nothing, ["train", *FAST, "--set",
+                                                 "trainer.checkpoint_interval=-10"],
+     r"checkpoint_interval: must be a positive integer or null \(null: only at the end\)"),
+    ("zero validation interval", nothing, ["train", *FAST, "--set",
+                                           "trainer.validation_interval=0"],
+     r"validation_interval: must be a positive integer"),
+    ("negative workers", nothing, ["train", *FAST, "--set", "task.train_data.num_workers=-1"],
+     r"task.train_data.num_workers: must be an integer >= 0 \(0: load in the main process\)"),
+    ("zero validation batch", nothing, ["train", *FAST, "--set",
+                                        "task.validation_data.global_batch_size=0"],
+     r"task.validation_data.global_batch_size: must be a positive integer"),
+    ("unknown precision", nothing, ["train", *FAST, "--set", "runtime.mixed_precision=fp8"],
+     r"runtime.mixed_precision: must be null, 'bf16' or 'fp16' \(got 'fp8'\)"),
+    ("unknown strategy", nothing, ["train", *FAST, "--set", "runtime.strategy=zero3"],
+     r"runtime.strategy: must be one of auto, none, ddp, fsdp2"),
+    ("unknown FSDP dtype", nothing, ["train", *FAST, "--set", "runtime.fsdp.param_dtype=int8"],
+     r"runtime.fsdp.param_dtype: must be null, 'bf16', 'fp16', 'fp32'"),
+    ("unknown writer", nothing, ["train", *FAST, "--set", "runtime.writers=[tensorbord]"],
+     r"runtime.writers: unknown writer 'tensorbord'; valid:"),
+    ("unknown compile mode", nothing, ["train", *FAST, "--set", "trainer.compile_mode=fastest"],
+     r"trainer.compile_mode: unknown mode 'fastest'"),
+    ("both compile options", nothing, ["train", *FAST, "--set", "trainer.compile_step=true",
+                                       "--set", "trainer.compile_blocks=true"],
+     r"set one of them, not both"),
+    ("CUDA graphs on a CPU", nothing, ["train", *FAST, "--set", "runtime.device=cpu",
+                                       "--set", "trainer.cuda_graphs=true"],
+     r"trainer.cuda_graphs is true but the device is cpu.*Set trainer.cuda_graphs=false"),
+    # -- where the run writes
+    ("eval summaries outside the run", nothing, ["train", *FAST, "--set",
+                                                 "trainer.validation_summary_subdir=../x"],
+     r"validation_summary_subdir: must be a relative path inside the run directory"),
+    ("eval summaries at an absolute path", nothing,
+     ["train", *FAST, "--set", "trainer.validation_summary_subdir=/tmp/eval"],
+     r"validation_summary_subdir: must be a relative path inside the run"),
+    ("best exports at an absolute path", nothing,
+     ["train", *FAST, "--set", "trainer.best_checkpoint_export_subdir=/tmp/best"],
+     r"best_checkpoint_export_subdir: must be a relative path inside the run directory, or ''"),
+    ("best exports in the checkpoints", nothing,
+     ["train", *FAST, "--set", "trainer.best_checkpoint_export_subdir=checkpoints"],
+     r"best_checkpoint_export_subdir: 'checkpoints' is where the run keeps its own files"),
+    ("eval summaries into the training ones", nothing,
+     ["train", *FAST, "--set", "trainer.validation_summary_subdir=train"],
+     r"validation_summary_subdir: 'train' is where the run keeps its own files"),
+    # -- the run directory
+    ("an empty -m", nothing, ["train", *FAST, "-m", ""],
+     r"argument --model-dir/-m: is empty; pass the directory of a run"),
+    ("an empty -m to eval", nothing, ["eval", "-m", ""], r"--model-dir/-m: is empty"),
+    ("-m naming a file", nothing, ["train", *FAST, "-m", "a_file.txt"],
+     r"--model-dir 'a_file.txt' is a file"),
+    ("-m the current directory of other files", nothing, ["train", *FAST, "-m", "."],
+     r"'\.' holds other runs \(runs\)|'\.' holds files that are not a run's"),
+    ("-m a folder of someone else's files", nothing, ["train", *FAST, "-m", "elsewhere"],
+     r"'elsewhere' holds files that are not a run's \(notes.txt\).*pass a new or empty "
+     r"directory"),
+    ("-m the folder of runs", nothing, ["train", *FAST, "-m", "runs"],
+     r"'runs' holds other runs \(good\): pass one of them"),
+    ("-m inside a run", nothing, ["train", *FAST, "-m", "runs/good/checkpoints"],
+     r"'runs/good/checkpoints' is inside the run directory 'runs/good': pass that run itself "
+     r"\(--model-dir runs/good\)"),
+    ("-m deeper inside a run", nothing, ["train", *FAST, "-m", "runs/good/train/new"],
+     r"is inside the run directory 'runs/good'"),
+    ("params.yaml a directory", mkdir("run/params.yaml"), ["train", *FAST, "-m", "run"],
+     r"'run/params.yaml' is a directory where cadence keeps its params.yaml file"),
+    ("train.lock a directory", mkdir("run/train.lock"), ["train", *FAST, "-m", "run"],
+     r"'run/train.lock' is a directory"),
+    ("checkpoints a file", touch("run/checkpoints"), ["train", *FAST, "-m", "run"],
+     r"'run/checkpoints' is a file where cadence keeps its checkpoints directory"),
+    ("train summaries a file", touch("run/train"), ["train", *FAST, "-m", "run"],
+     r"'run/train' is a file where cadence keeps its train directory"),
+    ("eval summaries a file", touch("run/eval"), ["train", *FAST, "-m", "run"],
+     r"'run/eval' is a file where cadence keeps its eval directory"),
+    ("best exports a file", touch("run/best"), ["train", *FAST, "-m", "run"],
+     r"'run/best' is a file where cadence keeps its best directory"),
+    ("eval of a checkpoint", nothing, ["eval", "-m", "runs/good/checkpoints/ckpt-20"],
+     r"is a checkpoint, not a run: pass the run directory that holds it \(--model-dir "
+     r"runs/good\)"),
+    ("eval of the checkpoints folder", nothing, ["eval", "-m", "runs/good/checkpoints"],
+     r"is inside the run directory 'runs/good'"),
+    ("eval of a file", nothing, ["eval", "-m", "a_file.txt"], r"is a file"),
+    ("eval of a folder that does not exist", nothing, ["eval", "-m", "nowhere"],
+     r"'nowhere' does not exist"),
+    ("eval of someone else's files", nothing, ["eval", "-m", "elsewhere"],
+     r"'elsewhere' has no checkpoint to evaluate"),
+    # -- a run's config
+    ("a changed config", nothing, ["train", "-m", "runs/good", "--set",
+                                   "task.model.dropout=0.3"],
+     r"holds a run with a different config \(task.model.dropout: 0.1 -> 0.3\).*"
+     r"--allow-config-change"),
+    ("another experiment in a run", nothing, ["train", "-m", "runs/good", "-e", "char_lm"],
+     r"holds a run with a different config"),
+    ("a bad value on a run", nothing, ["train", "-m", "runs/good", "--set", "runtime.seed=-2"],
+     r"runtime.seed: must be an integer in \[0, 2\*\*32\)"),
+    # -- the command line itself
+    ("a key with an empty part", nothing, ["train", "--set", "trainer..train_steps=5"],
+     r"the key 'trainer..train_steps' has an empty part"),
+    ("a key with a trailing dot", nothing, ["train", "--set", "trainer.=5"],
+     r"the key 'trainer.' has an empty part"),
+    ("an override without =", nothing, ["train", "--set", "trainer.train_steps"],
+     r"an override is KEY=VALUE"),
+    ("an unknown key", nothing, ["train", "--set", "trainer.train_step=5"],
+     r"unknown key 'trainer.train_step'. Did you mean 'trainer.train_steps'\?"),
+    ("an unknown section", nothing, ["train", "--set", "trainr.train_steps=5"],
+     r"unknown key 'trainr'"),
+    ("a list where a number goes", nothing, ["train", "--set", "trainer.train_steps=[5]"],
+     r"train_steps"),
+    ("an unknown experiment", nothing, ["train", "-e", "digit"], r"Unknown experiment 'digit'"),
+    ("an unknown mode", nothing, ["train", "--mode", "fit"], r"invalid choice: 'fit'"),
+    ("an unknown command", nothing, ["fit"], r"invalid choice: 'fit'"),
+    ("an unknown option", nothing, ["train", "--steps", "5"],
+     r"unrecognized arguments: --steps 5"),
+    ("a config file that does not exist", nothing, ["train", "-c", "missing.yaml"],
+     r"Config file 'missing.yaml' does not exist"),
+    ("a config file that is a list", write("list.yaml", "- 1\n- 2\n"), ["train", "-c", "list.yaml"],
+     r"'list.yaml' must hold a mapping of config keys"),
+    ("a config file of another experiment", nothing, ["train", "-e", "char_lm", "-c",
+                                                      "runs/good/params.yaml"],
+     r"is for experiment 'digits', not 'char_lm'"),
+    ("no steps", nothing, ["train", *FAST, "--set", "trainer.train_steps=0"],
+     r"trainer.train_steps is 0: set it"),
+    ("negative steps", nothing, ["train", *FAST, "--set", "trainer.train_steps=-5"],
+     r"trainer.train_steps: must be an integer >= 0 \(got -5\)"),
+    ("zero steps per loop", nothing, ["train", *FAST, "--set", "trainer.steps_per_loop=0"],
+     r"trainer.steps_per_loop: must be a positive integer \(got 0\)"),
+    ("plot into a file", nothing, ["plot", "runs/good", "--out", "a_file.txt"],
+     r"--out 'a_file.txt' is a file: pass a directory for the PNGs"),
+    ("plot a smoothing of 1", nothing, ["plot", "runs/good", "--smooth", "1"],
+     r"--smooth: 1 is not in \[0, 1\)"),
+    ("plot a folder without scalars", nothing, ["plot", "elsewhere"],
+     r"'elsewhere' holds no scalars"),
+    ("plot a metric no run has", nothing, ["plot", "runs/good", "--metrics", "bleu"],
+     r"bleu"),
+]
+
+
+@pytest.mark.parametrize(("mistake", "setup", "argv", "says"), COMMAND_LINE,
+                         ids=[case[0] for case in COMMAND_LINE])
+def test_a_mistake_at_the_command_line_is_one_clear_line_and_nothing_is_written(
+        capsys, workdir, mistake, setup, argv, says):
+    setup(workdir)
+    before = snapshot(workdir)
+    line = one_clear_line(capsys, argv)
+    assert re.search(says, line), line
+    assert snapshot(workdir) == before
+
+
+# ---------------------------------------------------------------------------- Python
+
+
+def config_with(**changes):
+    """The digits experiment's config with ``{"trainer.ema.decay": 1.0}``-like changes set as a
+    Python user sets them: by assignment, after `load_config`."""
+    config = load_config("digits", overrides=["task.model.hidden_sizes=[16]"])
+    for key, value in changes.items():
+        *parents, name = key.split("__")
+        target = config
+        for parent in parents:
+            target = getattr(target, parent)
+        setattr(target, name, value)
+    return config
+
+
+def run_in(directory):
+    return lambda config: run_experiment(config, "train", directory)
+
+
+def linear():
+    return nn.Linear(2, 1)
+
+
+PYTHON = [
+    # (what the user did, the call, the exception, what its one line says)
+    ("steps per loop 2.5", lambda: config_with(trainer__steps_per_loop=2.5).validate(),
+     ConfigError, r"trainer.steps_per_loop: must be a positive integer \(got 2.5\)"),
+    ("a seed as a string", lambda: config_with(runtime__seed="3").validate(), ConfigError,
+     r"runtime.seed: must be an integer in \[0, 2\*\*32\) or null \(got '3'\)"),
+    ("betas as a 1-tuple", lambda: config_with(
+        trainer__optimizer_config__optimizer__betas=(0.9,)).validate(), ConfigError,
+     r"betas: must be a pair of numbers in \[0, 1\)"),
+    ("a boolean step count", lambda: config_with(trainer__train_steps=True).validate(),
+     ConfigError, r"trainer.train_steps: must be an integer >= 0 \(got True\)"),
+    ("an EMA decay of 1", lambda: config_with(trainer__ema__decay=1).validate(), ConfigError,
+     r"trainer.ema.decay: must be in \[0, 1\)"),
+    ("a NaN weight decay", lambda: config_with(
+        trainer__optimizer_config__optimizer__weight_decay=float("nan")).validate(),
+     ConfigError, r"weight_decay: must be a finite number >= 0 \(got nan\)"),
+    ("a gamma of 0", lambda: config_with(
+        trainer__optimizer_config__learning_rate__gamma=0.0).validate(), ConfigError,
+     r"learning_rate.gamma: must be a positive finite number"),
+    ("best exports at ../best", lambda: config_with(
+        trainer__best_checkpoint_export_subdir="../best").validate(), ConfigError,
+     r"best_checkpoint_export_subdir: must be a relative path inside the run"),
+    ("a fraction of the images of 1", lambda: config_with(task__validation_fraction=1.0)
+     .validate(), ConfigError, r"task.validation_fraction: must be a fraction in \(0, 1\)"),
+    ("several at once", lambda: config_with(runtime__seed=-1, trainer__max_to_keep=0).validate(),
+     ConfigError, r"^Invalid config: trainer.max_to_keep: .* runtime.seed: .*$"),
+    ("run_experiment of a dict", lambda: run_experiment({"trainer": {}}, "train", "run"),
+     TypeError, r"`config` \(got dict\) must be an ExperimentConfig"),
+    ("run_experiment of an unknown mode", lambda: run_experiment(config_with(), "fit", "run"),
+     ValueError, r"Unknown mode 'fit'; valid: train, train_and_eval"),
+    ("run_experiment of a bad value", lambda: run_in("run")(config_with(runtime__seed=-1)),
+     ConfigError, r"runtime.seed: must be an integer in \[0, 2\*\*32\)"),
+    ("run_experiment inside a run", lambda: run_in("runs/good/checkpoints")(config_with()),
+     ConfigError, r"is inside the run directory 'runs/good'"),
+    ("run_experiment among someone else's files", lambda: run_in("elsewhere")(config_with()),
+     ConfigError, r"'elsewhere' holds files that are not a run's"),
+    ("run_experiment into a file", lambda: run_in("a_file.txt")(config_with()), ConfigError,
+     r"'a_file.txt' is a file"),
+    ("run_experiment of a changed config", lambda: run_in("runs/good")(config_with(
+        trainer__train_steps=20, trainer__steps_per_loop=10, trainer__validation_interval=10,
+        trainer__checkpoint_interval=10, task__model__dropout=0.3)), ConfigError,
+     r"holds a run with a different config \(task.model.dropout: 0.1 -> 0.3\)"),
+    ("a locked config changed", lambda: (lambda c: (c.lock(), setattr(c.trainer, "train_steps",
+                                                                      3)))(config_with()),
+     ConfigError, r"Cannot set trainer.train_steps \(got 3\): the config is locked"),
+    ("load_config of an unknown experiment", lambda: load_config("digit"), ConfigError,
+     r"Unknown experiment 'digit'\. Registered: .*digits"),
+    ("load_config of an override that is no string", lambda: load_config(
+        "digits", overrides=[5]), ConfigError, r"overrides: 5 is not a 'key=value' string"),
+    ("load_config of a mapping with a word for a number", lambda: load_config(
+        "digits", overrides={"trainer": {"train_steps": "many"}}), ConfigError,
+     r"'trainer.train_steps': Value 'many'.*could not be converted to Integer"),
+    ("load_config of a missing file", lambda: load_config(config_files=["missing.yaml"]),
+     ConfigError, r"Config file 'missing.yaml' does not exist"),
+    ("register_experiment of no function", lambda: cadence.register_experiment("x")(5),
+     TypeError, r"@register_experiment\('x'\) decorates a function"),
+    ("a CheckpointManager into ''", lambda: CheckpointManager({"m": linear()}, ""),
+     ConfigError, r"The checkpoint directory is '': pass a directory"),
+    ("a CheckpointManager into a file", lambda: CheckpointManager({"m": linear()},
+                                                                  "a_file.txt"),
+     ConfigError, r"The checkpoint directory 'a_file.txt' is a file"),
+    ("a CheckpointManager keeping 0", lambda: CheckpointManager({"m": linear()}, "c",
+                                                                max_to_keep=0),
+     ValueError, r"`max_to_keep` \(got 0\) must be a positive int, or None"),
+    ("a CheckpointManager every 2.5 steps", lambda: CheckpointManager(
+        {"m": linear()}, "c", checkpoint_interval=2.5), TypeError,
+     r"`checkpoint_interval` \(got 2.5\) must be a positive int or None"),
+    ("a CheckpointManager of a number", lambda: CheckpointManager(5, "c"), TypeError,
+     r"`state` \(got int\) must be a cadence.Module or a dict of stateful objects"),
+    ("an exporter comparing 'bigger'", lambda: BestCheckpointExporter("b", "accuracy", "bigger"),
+     ValueError, r"`metric_comp` \(got 'bigger'\) must be 'higher' or 'lower'"),
+    ("an exporter of no metric", lambda: BestCheckpointExporter("b", "", "higher"),
+     ValueError, r"`metric_name` must name an evaluation metric"),
+    ("an exporter keeping 0", lambda: BestCheckpointExporter("b", "accuracy", "higher",
+                                                             max_to_keep=0),
+     ValueError, r"`max_to_keep` \(got 0\) must be a positive int"),
+    ("a Controller of nothing", lambda: Controller(), ValueError,
+     r"Controller needs a `trainer`, an `evaluator`, or both"),
+    ("a Controller of an object", lambda: Controller(trainer=object(), steps_per_loop=1),
+     TypeError, r"`trainer` \(got object\) must have a train\(num_steps\) method"),
+    ("a compile mode that does not exist", lambda: StandardTrainerOptions(
+        compile_mode="fastest"), ValueError, r"`compile_mode` \(got 'fastest'\) must be one of"),
+    ("load_weights of nothing", lambda: load_weights(linear(), "nowhere"),
+     cadence.CheckpointError, r"'nowhere' does not exist"),
+    ("load_weights of someone else's files", lambda: load_weights(linear(), "elsewhere"),
+     cadence.CheckpointError, r"'elsewhere' holds no weights"),
+    ("a TrainLoop of 0 steps", lambda: TrainLoop([], max_step=0), ValueError,
+     r"`max_step` \(got 0\) must be a positive int or None"),
+    ("a TrainLoop of 'a' epochs", lambda: TrainLoop([], max_epoch="a"), ValueError,
+     r"`max_epoch` \(got 'a'\) must be a positive int or None"),
+    ("a TrainLoop of 2.5 epochs", lambda: TrainLoop([], max_epoch=2.5), ValueError,
+     r"`max_epoch` \(got 2.5\)"),
+]
+
+
+@pytest.mark.parametrize(("mistake", "call", "error", "says"), PYTHON,
+                         ids=[case[0] for case in PYTHON])
+def test_a_mistake_in_python_is_one_exception_of_one_line_and_nothing_is_written(
+        workdir, mistake, call, error, says):
+    before = snapshot(workdir)
+    with pytest.raises(error) as raised:
+        call()
+    message = str(raised.value)
+    assert "\n" not in message and re.search(says, message), message
+    assert snapshot(workdir) == before
+
+
+def test_the_sweep_holds_at_least_a_hundred_mistakes():
+    assert len(COMMAND_LINE) + len(PYTHON) >= 100
+
+
+# ------------------------------------------------------------- the environment's failures
+
+
+def test_a_full_disk_at_the_start_is_one_line_exit_1_and_leaves_nothing(capsys, workdir):
+    from cadence.core.run_dir import RunLock
+
+    def full(self):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+
+    with pytest.MonkeyPatch.context() as patch:  # (monkeypatch.undo would undo the chdir)
+        patch.setattr(RunLock, "acquire", full)
+        status = main(["train", *FAST, "-m", "run"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 1 and not any("Traceback" in line for line in err), err
+    assert err[-1] == ("cadence: error: No space left on device: 'run/train.lock'. Free some "
+                       "space (or pass another --model-dir), then run the same command again: "
+                       "what was saved before is kept.")
+    assert not (workdir / "run").exists()
+    assert main(["train", *FAST, "-m", "run"]) == 0  # once there is space, the same command
+    assert (workdir / "run" / "checkpoints" / "ckpt-20").is_dir()
+
+
+def test_a_denied_write_of_the_config_is_one_line_exit_1_and_the_run_is_kept(capsys, workdir,
+                                                                             monkeypatch):
+    import cadence.task.train_lib as train_lib
+
+    def denied(config, path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(train_lib, "save_config", denied)
+    before = snapshot(workdir / "runs" / "good")
+    status = main(["train", "-m", "runs/good", "--set", "trainer.train_steps=30",
+                   "--allow-config-change"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 1 and err[-1].startswith(
+        "cadence: error: Permission denied: 'runs/good/params.yaml'. Fix the permissions"), err
+    after = snapshot(workdir / "runs" / "good")
+    assert {k: v for k, v in after.items() if not k.startswith("params.2")} == before
+
+
+def test_a_model_too_large_for_memory_is_one_line_exit_1(capsys, workdir):
+    status = main(["train", *FAST, "-m", "run", "--set",
+                   "task.model.hidden_sizes=[400000,400000]"])  # 640 GB of weights
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 1 and not any("Traceback" in line for line in err), err
+    assert re.match(r"cadence: error: Out of memory \(.*\)\. Make the model or the batch "
+                    r"smaller", err[-1]), err[-1]
+    assert not (workdir / "run").exists()
+
+
+def test_a_bug_is_not_dressed_as_the_environment(monkeypatch):
+    """Only the machine's failures become one line; a bug keeps its traceback."""
+    from cadence.task.cli import environment_problem
+
+    assert environment_problem(OSError(errno.ENOENT, "No such file")) is None
+    assert environment_problem(RuntimeError("shape mismatch")) is None
+    assert environment_problem(MemoryError()) is not None
+
