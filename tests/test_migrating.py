@@ -86,6 +86,8 @@ def test_tensorpack_program_validates_keeps_the_best_and_resumes(tmp_path):
     example = load("from_tensorpack")
     results = example.main(str(tmp_path), max_epoch=1)
     assert set(results) == {"validation_cross_entropy_loss", "validation_accuracy"}
+    # Run again: finished, and returns the last validation as the checkpoint kept it.
+    assert example.main(str(tmp_path), max_epoch=1) == results
     example.main(str(tmp_path), max_epoch=2)  # resumes from the first epoch's checkpoint
     stats = [json.loads(line) for line in (tmp_path / "stats.jsonl").read_text().splitlines()]
     assert [s["epoch"] for s in stats] == [1, 2]

@@ -11,6 +11,7 @@ from torch import nn
 
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.errors import MissingMetricError
+from cadence.core.logs import plain_logs
 from cadence.engine.external_metrics import move_metrics, read_metric
 from cadence.engine.metrics import Mean
 
@@ -56,6 +57,11 @@ class InferenceRunner(Callback):
         prefix: prepended to each name.
         model: the model to evaluate; default ``state.trainer.model``.
         metrics: metrics over the whole pass, by name.
+
+    Attributes:
+        last_results: the last pass's results, ``{prefix + name: value}`` on the host. Kept in
+            checkpoints (`state_dict`, as `cadence.core.logs.plain_logs`), so a finished run
+            run again has them without evaluating again; ``{}`` before the first pass.
 
     Raises:
         TypeError: if `infer_fn` is not callable (tensorpack's list of inferencers is
@@ -152,3 +158,12 @@ class InferenceRunner(Callback):
 
     def on_epoch_end(self, state: RunState) -> None:
         self.trigger(state)
+
+    def state_dict(self) -> dict[str, Any]:
+        """`last_results` as plain values; nothing before the first pass (a runner added to
+        a resumed run then starts fresh without a warning that it has no saved state)."""
+        return {"last_results": plain_logs(self.last_results)} if self.last_results else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        results = state_dict.get("last_results")  # absent from older checkpoints
+        self.last_results = dict(results) if isinstance(results, dict) else {}

@@ -36,9 +36,11 @@ def main(logdir="runs/from_tensorpack", max_epoch=40):
     train = cadence.DataFlow.arrays([x[:1500], y[:1500]], batch_size=64, shuffle=True)
     valid = cadence.DataFlow.arrays([x[1500:], y[1500:]], batch_size=300)
     validation = InferenceRunner(valid, infer, names=["cross_entropy_loss", "accuracy"])
+    # ModelSaver last: a checkpoint holds the callbacks' state as it is when it is saved, so
+    # this epoch's validation results are in it (a finished run run again returns them).
     config = cadence.TrainConfig(
         model=Model(), dataflow=train, max_epoch=max_epoch, logdir=logdir,
-        callbacks=[ModelSaver(max_to_keep=3), validation, MaxSaver("validation_accuracy")])
+        callbacks=[validation, MaxSaver("validation_accuracy"), ModelSaver(max_to_keep=3)])
     cadence.launch_train_with_config(config, cadence.SimpleTrainer())
     return validation.last_results
 

@@ -290,6 +290,27 @@ def test_inference_runner_records_example_weighted_means_in_eval_mode_without_gr
     assert trainer.model.training  # back in train mode
 
 
+def test_inference_runner_results_are_kept_in_checkpoints_and_come_back(tmp_path):
+    passes = []
+
+    def infer(model, batch):
+        passes.append(len(batch[0]))
+        return {"loss": batch[0].mean()}
+
+    data = [(torch.tensor([1.0, 3.0]),)]
+    runner = InferenceRunner(data, infer, names=["loss"])
+    trainer, _ = make_trainer(tmp_path)
+    trainer.train(callbacks=[runner, ModelSaver()], steps_per_epoch=1, max_epoch=1)
+    assert runner.state_dict() == {"last_results": {"validation_loss": 2.0}}
+    again = InferenceRunner(data, infer, names=["loss"])
+    resumed, _ = make_trainer(tmp_path)
+    resumed.train(callbacks=[again, ModelSaver()], steps_per_epoch=1, max_epoch=1)  # finished
+    assert again.last_results == {"validation_loss": 2.0} and passes == [2]  # not evaluated
+    older = InferenceRunner(data, infer, names=["loss"])
+    older.load_state_dict({})  # a checkpoint of an older cadence, or of no pass yet
+    assert older.last_results == {} and older.state_dict() == {}
+
+
 def test_an_inference_runner_with_nothing_to_evaluate_is_refused():
     def infer(model, batch):
         return {"loss": batch}
