@@ -30,6 +30,7 @@ _EXPORTS = {
     "CheckpointIO": "cadence.engine.checkpoint",
     "CheckpointManager": "cadence.engine.checkpoint",
     "CheckpointMismatchError": "cadence.core.errors",
+    "CheckpointIncompatibleError": "cadence.core.errors",
     "ConfigError": "cadence.core.errors",
     "Controller": "cadence.core.controller",
     "DataConfig": "cadence.task.config",
@@ -93,6 +94,7 @@ __all__ = [
     "Callback",
     "CheckpointError",
     "CheckpointIO",
+    "CheckpointIncompatibleError",
     "CheckpointManager",
     "CheckpointMismatchError",
     "ConfigError",
@@ -170,6 +172,7 @@ if TYPE_CHECKING:
     from cadence.core.controller import Action, Controller
     from cadence.core.errors import (
         CheckpointError,
+        CheckpointIncompatibleError,
         CheckpointMismatchError,
         ConfigError,
         DivergenceError,

@@ -37,6 +37,8 @@ from cadence.engine.distributed import init_distributed, is_distributed
 
 N = int(os.environ.get("CADENCE_TEST_EXAMPLES", "48"))  # 6 batches a rank with 2, 12 with 1
 BATCH = 4
+DROP_LAST = os.environ.get("CADENCE_TEST_DROP_LAST") == "1"
+LOADER = os.environ.get("CADENCE_TEST_LOADER", "map")  # "stateful": torchdata's, own state
 
 
 class Indexed(cadence.StandardTrainer):
@@ -50,7 +52,14 @@ class Indexed(cadence.StandardTrainer):
         rank = dist.get_rank() if is_distributed() else 0
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
                                      seed=7)
-        super().__init__(DataLoader(dataset, batch_size=BATCH, sampler=sampler))
+        if LOADER == "stateful":
+            from torchdata.stateful_dataloader import StatefulDataLoader
+
+            loader: DataLoader = StatefulDataLoader(dataset, batch_size=BATCH, sampler=sampler,
+                                                    drop_last=DROP_LAST)
+        else:
+            loader = DataLoader(dataset, batch_size=BATCH, sampler=sampler, drop_last=DROP_LAST)
+        super().__init__(loader)
         torch.manual_seed(0)
         self.model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.2), nn.Linear(8, 1))
         self._ddp = (nn.parallel.DistributedDataParallel(self.model) if is_distributed()

@@ -78,12 +78,14 @@ def test_run_experiment_trains_data_parallel_across_two_ranks(tmp_path):
 RESUME_JOB = Path(__file__).parent / "distributed_resume_job.py"
 
 
-def launch(directory, *args, nproc=2, check=True, timeout=240, examples=48):
+def launch(directory, *args, nproc=2, check=True, timeout=240, examples=48, drop_last=False,
+           loader="map"):
     runner = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     if runner is None:
         pytest.skip("torchrun is not installed next to this Python")
     directory.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "CADENCE_TEST_EXAMPLES": str(examples)}
+    env = {**os.environ, "CADENCE_TEST_EXAMPLES": str(examples),
+           "CADENCE_TEST_DROP_LAST": "1" if drop_last else "0", "CADENCE_TEST_LOADER": loader}
     ran = subprocess.run([runner, "--standalone", f"--nproc_per_node={nproc}", str(RESUME_JOB),
                           args[0], str(directory), *args[1:]],
                          capture_output=True, text=True, timeout=timeout, env=env)
@@ -187,13 +189,49 @@ def test_a_resume_at_another_world_size_covers_the_rest_of_the_pass_once(
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_a_resume_that_cannot_cover_the_rest_once_is_refused_naming_both_world_sizes(tmp_path):
-    launch(tmp_path, "train", "3", nproc=1, examples=21)  # 9 examples left in the pass: 2 ranks
-    refused = launch(tmp_path, "epoch", nproc=2, check=False, examples=21)  # would take 2 and 1
-    assert refused.returncode != 0                                          # batches of 4
+@pytest.mark.parametrize("drop_last", [False, True], ids=["partial batches kept", "dropped"])
+def test_a_pass_resumed_at_2_then_3_then_2_ranks_keeps_every_rank_in_step(tmp_path, drop_last):
+    """50 examples, batches of 4: 2 ranks stop mid-pass, 3 ranks take the rest of it for two
+    steps, 2 ranks finish it. Each time the ranks take equal numbers of steps and end the pass
+    together (before: a rank took fewer batches and skipped examples, and the next resume was
+    refused as a disagreement, then rolled back); nothing trained on is trained on again, and
+    only the rule's padding repeats and (with drop_last) its last partial batches skip."""
+    phases = [(2, "train", "3"), (3, "train", "5"), (2, "epoch")]
+    seen, steps = [], []
+    for nproc, *args in phases:
+        launch(tmp_path, *args, nproc=nproc, examples=50, drop_last=drop_last)
+        done = records(tmp_path, args[0], nproc)
+        steps.append({r["step"] for r in done})
+        seen += [i for r in done for i in r["seen"]]
+    assert steps[:2] == [{3}, {5}] and len(steps[2]) == 1  # every rank in step, every phase
+    repeats = len(seen) - len(set(seen))
+    assert repeats <= 1 + 2  # dealing 26 over 3 ranks pads 1; what is left over 2, at most 1
+    assert set(seen) <= set(range(50))
+    missing = set(range(50)) - set(seen)
+    assert len(missing) <= (3 * 3 + 2 * 3 if drop_last else 0), missing
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_resume_that_cannot_be_dealt_stops_and_leaves_the_checkpoint_as_it_was(tmp_path):
+    """A loader that keeps its own state (torchdata's) cannot be dealt to another number of
+    ranks. The newest checkpoint was written by 2 ranks, an older one by 3 (the job ran at 3,
+    then at 2); resumed at 3, the job stops with one line naming both world sizes and leaves
+    the newest checkpoint where and as it was. Before, the refusal counted as damage: the
+    newest was renamed ckpt-7.damaged-<time> and the older one resumed -- a silent rollback."""
+    run, other = tmp_path / "run", tmp_path / "other"
+    launch(run, "train", "5", nproc=3, loader="stateful")  # ckpt-5, by 3 ranks
+    launch(other, "train", "7", nproc=2, loader="stateful")  # ckpt-5, ckpt-7 by 2 ranks
+    shutil.copytree(other / "ckpt" / "ckpt-7", run / "ckpt" / "ckpt-7")
+    before = sorted(p.name for p in (run / "ckpt").iterdir())
+    assert before == ["ckpt-5", "ckpt-7"]
+    refused = launch(run, "epoch", nproc=3, check=False, loader="stateful")
+    assert refused.returncode != 0
     output = refused.stdout + refused.stderr
-    assert "taken in the middle of a pass by 1 processes and this job has 2" in output
-    assert "Resume with 1 processes" in output
+    assert "saved by 2 processes and this job has 3" in output, failed_job(refused)
+    assert "Resume with 2 processes" in output
+    assert sorted(p.name for p in (run / "ckpt").iterdir()) == before  # nothing set aside
+    assert not (run / "epoch-0.json").exists()  # and nothing trained from ckpt-5
 
 
 @pytest.mark.slow

@@ -15,6 +15,16 @@ class CheckpointMismatchError(CheckpointError, ValueError):
     """
 
 
+class CheckpointIncompatibleError(CheckpointError):
+    """A sound checkpoint that this job cannot continue from: written by another number of
+    processes, with a data position or a rank-local state that cannot be dealt to this one.
+
+    Not damage: `CheckpointManager.restore_or_initialize` stops with it and leaves the checkpoint
+    where and as it was, instead of setting it aside and resuming an older one (a refusal is
+    never a rollback). The message names both world sizes and what to run instead.
+    """
+
+
 class Preempted(SystemExit):
     """Raised after training was stopped by SIGTERM or SIGINT and a checkpoint was saved.
 

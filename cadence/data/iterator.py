@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import array
 import itertools
+import math
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -36,10 +37,10 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, SequentialSampler
 
-from cadence.core.errors import CheckpointError
+from cadence.core.errors import CheckpointError, CheckpointIncompatibleError
 from cadence.core.protocols import is_stateful
 from cadence.data.device import DeviceCopier
-from cadence.data.resharding import batches_per_rank, rest_of_pass, share
+from cadence.data.resharding import deal, padding, rest_of_pass, steps_in_rest
 
 
 class _RecordingSampler(Sampler[int]):
@@ -342,7 +343,7 @@ class DataIterator:
         saved = len(states)
 
         def refuse(why: str) -> CheckpointError:
-            return CheckpointError(
+            return CheckpointIncompatibleError(
                 f"The checkpoint was taken in the middle of a pass by {saved} processes and "
                 f"this job has {world_size}: {why}. Resume with {saved} processes, or from a "
                 "checkpoint taken at the end of a pass."
@@ -367,21 +368,30 @@ class DataIterator:
         assert self._recorder is not None
         saved_batch = int(first.get("batch_size") or self.source.batch_size or 1)
         batch_size = int(self.source.batch_size or 1)
+        drop_last = bool(getattr(self.source, "drop_last", False))
         orders = [state["order"].tolist() if state.get("order") is not None
                   else list(range(len(self._recorder))) for state in states]
         rest = rest_of_pass(orders, batches * saved_batch)
-        counts = batches_per_rank(len(rest), world_size, batch_size)
-        if len(set(counts)) > 1 or not counts[0]:
-            raise refuse(f"the {len(rest)} examples left do not split into equal numbers of "
-                         f"batches of {batch_size} over {world_size} ranks")
+        steps = steps_in_rest(len(rest), world_size, batch_size, drop_last)
+        left = f"the {len(rest)} example{'s' if len(rest) != 1 else ''} left in pass {epoch + 1}"
+        if steps == 0:  # not one batch a rank: the pass is over, as its last partial batch
+            self.load_state_dict({**first, "batches": 0, "order": None})
+            self.epoch = epoch + 1
+            return (f"{left} make no batch of {batch_size} on each of {world_size} ranks and "
+                    f"are dropped (drop_last); pass {epoch + 2} starts with the new sharding.")
         self.load_state_dict({**first, "batches": 0, "order": None})
         self.epoch = epoch
-        self._recorder.resume = (share(rest, rank, world_size), 0)
+        self._recorder.resume = (deal(rest, world_size)[rank], 0)
         self._resuming = True
-        self.pass_length = counts[rank]  # this pass is the rest of one
-        return (f"the {len(rest)} examples left in pass {epoch + 1} are dealt to the "
-                f"{world_size} ranks ({counts[0]} batches each); the next passes are sharded "
-                "as usual.")
+        self.pass_length = steps  # this pass is the rest of one
+        share = math.ceil(len(rest) / world_size)
+        repeated, dropped = padding(len(rest), world_size), (share % batch_size) * world_size
+        notes = [f"{repeated} repeated to deal them evenly"] if repeated else []
+        if drop_last and dropped:
+            notes.append(f"the last {share % batch_size} of each rank's share dropped (drop_last)")
+        return (f"{left} are dealt to the {world_size} ranks, {steps} batch"
+                f"{'es' if steps != 1 else ''} each{' (' + '; '.join(notes) + ')' if notes else ''}"
+                "; the next passes are sharded as usual.")
 
     def _reshard_stateful(self, states: list[dict[str, Any]], rank: int, world_size: int) -> str:
         """A loader that keeps its own state, at another world size: its own
@@ -392,7 +402,7 @@ class DataIterator:
         reshard = getattr(self.source, "load_resharded", None)
         kinds = {state.get("kind") for state in states}
         if kinds != {"stateful"} or self.kind != "stateful" or not callable(reshard):
-            raise CheckpointError(
+            raise CheckpointIncompatibleError(
                 f"The checkpoint's data position was saved by {len(states)} processes and this "
                 f"job has {world_size}; the position is the state of a loader that keeps its "
                 f"own ({type(self.source).__name__} here, {sorted(map(str, kinds))} saved), which "

@@ -3,13 +3,24 @@
 Each rank of a distributed job reads its own shard of every pass (a ``DistributedSampler``),
 and its checkpoint holds the order of its shard and how many batches it took. Resumed by a
 different number of processes, the examples the old ranks had not reached yet -- the rest of
-the pass -- are dealt round-robin to the new ranks, each example once; the passes after it are
-sharded as usual.
+the pass -- are dealt to the new ranks by the rule a ``DistributedSampler`` deals a whole pass:
+
+1. the rest is padded to a multiple of the new world size with its own first examples (at most
+   ``world_size - 1`` examples are seen twice, as in any pass a ``DistributedSampler`` pads);
+2. it is dealt round-robin, so every new rank holds the same number of examples;
+3. each rank batches its share as its loader batches a pass: with ``drop_last`` a last partial
+   batch is dropped (fewer than ``batch_size`` examples a rank, as in any pass), else it is kept.
+
+So every new rank takes the same number of steps in the rest of the pass (`steps_in_rest`, the
+count the loader then yields), and the ranks reach the pass's end together; the passes after it
+are sharded as usual.
 
 >>> rest_of_pass([[0, 2, 4, 6], [1, 3, 5, 7]], consumed=2)   # two old ranks, 2 examples each
 [4, 5, 6, 7]
->>> share([4, 5, 6, 7], rank=0, world_size=3), share([4, 5, 6, 7], rank=2, world_size=3)
-([4, 7], [6])
+>>> deal([4, 5, 6, 7], world_size=3)   # padded with 4 and 5, then dealt
+[[4, 7], [5, 4], [6, 5]]
+>>> steps_in_rest(4, world_size=3, batch_size=2, drop_last=True)
+1
 """
 
 from __future__ import annotations
@@ -32,12 +43,21 @@ def rest_of_pass(orders: Sequence[Sequence[int]], consumed: int) -> list[int]:
     return rest
 
 
-def share(rest: Sequence[int], rank: int, world_size: int) -> list[int]:
-    """The part of `rest` that new rank `rank` of `world_size` reads."""
-    return list(rest[rank::world_size])
+def padding(count: int, world_size: int) -> int:
+    """How many examples are repeated to deal `count` evenly over `world_size` ranks."""
+    return -count % world_size if count else 0
 
 
-def batches_per_rank(count: int, world_size: int, batch_size: int) -> list[int]:
-    """How many batches each new rank would take from the rest of a pass of `count` examples."""
-    return [math.ceil(len(range(rank, count, world_size)) / batch_size)
-            for rank in range(world_size)]
+def deal(rest: Sequence[int], world_size: int) -> list[list[int]]:
+    """`rest` padded with its first examples to a multiple of `world_size`, dealt round-robin:
+    one share per new rank, all of one length."""
+    padded = list(rest) + list(rest[:padding(len(rest), world_size)])
+    while len(padded) % world_size:  # fewer examples than the padding needs: cycle them
+        padded += list(rest[:world_size - len(padded) % world_size])
+    return [padded[rank::world_size] for rank in range(world_size)]
+
+
+def steps_in_rest(count: int, world_size: int, batch_size: int, drop_last: bool) -> int:
+    """The batches every new rank takes from the rest of a pass of `count` examples."""
+    share = math.ceil(count / world_size)
+    return share // batch_size if drop_last else math.ceil(share / batch_size)

@@ -46,7 +46,11 @@ from cadence.core.checkpoint_dir import (
     CheckpointInfo,
     read_manifest,
 )
-from cadence.core.errors import CheckpointError, CheckpointMismatchError
+from cadence.core.errors import (
+    CheckpointError,
+    CheckpointIncompatibleError,
+    CheckpointMismatchError,
+)
 from cadence.core.intervals import check_interval
 from cadence.core.protocols import Stateful, is_stateful
 from cadence.engine.checkpoint_io import (
@@ -554,7 +558,13 @@ class CheckpointManager:
         Returns:
             The restored path, or None when `init_fn` ran (or there was nothing to do).
 
+        A sound checkpoint that this job cannot continue from (`CheckpointIncompatibleError`:
+        another number of processes where its data position cannot be dealt) stops the job
+        instead: it is left where and as it was, and no older checkpoint is restored in its
+        place -- a refusal is never a rollback.
+
         Raises:
+            CheckpointIncompatibleError: as just said.
             CheckpointError: if there are checkpoints and none of them is good; the message
                 lists what is wrong with each. Nothing is moved then.
             CheckpointMismatchError: the same, when the newest does not fit the state.
@@ -569,6 +579,8 @@ class CheckpointManager:
         for info in reversed(candidates):
             try:
                 self.restore(info.path)
+            except CheckpointIncompatibleError:
+                raise  # sound, but not for this job: stop, move nothing, never roll back
             except CheckpointError as error:
                 skipped.append((info, error))
                 continue

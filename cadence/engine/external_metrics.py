@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from cadence.core.errors import CheckpointError
+from cadence.core.errors import CheckpointIncompatibleError
 
 _classes: tuple[type, ...] = ()
 
@@ -237,7 +237,7 @@ class MetricState:
                 else:
                     _merge(self.metric, saved)
         except (ValueError, RuntimeError, KeyError) as error:
-            raise CheckpointError(
+            raise CheckpointIncompatibleError(
                 f"The states of {type(self.metric).__name__} saved by {len(states)} processes "
                 f"cannot be merged for {world_size} ({error}). Resume with {len(states)} "
                 "processes, or from a checkpoint taken where the metric was reset.") from error

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from cadence.core.errors import CheckpointError
+from cadence.core.errors import CheckpointError, CheckpointIncompatibleError
 from cadence.core.rank import process_rank, world_size
 from cadence.engine.checkpoint_io import read_state_file, torch_load
 from cadence.engine.rng import restore_rng_state
@@ -131,7 +131,7 @@ def restore_rank_state(directory: Path, items: dict[str, Any], saved_world: int,
         reshard = getattr(obj, "load_resharded", None)
         saved = [state["state"].get(name) for state in states if state is not None]
         if reshard is None or any(s is None for s in saved):
-            raise CheckpointError(
+            raise CheckpointIncompatibleError(
                 f"Checkpoint {str(directory)!r} was written by {saved_world} processes and this "
                 f"job has {world}: {name!r} cannot be resharded. Resume with "
                 f"--nproc_per_node={saved_world} (the same world size)."
