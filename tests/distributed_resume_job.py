@@ -162,6 +162,13 @@ def main() -> None:
             code = stopped.code
         torch.save(trainer.model.state_dict(), directory / f"weights-{rank}.pt")
         record(directory, "train", step=trainer.global_step, seen=trainer.seen, code=code)
+    elif mode == "elastic":  # rank 1 is SIGKILLed at step 12 in torchrun's first round only
+        first_round = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        callbacks = [Kill(12, signal.SIGKILL)] if first_round and rank == 1 else []
+        trainer, run = controller(directory, callbacks)
+        run.train(30)
+        record(directory, "elastic", step=trainer.global_step,
+               restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     elif mode == "late":
         trainer, run = controller(directory, [LateAgreement(rank, step=4)])
         code = 0

@@ -160,6 +160,82 @@ def test_twenty_sigterms_at_different_steps_on_each_rank_all_save_the_same_step(
         assert {"rank-0.cadence", "rank-1.cadence", "state.cadence", "manifest.json"} <= files
 
 
+def restart_trials(tmp_path, trials):
+    """`trials` jobs of 2 ranks under ``torchrun --max-restarts=1``, rank 1 SIGKILLed at step 12
+    of 30 in the first round: how many restarted, resumed from the newest checkpoint (ckpt-10)
+    and finished, and what the others printed."""
+    runner = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if runner is None:
+        pytest.skip("torchrun is not installed next to this Python")
+    finished, failures = 0, []
+    for trial in range(trials):
+        directory = tmp_path / f"trial-{trial}"
+        directory.mkdir()
+        ran = subprocess.run([runner, "--standalone", "--nproc_per_node=2", "--max-restarts=1",
+                              str(RESUME_JOB), "elastic", str(directory)],
+                             capture_output=True, text=True, timeout=120)
+        done = [directory / f"elastic-{rank}.json" for rank in (0, 1)]
+        if ran.returncode == 0 and all(path.exists() for path in done):
+            results = [json.loads(path.read_text()) for path in done]
+            assert all(r["step"] == 30 and r["restart"] == 1 for r in results), results
+            finished += 1
+        else:
+            failures.append(failed_job(ran))
+    return finished, failures
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_an_elastic_restart_after_a_sigkill_resumes_and_finishes(tmp_path):
+    """``torchrun --max-restarts=1``: a rank SIGKILLed mid-run, the job restarted in place,
+    every rank resumes from the newest checkpoint and finishes. Before, 1 trial in 5 did: the
+    restarted ranks read the dead ones' gloo addresses from the store of the round before
+    (connectFullMesh ... Connection refused) or waited for them; each round's keys now have a
+    prefix of their own (`cadence.engine.distributed._round_store`)."""
+    finished, failures = restart_trials(tmp_path, 5)
+    assert finished == 5, failures[0]
+
+
+@pytest.mark.soak
+@pytest.mark.distributed
+@pytest.mark.timeout(1200)
+def test_twenty_elastic_restarts_on_a_loaded_machine_all_finish(tmp_path):
+    finished, failures = restart_trials(tmp_path, 20)
+    assert finished == 20, (len(failures), failures[0] if failures else "")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("elastic", [True, False], ids=["under torchrun", "env:// by hand"])
+def test_a_rank_that_never_comes_ends_the_setup_in_one_line_within_the_bound(tmp_path,
+                                                                             elastic):
+    """Rank 0 of 2 waits for a rank 1 that never starts: the setup (rendezvous and connect)
+    is bounded by runtime.collective_timeout and ends in one line, exit 1 -- before, only
+    collectives had a bound, and a restarted job waited in init_process_group for good."""
+    import socket
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    if elastic:
+        env["TORCHELASTIC_RESTART_COUNT"] = "0"
+    started = time.monotonic()
+    ran = subprocess.run([sys.executable, "-m", "cadence", "train", "--no-progress", "-m",
+                          str(tmp_path / "run"), "--set", "runtime.collective_timeout=4"],
+                         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    elapsed = time.monotonic() - started
+    lines = ran.stderr.strip().splitlines()
+    assert ran.returncode == 1 and "Traceback" not in ran.stderr, ran.stderr[-3000:]
+    assert lines[-1].startswith("cadence: error: Rank 0 of 2 could not join the job's process "
+                                "group within 4 s (runtime.collective_timeout) through "
+                                f"127.0.0.1:{port}:"), lines[-1]
+    assert elapsed < 60
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_stuck_rank_ends_the_job_within_the_collective_timeout(tmp_path):

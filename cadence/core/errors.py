@@ -79,3 +79,9 @@ class MissingMetricError(KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class JobFailure(RuntimeError):
+    """The job cannot go on because of the machines, not of the code or the config: another
+    rank died or is stuck, or the ranks could not meet. The message says which and what to do;
+    the ``cadence`` command prints it as one line (exit status 1)."""

@@ -45,6 +45,7 @@ import torch.distributed.nn
 from torch import nn
 
 from cadence.core.callbacks import RunState
+from cadence.core.errors import JobFailure
 from cadence.core.rank import local_rank, process_rank, world_size
 from cadence.engine.parallelize import ParallelOptions, parallelize_model, plain_name
 
@@ -61,7 +62,7 @@ DEFAULT_TIMEOUT = 600.0
 _created_group = False
 
 
-class CollectiveTimeout(RuntimeError):
+class CollectiveTimeout(JobFailure):
     """A collective operation did not complete in time: another rank is dead or stuck."""
 
 
@@ -119,20 +120,57 @@ def init_distributed(timeout: float = DEFAULT_TIMEOUT, device: torch.device | No
     return is_distributed()
 
 
+class SetupTimeout(JobFailure):
+    """The process group of a torchrun job could not be set up in time: a rank did not start,
+    or cannot reach the others."""
+
+
 def _create_group(device: torch.device | None, timeout: float, backend: str | None = None,
                   **how: Any) -> None:
     """Creates the default process group -- NCCL for a CUDA device, else gloo; the device set
     as this process's -- and destroys it at exit (`shutdown`). `how`: a store, rank and world
-    size, where not torchrun's environment."""
+    size, where not torchrun's environment (else `_round_store`).
+
+    Raises:
+        SetupTimeout: when the rendezvous or the connections between the ranks take longer
+            than `timeout` seconds (one line, naming the rank and the address).
+    """
     global _created_group
     if backend is None:
         backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
     if device is not None and device.type == "cuda":
         torch.cuda.set_device(device)
-    with signals_to_the_main_thread():
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout), **how)
+    bound = datetime.timedelta(seconds=timeout)
+    try:
+        with signals_to_the_main_thread():
+            if not how and "TORCHELASTIC_RESTART_COUNT" in os.environ:
+                how = _round_store(bound)
+            dist.init_process_group(backend, timeout=bound, **how)
+    except (RuntimeError, dist.DistError) as error:  # DistStoreError, gloo's connectFullMesh
+        where = (f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}")
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise SetupTimeout(
+            f"Rank {os.environ.get('RANK', '?')} of {os.environ.get('WORLD_SIZE', '?')} could "
+            f"not join the job's process group within {timeout:g} s (runtime.collective_timeout)"
+            f" through {where}: {first}. A rank did not start or cannot reach the others; "
+            "torchrun restarts the job if --max-restarts allows.") from error
     _created_group = True
     atexit.register(shutdown)
+
+
+def _round_store(timeout: datetime.timedelta) -> dict[str, Any]:
+    """The store, rank and world size of this round of a torchrun job, its keys under a prefix
+    of their own: ``cadence/round-<TORCHELASTIC_RESTART_COUNT>/``.
+
+    After ``torchrun --max-restarts`` restarts the workers, the new round's ranks meet in the
+    store of the round before, which still holds the old ranks' keys -- gloo's addresses among
+    them. A new rank that reads a key before its new owner rewrote it connects to a process that
+    is gone ("connectFullMesh failed ... Connection refused"), or waits for it. A prefix per
+    round leaves the old keys unread. The store's own timeout bounds the rendezvous."""
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return {"store": dist.PrefixStore(f"cadence/round-{restart}/", store), "rank": rank,
+            "world_size": world_size}
 
 
 @contextlib.contextmanager

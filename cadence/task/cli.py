@@ -34,7 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from cadence.core.checkpoint_dir import CheckpointDirectory
-from cadence.core.errors import CheckpointError, ConfigError, MissingMetricError, Preempted
+from cadence.core.errors import (
+    CheckpointError,
+    ConfigError,
+    JobFailure,
+    MissingMetricError,
+    Preempted,
+)
 from cadence.core.rank import process_rank
 from cadence.core.run_dir import RunDirectory, RunLockedError
 
@@ -417,8 +423,9 @@ def _run_command(args: argparse.Namespace) -> int:
     except (ConfigError, CheckpointError, MissingMetricError, RunLockedError) as error:
         print(f"cadence: error: {error}", file=sys.stderr)
         return 2
-    except FloatingPointError as error:
-        print(f"cadence: error: {error}", file=sys.stderr)
+    except (FloatingPointError, JobFailure) as error:
+        one_line = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        print(f"cadence: error: {one_line}", file=sys.stderr)
         return 1
     except (OSError, MemoryError, RuntimeError) as error:
         problem = environment_problem(error)
