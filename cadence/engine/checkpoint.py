@@ -29,11 +29,8 @@ import errno
 import logging
 import os
 import shutil
-import socket
 import sys
 import threading
-import time
-import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -59,7 +56,7 @@ from cadence.engine.checkpoint_io import (
     TorchSaveIO,
     read_checkpoint,
 )
-from cadence.engine.distributed import any_rank, broadcast_object, gather_on_rank_zero
+from cadence.engine.distributed import any_rank, gather_on_rank_zero
 from cadence.engine.external_metrics import checkpoint_part
 from cadence.engine.module import Module, load_stateful
 from cadence.engine.rank_state import (
@@ -83,7 +80,7 @@ from cadence.engine.sharded import (
 from cadence.engine.state_file import HostSnapshot, PackedState
 
 __all__ = ["CheckpointIO", "CheckpointManager", "HostSnapshot", "StateFileIO", "TorchSaveIO",
-           "check_shared_directory", "read_checkpoint"]
+           "read_checkpoint"]
 
 logger = logging.getLogger("cadence")
 
@@ -127,55 +124,6 @@ def _distributed() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def check_shared_directory(directory: str | os.PathLike[str], timeout: float = 5.0) -> None:
-    """Checks, before training, that every rank of a job sees one `directory`: rank 0 writes a
-    random token there, and every rank must read it back within `timeout` seconds (a shared
-    filesystem may show a new file late). A collective; nothing to do in one process.
-
-    The ranks write their parts of every checkpoint into one directory, and all restore the
-    newest one there: on nodes that do not share it, the first save would fail after a whole
-    interval of training, and a node that sees no checkpoint would start again from step 0.
-
-    Raises:
-        CheckpointError: naming the ranks (and hosts) that do not see rank 0's token.
-    """
-    rank, world = _distributed()
-    if world == 1:
-        return
-    directory = Path(directory)
-    token: str | None = None
-    if rank == 0:
-        token = uuid.uuid4().hex
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / f".shared-{token}").write_text(token, encoding="utf-8")
-    token = broadcast_object(token)  # sent once rank 0 has written it
-    probe = directory / f".shared-{token}"
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(OSError):
-            if probe.read_text(encoding="utf-8") == token:
-                break
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(0.1)
-    views = gather_on_rank_zero((probe.is_file(), socket.gethostname()),
-                                "checking that the ranks share the checkpoint directory")
-    blind = None
-    if rank == 0:
-        with contextlib.suppress(OSError):
-            probe.unlink()
-        blind = ([f"rank {r} on {host}" for r, (ok, host) in enumerate(views) if not ok],
-                 views[0][1])
-    missing, host0 = broadcast_object(blind)  # every rank refuses, or none does
-    if missing:
-        raise CheckpointError(
-            f"The ranks of this job do not share the checkpoint directory {str(directory)!r}: "
-            f"{', '.join(missing)} cannot see the file rank 0 (on {host0}) wrote there. "
-            "Every rank writes its part of each checkpoint there and restores from it: put the "
-            "run directory on a filesystem every node mounts (NFS, Lustre, a shared volume) "
-            "and pass that path to every node.")
 
 
 class CheckpointManager:

@@ -63,8 +63,13 @@ from cadence.core.errors import CheckpointError, ConfigError
 from cadence.core.rank import process_rank
 from cadence.core.run_dir import PARAMS_FILE, RunDirectory
 from cadence.core.summary import SummaryManager, WriterSpec, writer_factory
-from cadence.engine.checkpoint import CheckpointManager, check_shared_directory
-from cadence.engine.distributed import gather_objects, init_distributed, local_device
+from cadence.engine.checkpoint import CheckpointManager
+from cadence.engine.distributed import (
+    check_shared_directory,
+    gather_objects,
+    init_distributed,
+    local_device,
+)
 from cadence.engine.exporter import BestCheckpointExporter
 from cadence.task.config import MODES, ExperimentConfig
 from cadence.task.config_files import (
