@@ -235,21 +235,31 @@ def main() -> None:
             except cadence.Preempted:
                 continue
         record(directory, "flow", seen=seen, batches=len(flow))
-    elif mode == "dcpasync":  # FSDP2 shards written in DCP's background thread
+    elif mode in ("dcpasync", "ddpasync"):  # written in a background thread, committed later
         from cadence.task.registry import get_task
         from cadence.task.train_lib import create_trainer
 
+        strategy = "fsdp2" if mode == "dcpasync" else "ddp"
         config = cadence.load_config("digits", overrides=[
-            "task.model.hidden_sizes=[32]", "runtime.strategy=fsdp2"])
+            "task.model.hidden_sizes=[32]", f"runtime.strategy={strategy}"])
         trainer = create_trainer(config, get_task(config.task), train=True, evaluate=False)
         manager = cadence.CheckpointManager(trainer, directory / "ckpt", async_save=True)
         path = Path(manager.save(1))
         committed_early = path.is_dir()
-        pending = manager._pending_shards is not None
+        pending = manager._pending_commit is not None
+        expected = {name: value.clone() for name, value in trainer.model.state_dict().items()}
+        with torch.no_grad():  # the weights change while the write is under way
+            for parameter in trainer.model.parameters():
+                parameter.add_(1.0)
         manager.wait()  # every rank: the write is done, rank 0 commits
+        restored = cadence.CheckpointManager(trainer, directory / "ckpt").restore(path)
+        same = all(torch.equal(trainer.model.state_dict()[name], value)
+                   for name, value in expected.items())
         record(directory, mode, pending=pending,
-               committed_early=committed_early, committed=path.is_dir(),
-               shards=sorted(p.name for p in (path / "sharded").iterdir()))
+               committed_early=committed_early, committed=path.is_dir(), restored=restored,
+               saved_weights_restored=same, files=sorted(p.name for p in path.iterdir()),
+               shards=sorted(p.name for p in (path / "sharded").iterdir())
+               if (path / "sharded").is_dir() else [])
     elif mode in ("fsdp2", "fsdp2restore"):  # sharded training and DCP checkpoints
         from cadence.engine.sharded import full_model_state
         from cadence.task.registry import get_task

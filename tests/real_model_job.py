@@ -53,22 +53,33 @@ class Capture(cadence.Callback):
 
 
 def count_files_hashed_by_commits(prefix: str) -> None:
-    """Counts the files a checkpoint commit reads back to hash (rank 0 commits; every digest
-    should have come from the rank that wrote the file): OUT_PREFIX-commit-hashes.txt."""
+    """Counts the files a checkpoint commit reads back to hash, and the files (not folders) it
+    fsyncs (rank 0 commits; every digest should have come from the rank that wrote the file,
+    which also made it durable): OUT_PREFIX-commit-hashes.txt, OUT_PREFIX-commit-fsyncs.txt."""
     import cadence.core.checkpoint_dir as checkpoint_dir
 
     hashed: list[str] = []
+    synced: list[str] = []
     original_hash = checkpoint_dir.file_sha256
+    original_fsync = checkpoint_dir.fsync_path
     original_commit = checkpoint_dir.CheckpointDirectory.commit
+
+    def fsync(path: Path) -> None:
+        if path.is_file():
+            synced.append(str(path))
+        original_fsync(path)
 
     def commit(self: Any, *args: Any, **kwargs: Any) -> Any:
         checkpoint_dir.file_sha256 = lambda path, *a: hashed.append(str(path)) or original_hash(
             path, *a)
+        checkpoint_dir.fsync_path = fsync
         try:
             return original_commit(self, *args, **kwargs)
         finally:
             checkpoint_dir.file_sha256 = original_hash
+            checkpoint_dir.fsync_path = original_fsync
             Path(f"{prefix}-commit-hashes.txt").write_text("\n".join(hashed))
+            Path(f"{prefix}-commit-fsyncs.txt").write_text("\n".join(synced))
 
     checkpoint_dir.CheckpointDirectory.commit = commit  # type: ignore[method-assign]
 

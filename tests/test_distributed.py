@@ -377,6 +377,22 @@ def test_an_async_save_of_fsdp2_shards_commits_once_every_rank_has_written(tmp_p
     for record in records(tmp_path, "dcpasync"):
         assert record["pending"] and not record["committed_early"] and record["committed"]
         assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(record["shards"])
+        assert record["saved_weights_restored"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_an_async_ddp_save_leaves_the_training_thread_and_commits_what_was_saved(tmp_path):
+    """Under DDP the training thread only copies the state into host memory (rank 0 the whole
+    model and optimizer: before, it wrote them itself while every rank waited); the files are
+    written by a thread of each rank and committed at `wait`. Weights changed after the save do
+    not leak into it."""
+    launch(tmp_path, "ddpasync")
+    for record in records(tmp_path, "ddpasync"):
+        assert record["pending"] and not record["committed_early"] and record["committed"]
+        assert {"rank-0.cadence", "rank-1.cadence", "state.cadence", "manifest.json"} <= set(
+            record["files"])
+        assert record["restored"] == 1 and record["saved_weights_restored"]
 
 
 @pytest.mark.slow

@@ -128,10 +128,14 @@ def test_fsdp2_saved_at_two_ranks_resumes_at_one_and_three_with_the_saved_state(
     # Each rank hashed the files it wrote and handed rank 0 the digests: the commit read no
     # file back, and every digest in the manifest is the file's.
     assert (tmp_path / "two-commit-hashes.txt").read_text() == ""
+    assert (tmp_path / "two-commit-fsyncs.txt").read_text() == ""  # each rank synced its own
     manifest = json.loads((checkpoint / "manifest.json").read_text())
-    assert set(manifest["sha256"]) == set(manifest["files"])
+    assert set(manifest["sha256"]) == set(manifest["files"]) == {  # every file the ranks wrote
+        str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*")
+        if p.is_file() and p.name != "manifest.json"}
     for name, digest in manifest["sha256"].items():
         assert hashlib.sha256((checkpoint / name).read_bytes()).hexdigest() == digest, name
+        assert (checkpoint / name).stat().st_size == manifest["files"][name], name
     for nproc in (1, 3):
         run_dir = tmp_path / f"run-{nproc}"
         shutil.copytree(saved_run, run_dir)
@@ -157,6 +161,7 @@ def test_a_ddp_run_resumed_at_another_world_size_says_so_in_one_line(tmp_path):
                 "trainer.checkpoint_interval=4"]
     job(2, "gpt", tmp_path / "run", 4, tmp_path / "two", settings)
     assert (tmp_path / "two-commit-hashes.txt").read_text() == ""  # rank files: their ranks'
+    assert (tmp_path / "two-commit-fsyncs.txt").read_text() == ""
     job(3, "gpt", tmp_path / "run", 6, tmp_path / "three", settings)
     log = (tmp_path / "three-log-0.txt").read_text()
     assert log.count("Resuming checkpoint ckpt-4, written by 2 processes, with 3: the model "

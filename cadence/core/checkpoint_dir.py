@@ -296,7 +296,8 @@ class CheckpointDirectory:
         self.commit(temp, step)
 
     def commit(self, temp: Path, step: int, extra: dict[str, Any] | None = None,
-               checksums: dict[str, str] | None = None) -> Path:
+               checksums: dict[str, str] | None = None,
+               synced: dict[str, int] | None = None) -> Path:
         """Writes the manifest into staging directory `temp` and renames it to ``ckpt-<step>``.
 
         Every file is fsynced before the manifest is written, and the rename is the last step,
@@ -310,15 +311,25 @@ class CheckpointDirectory:
             extra: more manifest entries.
             checksums: SHA-256 digests of files, computed while they were written; the others
                 are read back and hashed here.
+            synced: the whole checkpoint, when its writers say what it is: every file's size
+                by name, each already fsynced by the process that wrote it (every rank of a
+                distributed job its own), with its digest in `checksums`. The commit then
+                lists, stats and fsyncs no file -- its work does not grow with the files.
         """
-        files, digests = {}, {}
-        for file in sorted(temp.rglob("*")):
-            if file.is_file():
-                name = str(file.relative_to(temp))
-                fsync_path(file)
-                files[name] = file.stat().st_size
-                known = (checksums or {}).get(name)
-                digests[name] = known if known is not None else file_sha256(file)
+        if synced is not None:
+            files = dict(sorted(synced.items()))
+            digests = {name: (checksums or {})[name] for name in files}
+            for folder in sorted({str(Path(name).parent) for name in files}):
+                fsync_path(temp / folder)  # the entries the writers made
+        else:
+            files, digests = {}, {}
+            for file in sorted(temp.rglob("*")):
+                if file.is_file():
+                    name = str(file.relative_to(temp))
+                    fsync_path(file)
+                    files[name] = file.stat().st_size
+                    known = (checksums or {}).get(name)
+                    digests[name] = known if known is not None else file_sha256(file)
         manifest = {
             "format": FORMAT,
             "version": VERSION,

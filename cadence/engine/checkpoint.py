@@ -24,12 +24,10 @@ good checkpoint it fails with one error listing what is wrong with each.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
 import shutil
-import sys
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -41,6 +39,7 @@ from cadence.core.checkpoint_dir import (
     DEFAULT_MAX_TO_KEEP,
     CheckpointDirectory,
     CheckpointInfo,
+    fsync_path,
     read_manifest,
 )
 from cadence.core.errors import (
@@ -50,6 +49,7 @@ from cadence.core.errors import (
 )
 from cadence.core.intervals import check_interval
 from cadence.core.protocols import Stateful, is_stateful
+from cadence.engine.background import in_background, yield_cpu_to_training
 from cadence.engine.checkpoint_io import (
     CheckpointIO,
     StateFileIO,
@@ -106,18 +106,6 @@ class _DictState:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         load_stateful(self.objects, state_dict, "state")
-
-
-def _yield_cpu_to_training() -> None:
-    """Lowers the calling thread's CPU priority (on Linux a thread has its own nice value), so
-    that a background write runs on CPU time the training thread does not want: where cores
-    are scarce, the write takes longer instead of slowing the steps."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        thread = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread)
-                                                    + 10))
 
 
 def _distributed() -> tuple[int, int]:
@@ -196,7 +184,7 @@ class CheckpointManager:
         self._rank_snapshot = HostSnapshot()  # this rank's random state and data position
         self._pending: threading.Thread | None = None
         # a DCP write of this rank: (future, staging, step, world size, rank 0's digests)
-        self._pending_shards: tuple[Any, Path, int, int, dict[str, str]] | None = None
+        self._pending_commit: tuple[Any, Path, int, int, dict[str, str]] | None = None
         self._pending_error: BaseException | None = None
         self.logs_saves = True
         """The manager logs "Saved checkpoint ..." itself, after the commit (the Controller
@@ -242,7 +230,9 @@ class CheckpointManager:
         incomplete or damaged directory of that step is moved aside and the step saved anew.
         Every rank of a distributed job must call this; rank 0 writes the shared state, each
         rank its own random state and rank-local parts (``rank-<r>.cadence``: its data
-        position), and under FSDP2 its shards.
+        position), and under FSDP2 its shards. With `async_save` every rank only copies its
+        part into host memory here; a thread writes it (DCP's for shards), and the checkpoint
+        is committed at the next `wait` -- the next save, a restore, or the end of training.
 
         Raises:
             CheckpointError: if the manager is read-only, a previous background write failed,
@@ -301,47 +291,74 @@ class CheckpointManager:
                     "of a job must share it. Put the run directory on a filesystem every node "
                     "mounts (NFS, Lustre, a shared volume)."
                 )
+            if self.async_save and not sharded:
+                # As in one process: the training thread waits only for the copy into host
+                # memory; this rank's files are written by a thread of its own, and committed
+                # by the training thread at the next wait() (the commit is a collective).
+                copied = ((self._snapshot.pack(payload) if isinstance(self.io, StateFileIO)
+                           else self._snapshot.take(payload)) if rank == 0 else None)
+                own = self._rank_snapshot.pack(rank_state)
+                writing = in_background(f"cadence-checkpoint-{step}", self._write_files,
+                                         copied, own, staging, rank)
+                self._pending_commit = (writing, staging, step, world, {})
+                return str(final)
             # Every rank's digests, computed while writing: the commit reads nothing back.
-            checksums = {rank_file(staging, rank).name:
-                         write_rank_state(rank_state, staging, rank)}
-            if rank == 0:
-                checksums.update(self.io.save(payload, staging) or {})
+            checksums = self._write_files(payload if rank == 0 else None, rank_state, staging)
             if sharded and self.async_save:  # shards written by DCP's thread: commit later
                 future = save_sharded_async(sharded, staging)
-                self._pending_shards = (future, staging, step, world, checksums)
+                self._pending_commit = (future, staging, step, world, checksums)
                 return str(final)
             if sharded:
                 save_sharded(sharded, staging)
             self._commit_distributed(staging, step, world, checksums)
         return str(final)
 
+    def _write_files(self, payload: dict[str, Any] | PackedState | None,
+                     rank_state: dict[str, Any] | PackedState, staging: Path,
+                     rank: int | None = None) -> dict[str, str]:
+        """Writes this rank's file of a distributed checkpoint (and, with `payload`, rank 0's
+        shared state) into `staging`; returns their SHA-256 digests, computed while writing."""
+        rank = _distributed()[0] if rank is None else rank
+        checksums = {rank_file(staging, rank).name: write_rank_state(rank_state, staging, rank)}
+        if payload is not None:
+            checksums.update(self.io.save(payload, staging) or {})  # type: ignore[arg-type]
+        return checksums
+
     def _commit_distributed(self, staging: Path, step: int, world: int,
                             checksums: dict[str, str]) -> None:
-        """Once every rank has written its files: each hashes its own shards (DCP's), rank 0
-        gathers every rank's digests -- which is also the wait for every rank's write -- and
-        commits without reading a file back, then applies retention."""
+        """Once every rank has written its files: each hashes its own shards (DCP's) and fsyncs
+        its own files, rank 0 gathers every rank's digests and sizes -- which is also the wait
+        for every rank's write -- and commits without reading, listing or fsyncing a file, then
+        applies retention."""
         rank = _distributed()[0]
         own = {**checksums, **own_shard_digests(staging, rank)}
-        gathered = gather_on_rank_zero(own, "gathering the checkpoint's digests")
+        sizes = {}
+        for name in own:  # each rank makes its own files durable, in parallel
+            fsync_path(staging / name)
+            sizes[name] = (staging / name).stat().st_size
+        gathered = gather_on_rank_zero((own, sizes), "gathering the checkpoint's digests")
         if rank == 0:
-            merged = {name: digest for digests in gathered for name, digest in digests.items()}
+            merged = {name: digest for digests, _ in gathered for name, digest in digests.items()}
+            synced = {name: size for _, part in gathered for name, size in part.items()}
             self._directory.commit(staging, step, extra={"world_size": world},
-                                   checksums=merged)
+                                   checksums=merged, synced=synced)
             logger.info("Saved checkpoint %s.", self._directory.path_for(step))
         dist.barrier()
         if _distributed()[0] == 0:
             self._prune()
 
-    def _wait_for_shards(self) -> None:
-        """Waits for this rank's background DCP write; commits once every rank's is done, or
-        discards the checkpoint on every rank when one failed (a collective)."""
-        pending, self._pending_shards = self._pending_shards, None
+    def _wait_for_the_ranks_writes(self) -> None:
+        """Waits for this rank's background write (cadence's thread, or DCP's for shards);
+        commits once every rank's is done, or discards the checkpoint on every rank when one
+        failed (a collective, in the training thread)."""
+        pending, self._pending_commit = self._pending_commit, None
         if pending is None:
             return
         future, staging, step, world, checksums = pending
         error: BaseException | None = None
         try:
-            future.result()
+            written = future.result()  # DCP's: None; cadence's own thread: the digests
+            checksums = {**checksums, **(written if isinstance(written, dict) else {})}
         except Exception as failure:
             error = failure
         if any_rank(error is not None, "finishing a background checkpoint write"):
@@ -393,7 +410,7 @@ class CheckpointManager:
 
     def _write_in_background(self, payload: dict[str, Any] | PackedState,
                              rank_state: PackedState, step: int) -> None:
-        _yield_cpu_to_training()
+        yield_cpu_to_training()
         try:
             self._write(payload, rank_state, step, background=True)
         except BaseException as error:  # handed to the training thread by wait()
@@ -402,7 +419,7 @@ class CheckpointManager:
     @property
     def writing(self) -> bool:
         """Whether a background write (``async_save``) is still running."""
-        shards = self._pending_shards
+        shards = self._pending_commit
         return ((self._pending is not None and self._pending.is_alive())
                 or (shards is not None and not shards[0].done()))
 
@@ -413,7 +430,7 @@ class CheckpointManager:
             CheckpointError: if the background write failed (the message names the newest
                 good checkpoint, which is still the newest complete one).
         """
-        self._wait_for_shards()
+        self._wait_for_the_ranks_writes()
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.join()
