@@ -255,7 +255,20 @@ def main() -> None:
         restored = cadence.CheckpointManager(trainer, directory / "ckpt").restore(path)
         same = all(torch.equal(trainer.model.state_dict()[name], value)
                    for name, value in expected.items())
-        record(directory, mode, pending=pending,
+        # Retention: rank 0 deletes old checkpoints in a thread of its own; wait() joins it.
+        from cadence.core.checkpoint_dir import CheckpointDirectory
+
+        pruners: list[str] = []
+        prune = CheckpointDirectory.prune
+        CheckpointDirectory.prune = lambda self: (  # type: ignore[method-assign]
+            pruners.append(threading.current_thread().name) or prune(self))
+        kept = cadence.CheckpointManager(trainer, directory / "kept", max_to_keep=2,
+                                         async_save=True)
+        for step in (1, 2, 3):
+            kept.save(step)
+        kept.wait()
+        record(directory, mode, pending=pending, pruners=pruners,
+               kept=sorted(p.name for p in (directory / "kept").iterdir()),
                committed_early=committed_early, committed=path.is_dir(), restored=restored,
                saved_weights_restored=same, files=sorted(p.name for p in path.iterdir()),
                shards=sorted(p.name for p in (path / "sharded").iterdir())

@@ -386,13 +386,16 @@ def test_an_async_ddp_save_leaves_the_training_thread_and_commits_what_was_saved
     """Under DDP the training thread only copies the state into host memory (rank 0 the whole
     model and optimizer: before, it wrote them itself while every rank waited); the files are
     written by a thread of each rank and committed at `wait`. Weights changed after the save do
-    not leak into it."""
+    not leak into it. Rank 0 deletes old checkpoints in a thread too."""
     launch(tmp_path, "ddpasync")
     for record in records(tmp_path, "ddpasync"):
         assert record["pending"] and not record["committed_early"] and record["committed"]
         assert {"rank-0.cadence", "rank-1.cadence", "state.cadence", "manifest.json"} <= set(
             record["files"])
         assert record["restored"] == 1 and record["saved_weights_restored"]
+    zero = records(tmp_path, "ddpasync")[0]
+    assert zero["kept"] == ["ckpt-2", "ckpt-3"]  # rank 0's retention, done when wait() returns
+    assert zero["pruners"] and all(name.startswith("cadence-prune-") for name in zero["pruners"])
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +187,8 @@ class CheckpointManager:
         # a DCP write of this rank: (future, staging, step, world size, rank 0's digests)
         self._pending_commit: tuple[Any, Path, int, int, dict[str, str]] | None = None
         self._pending_error: BaseException | None = None
+        self._pruning: Future[Any] | None = None
+        """Rank 0 of a distributed job deletes old checkpoints in a thread (`wait` joins it)."""
         self.logs_saves = True
         """The manager logs "Saved checkpoint ..." itself, after the commit (the Controller
         does not log a save whose files may still be being written)."""
@@ -344,8 +347,8 @@ class CheckpointManager:
                                    checksums=merged, synced=synced)
             logger.info("Saved checkpoint %s.", self._directory.path_for(step))
         dist.barrier()
-        if _distributed()[0] == 0:
-            self._prune()
+        if _distributed()[0] == 0:  # deletes thousands of files at scale: not in the way
+            self._pruning = in_background(f"cadence-prune-{step}", self._prune)
 
     def _wait_for_the_ranks_writes(self) -> None:
         """Waits for this rank's background write (cadence's thread, or DCP's for shards);
@@ -424,7 +427,7 @@ class CheckpointManager:
                 or (shards is not None and not shards[0].done()))
 
     def wait(self) -> None:
-        """Waits for a background write to be committed.
+        """Waits for a background write to be committed, and for old checkpoints to be deleted.
 
         Raises:
             CheckpointError: if the background write failed (the message names the newest
@@ -434,6 +437,10 @@ class CheckpointManager:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.join()
+        pruning, self._pruning = self._pruning, None
+        failed = pruning.exception() if pruning is not None else None  # (waits for it)
+        if failed is not None:  # the old checkpoints stay; nothing is lost
+            logger.warning("Deleting old checkpoints failed: %s", failed)
         error, self._pending_error = self._pending_error, None
         if isinstance(error, CheckpointError):
             raise error
