@@ -149,6 +149,7 @@ def test_a_trainloop_rank_signalled_as_the_ranks_agree_to_go_on_stops_with_the_o
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.timeout(900)  # its job may take 600 s
 def test_twenty_sigterms_at_different_steps_on_each_rank_all_save_the_same_step(tmp_path):
     launch(tmp_path, "trials", "20", timeout=600)
     zero, one = (r["results"] for r in records(tmp_path, "trials"))
@@ -186,6 +187,7 @@ def restart_trials(tmp_path, trials):
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.timeout(900)  # five jobs of up to 120 s each
 def test_an_elastic_restart_after_a_sigkill_resumes_and_finishes(tmp_path):
     """``torchrun --max-restarts=1``: a rank SIGKILLed mid-run, the job restarted in place,
     every rank resumes from the newest checkpoint and finishes. Before, 1 trial in 5 did: the
@@ -198,7 +200,7 @@ def test_an_elastic_restart_after_a_sigkill_resumes_and_finishes(tmp_path):
 
 @pytest.mark.soak
 @pytest.mark.distributed
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(3000)  # twenty jobs of up to 120 s each
 def test_twenty_elastic_restarts_on_a_loaded_machine_all_finish(tmp_path):
     finished, failures = restart_trials(tmp_path, 20)
     assert finished == 20, (len(failures), failures[0] if failures else "")
@@ -265,6 +267,7 @@ def test_a_resume_at_another_world_size_covers_the_rest_of_the_pass_once(
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.timeout(900)  # three jobs of up to 240 s each
 @pytest.mark.parametrize("drop_last", [False, True], ids=["partial batches kept", "dropped"])
 def test_a_pass_resumed_at_2_then_3_then_2_ranks_keeps_every_rank_in_step(tmp_path, drop_last):
     """50 examples, batches of 4: 2 ranks stop mid-pass, 3 ranks take the rest of it for two
@@ -289,6 +292,7 @@ def test_a_pass_resumed_at_2_then_3_then_2_ranks_keeps_every_rank_in_step(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.timeout(900)  # three jobs of up to 240 s each
 def test_a_resume_that_cannot_be_dealt_stops_and_leaves_the_checkpoint_as_it_was(tmp_path):
     """A loader that keeps its own state (torchdata's) cannot be dealt to another number of
     ranks. The newest checkpoint was written by 2 ranks, an older one by 3 (the job ran at 3,

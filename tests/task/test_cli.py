@@ -65,6 +65,7 @@ def test_eval_without_runs_says_what_to_pass(capsys, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # two commands of up to 120 and 300 s
 def test_ctrl_c_saves_a_checkpoint_and_the_same_command_resumes(tmp_path):
     command = [sys.executable, "-m", "cadence", "train", "--no-progress",
                "--set", "trainer.train_steps=4000", "--set", "trainer.checkpoint_interval=200",
