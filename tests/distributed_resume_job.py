@@ -18,6 +18,7 @@ Every rank writes what it saw to DIR/<mode>-<rank>.json.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -169,6 +170,23 @@ def main() -> None:
         run.train(30)
         record(directory, "elastic", step=trainer.global_step,
                restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    elif mode == "lazygroup":  # cadence's own gloo groups connect pairs on first use
+        from cadence.engine.distributed import GlooGroup
+
+        def sockets() -> int:
+            count = 0
+            for fd in os.listdir("/proc/self/fd"):
+                with contextlib.suppress(OSError):  # the listing's own fd is gone
+                    count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+            return count
+
+        before = sockets()
+        group = GlooGroup().get()
+        created = sockets() - before
+        flag = torch.ones(1)
+        dist.all_reduce(flag, group=group)  # a ring: each rank meets its neighbours
+        record(directory, mode, created=created, after_all_reduce=sockets() - before,
+               world=dist.get_world_size(), sum=flag.item())
     elif mode == "late":
         trainer, run = controller(directory, [LateAgreement(rank, step=4)])
         code = 0

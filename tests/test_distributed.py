@@ -240,6 +240,20 @@ def test_a_rank_that_never_comes_ends_the_setup_in_one_line_within_the_bound(tmp
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts sockets in /proc")
+def test_cadences_gloo_groups_connect_on_first_use_not_as_a_full_mesh(tmp_path):
+    """The control group beside NCCL and DCP's background group are gloo groups of all ranks:
+    as a full mesh, 523,776 TCP connections at 1,024 ranks. Made with lazy connections, a rank
+    opens about one socket at creation and meets its ring neighbours at the first all-reduce;
+    as a full mesh each of 4 ranks opened 4 at creation."""
+    launch(tmp_path, "lazygroup", nproc=4)
+    for record in records(tmp_path, "lazygroup", ranks=4):
+        assert record["sum"] == 4.0  # the group works
+        assert record["created"] <= 2 and record["after_all_reduce"] <= 3, record
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_a_stuck_rank_ends_the_job_within_the_collective_timeout(tmp_path):
     import time
 
