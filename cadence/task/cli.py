@@ -221,7 +221,7 @@ def _check_model_dir(model_dir: Path | None) -> None:
     if model_dir is not None and (model_dir / "manifest.json").is_file():
         raise ConfigError(f"--model-dir {str(model_dir)!r} is a checkpoint, not a run: pass "
                           f"the run directory that holds it (--model-dir "
-                          f"{model_dir.parent.parent}); eval evaluates its newest checkpoint.")
+                          f"{model_dir.parent.parent}).")
 
 
 def _load(args: argparse.Namespace, model_dir: Path | None) -> Any:
