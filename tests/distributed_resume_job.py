@@ -187,6 +187,14 @@ def main() -> None:
         dist.all_reduce(flag, group=group)  # a ring: each rank meets its neighbours
         record(directory, mode, created=created, after_all_reduce=sockets() - before,
                world=dist.get_world_size(), sum=flag.item())
+    elif mode == "torchsaveio":  # a CheckpointIO that returns no digests, at 2 ranks
+        trainer = Indexed()
+        manager = cadence.CheckpointManager(trainer, directory / "ckpt", io=cadence.TorchSaveIO())
+        path = Path(manager.save(3))
+        restored = cadence.CheckpointManager(trainer, directory / "ckpt",
+                                             io=cadence.TorchSaveIO()).restore(path)
+        record(directory, mode, restored=restored,
+               manifest=json.loads((path / "manifest.json").read_text()))
     elif mode == "late":
         trainer, run = controller(directory, [LateAgreement(rank, step=4)])
         code = 0

@@ -1,6 +1,7 @@
 """Two processes under torchrun on gloo: all ranks take part in checkpoints, each restores its
 own RNG state, and only rank 0 writes summaries."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -396,6 +397,22 @@ def test_an_async_save_of_fsdp2_shards_commits_once_every_rank_has_written(tmp_p
         assert record["pending"] and not record["committed_early"] and record["committed"]
         assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(record["shards"])
         assert record["saved_weights_restored"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_checkpoint_io_that_returns_no_digests_is_still_listed_and_verified(tmp_path):
+    """`TorchSaveIO` returns no digests; rank 0, which wrote its file, hashes it: the commit
+    lists no file itself, and a file it was not told of would be left out of the manifest --
+    neither fsynced nor ever verified."""
+    launch(tmp_path, "torchsaveio")
+    record = records(tmp_path, "torchsaveio")[0]
+    assert record["restored"] == 3
+    checkpoint = tmp_path / "ckpt" / "ckpt-3"
+    assert set(record["manifest"]["files"]) == {"state.pt", "rank-0.cadence", "rank-1.cadence"}
+    digest = hashlib.sha256((checkpoint / "state.pt").read_bytes()).hexdigest()
+    assert record["manifest"]["sha256"]["state.pt"] == digest
+    assert not [p for p in checkpoint.iterdir() if p.name.startswith(".payload")]
 
 
 @pytest.mark.slow

@@ -228,8 +228,7 @@ class Controller(ControllerEvaluation):
 
     def _sync_state(self) -> None:
         self.state.global_step = self._global_step()
-        progress = self.progress
-        if progress is not None:
+        if (progress := self.progress) is not None:
             self.state.epoch = progress.epoch
 
     # ------------------------------------------------------------------ checkpoints
@@ -431,7 +430,7 @@ class Controller(ControllerEvaluation):
                 with self._preemption.watch(self.state):
                     yield
             except BaseException:
-                self._wait_for_checkpoints(quiet=True)  # commit what was saved; keep the error
+                self._wait_for_checkpoints(quiet=True, failing=True)  # keep the error
                 raise
             finally:
                 self.state.phase = ""
@@ -454,11 +453,13 @@ class Controller(ControllerEvaluation):
             self._save()
         self._wait_for_checkpoints()
 
-    def _wait_for_checkpoints(self, quiet: bool = False) -> None:
-        """Waits until the checkpoints saved so far are committed (a manager that writes in the
-        background has ``wait()``), as Orbit syncs asynchronous checkpointing before `train`
-        returns. Raises the error of a failed write, or only logs it when `quiet`."""
+    def _wait_for_checkpoints(self, quiet: bool = False, failing: bool = False) -> None:
+        """Waits until what was saved is committed (``wait()``; Orbit's sync before `train`
+        returns), raising a failed write's error (`quiet`: logged); a `failing` rank of several
+        commits nothing (``abandon()``: a commit's collectives would meet the others')."""
         wait = getattr(self.checkpoint_manager, "wait", None)
+        if failing and world_size() > 1:
+            wait = getattr(self.checkpoint_manager, "abandon", wait)
         if not callable(wait):
             return
         try:

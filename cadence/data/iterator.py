@@ -377,8 +377,9 @@ class DataIterator:
         if steps == 0:  # not one batch a rank: the pass is over, as its last partial batch
             self.load_state_dict({**first, "batches": 0, "order": None})
             self.epoch = epoch + 1
-            return (f"{left} make no batch of {batch_size} on each of {world_size} ranks and "
-                    f"are dropped (drop_last); pass {epoch + 2} starts with the new sharding.")
+            what = (f"{left} make no batch of {batch_size} on each of {world_size} ranks and "
+                    "are dropped (drop_last)" if rest else f"pass {epoch + 1} is over")
+            return f"{what}; pass {epoch + 2} starts with the new sharding."
         self.load_state_dict({**first, "batches": 0, "order": None})
         self.epoch = epoch
         self._recorder.resume = (deal(rest, world_size)[rank], 0)

@@ -56,6 +56,7 @@ from cadence.engine.checkpoint_io import (
     StateFileIO,
     TorchSaveIO,
     read_checkpoint,
+    save_with_digests,
 )
 from cadence.engine.distributed import any_rank, gather_on_rank_zero
 from cadence.engine.external_metrics import checkpoint_part
@@ -320,11 +321,11 @@ class CheckpointManager:
                      rank_state: dict[str, Any] | PackedState, staging: Path,
                      rank: int | None = None) -> dict[str, str]:
         """Writes this rank's file of a distributed checkpoint (and, with `payload`, rank 0's
-        shared state) into `staging`; returns their SHA-256 digests, computed while writing."""
+        shared state: `save_with_digests`) into `staging`; returns every file's SHA-256."""
         rank = _distributed()[0] if rank is None else rank
         checksums = {rank_file(staging, rank).name: write_rank_state(rank_state, staging, rank)}
         if payload is not None:
-            checksums.update(self.io.save(payload, staging) or {})  # type: ignore[arg-type]
+            checksums.update(save_with_digests(self.io, payload, staging))
         return checksums
 
     def _commit_distributed(self, staging: Path, step: int, world: int,
@@ -425,6 +426,20 @@ class CheckpointManager:
         shards = self._pending_commit
         return ((self._pending is not None and self._pending.is_alive())
                 or (shards is not None and not shards[0].done()))
+
+    def abandon(self) -> None:
+        """On a rank failing while the others may train on: waits for its own background work
+        and drops an uncommitted distributed checkpoint without a commit's collectives (they
+        would meet the others' training ones and hang the job until the collective timeout).
+        The previous checkpoint stays the newest. In one process this is `wait`."""
+        if _distributed()[1] == 1:
+            self.wait()
+            return
+        pending, self._pending_commit = self._pending_commit, None
+        for work in (pending[0] if pending else None, self._pruning):
+            if work is not None:
+                work.exception()  # waits; what failed is dropped with the checkpoint
+        self._pruning = None
 
     def wait(self) -> None:
         """Waits for a background write to be committed, and for old checkpoints to be deleted.

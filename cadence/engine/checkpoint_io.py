@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -137,3 +138,25 @@ def read_checkpoint(path: str | os.PathLike[str],
             raise CheckpointError(f"{str(path)!r} has no {key!r} section: not a cadence "
                                   "checkpoint, or written by an incompatible version.")
     return manifest, payload
+
+
+def save_with_digests(io: CheckpointIO, payload: Any, directory: Path) -> dict[str, str]:
+    """`io.save(payload, directory)`, returning the SHA-256 of every file it wrote, by name.
+
+    `io` writes into a folder of its own first, so that its files are known whatever `io` is;
+    a digest it did not return (``TorchSaveIO`` returns none) is computed here, by the process
+    that wrote the file. A distributed commit lists, hashes and fsyncs no file itself: a file
+    without a digest would be left out of the manifest, and never verified."""
+    from cadence.core.checkpoint_dir import file_sha256
+
+    own = directory / ".payload"
+    own.mkdir()
+    digests = io.save(payload, own) or {}
+    written: dict[str, str] = {}
+    for path in sorted(p for p in own.rglob("*") if p.is_file()):
+        name = str(path.relative_to(own))
+        (directory / name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, directory / name)
+        written[name] = digests.get(name) or file_sha256(directory / name)
+    shutil.rmtree(own)
+    return written
