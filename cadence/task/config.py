@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from cadence.core.errors import ConfigError
+from cadence.core.run_dir import LOCK_FILE, PARAMS_FILE, RESUMES_FILE
 from cadence.core.summary import DEFAULT_WRITERS, WRITERS
 from cadence.engine.compile import COMPILE_MODES
 
@@ -456,16 +457,9 @@ def _problems(config: ExperimentConfig) -> Iterable[str]:
 
     yield from config_problems(config)
     trainer, opt = config.trainer, config.trainer.optimizer_config
-    if not _is_int(trainer.validation_steps) or (
-            trainer.validation_steps == 0 or trainer.validation_steps < -1):
-        yield (f"trainer.validation_steps: must be positive, or -1 for the whole validation set "
-               f"(got {trainer.validation_steps!r}).")
     if trainer.best_checkpoint_metric_comp not in ("higher", "lower"):
         yield (f"trainer.best_checkpoint_metric_comp: must be 'higher' or 'lower' "
                f"(got {trainer.best_checkpoint_metric_comp!r}).")
-    if not _is_int(trainer.recovery_max_trials) or trainer.recovery_max_trials < -1:
-        yield (f"trainer.recovery_max_trials: must be -1 (ignore), 0 (fail) or a positive number "
-               f"of restores (got {trainer.recovery_max_trials!r}).")
     if opt.optimizer.name not in OPTIMIZERS:
         yield (f"trainer.optimizer_config.optimizer.name: unknown optimizer "
                f"{opt.optimizer.name!r}; valid: {', '.join(OPTIMIZERS)}.")
@@ -503,9 +497,5 @@ def _problems(config: ExperimentConfig) -> Iterable[str]:
                    f"name, e.g. {'eval' if key.startswith('validation') else 'best'}.")
 
 
-_RUN_FILES = ("checkpoints", "train", "params.yaml", "train.lock", "resumes.jsonl")
-"""What a run directory holds that a configured subdirectory must not be."""
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+_RUN_FILES = ("checkpoints", "train", PARAMS_FILE, LOCK_FILE, RESUMES_FILE)
+"""What a run directory holds that a configured subdirectory must not be (`RunDirectory`)."""

@@ -52,6 +52,10 @@ FACTOR = Rule(lambda v: _is_real(v) and 0 <= v <= 1, "a factor in [0, 1]")
 DECAY = Rule(lambda v: _is_real(v) and 0 <= v < 1, "in [0, 1)")
 BETAS = Rule(lambda v: isinstance(v, (list, tuple)) and len(v) == 2
              and all(_is_real(b) and 0 <= b < 1 for b in v), "a pair of numbers in [0, 1)")
+VALIDATION_STEPS = Rule(lambda v: _is_int(v) and (v > 0 or v == -1),
+                        "positive, or -1 for the whole validation set")
+RECOVERY_TRIALS = Rule(lambda v: _is_int(v) and v >= -1,
+                       "-1 (ignore), 0 (fail) or a positive number of restores")
 LOSS_BOUND = Rule(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
                   and v >= 0, ">= 0")  # .inf allowed, nan not (nan >= 0 is False)
 SUBDIRECTORY = Rule(relative_name, "a relative path inside the run directory")
@@ -77,6 +81,7 @@ RANGES: dict[str, tuple[Rule, str]] = {
     "trainer.summary_interval": (optional(POSITIVE_INT), "null: every loop"),
     "trainer.checkpoint_interval": (optional(POSITIVE_INT), "null: only at the end"),
     "trainer.max_to_keep": (POSITIVE_INT, ""),
+    "trainer.validation_steps": (VALIDATION_STEPS, ""),
     "trainer.validation_interval": (POSITIVE_INT, ""),
     "trainer.continuous_eval_timeout": (optional(NON_NEGATIVE),
                                         "seconds without a new checkpoint; null: no limit"),
@@ -86,6 +91,7 @@ RANGES: dict[str, tuple[Rule, str]] = {
     "trainer.loss_upper_bound": (LOSS_BOUND, "a larger mean training loss is a blow-up; .inf "
                                  "disables the bound"),
     "trainer.recovery_begin_steps": (NON_NEGATIVE_INT, ""),
+    "trainer.recovery_max_trials": (RECOVERY_TRIALS, ""),
     "trainer.ema.decay": (DECAY, ""),
     "trainer.ema.start_step": (NON_NEGATIVE_INT, ""),
     f"{_OPT}.gradient_clip_norm": (optional(POSITIVE), "null: no clipping"),
