@@ -183,6 +183,9 @@ def main() -> None:
         before = sockets()
         group = GlooGroup().get()
         created = sockets() - before
+        # No rank starts the all-reduce until every rank has counted: a neighbour ahead would
+        # otherwise connect to a rank still counting, and its socket would count as created.
+        dist.barrier()
         flag = torch.ones(1)
         dist.all_reduce(flag, group=group)  # a ring: each rank meets its neighbours
         record(directory, mode, created=created, after_all_reduce=sockets() - before,
