@@ -84,9 +84,33 @@ def count_files_hashed_by_commits(prefix: str) -> None:
     checkpoint_dir.CheckpointDirectory.commit = commit  # type: ignore[method-assign]
 
 
+def count_files_hashed_at_restore(prefix: str) -> None:
+    """Records the checkpoint files each rank reads back to hash while it restores (not the
+    state and rank files it reads, which are hashed as they are read):
+    OUT_PREFIX-restore-hashes-<rank>.txt. Each rank should check only what it reads."""
+    import cadence.core.checkpoint_dir as checkpoint_dir
+    from cadence.engine.checkpoint import CheckpointManager
+
+    original_hash = checkpoint_dir.file_sha256
+    original_restore = CheckpointManager.restore
+
+    def restore(self: Any, path: Any) -> int:
+        hashed: list[str] = []
+        checkpoint_dir.file_sha256 = lambda file, *a: hashed.append(
+            str(Path(file).relative_to(path))) or original_hash(file, *a)
+        try:
+            return original_restore(self, path)
+        finally:
+            checkpoint_dir.file_sha256 = original_hash
+            Path(f"{prefix}-restore-hashes-{process_rank()}.txt").write_text("\n".join(hashed))
+
+    CheckpointManager.restore = restore  # type: ignore[method-assign]
+
+
 def main() -> None:
     experiment, run, steps, prefix, *overrides = sys.argv[1:]
     count_files_hashed_by_commits(prefix)
+    count_files_hashed_at_restore(prefix)
     handler = logging.FileHandler(f"{prefix}-log-{process_rank()}.txt")
     logging.getLogger("cadence").addHandler(handler)
     logging.getLogger("cadence").setLevel(logging.INFO)

@@ -152,6 +152,20 @@ def test_fsdp2_saved_at_two_ranks_resumes_at_one_and_three_with_the_saved_state(
                          "(DCP); the ") == 1, log
         if nproc == 3:
             assert "Resuming" not in Path(f"{prefix}-log-1.txt").read_text()  # rank 0 says it
+    # Resumed at the world size that wrote it, each rank checks what it reads: the metadata, its
+    # own shards and rank 0's (which hold the replicated values, such as the optimizer's step),
+    # never every rank's -- at 1,024 ranks, not the whole model on every rank.
+    run_dir, prefix = tmp_path / "run-3", tmp_path / "again-3"
+    job(3, experiment, run_dir, 8, prefix, settings)
+    assert torch.load(f"{prefix}-begin.pt", weights_only=True)["step"] == 6
+    shards = sorted(p.name for p in (run_dir / "checkpoints" / "ckpt-6" / "sharded").iterdir())
+    assert len([name for name in shards if name.endswith(".distcp")]) == 3, shards
+    for rank in range(3):
+        hashed = Path(f"{prefix}-restore-hashes-{rank}.txt").read_text().split()
+        assert "sharded/.metadata" in hashed and f"sharded/__{rank}_0.distcp" in hashed, hashed
+        assert {name for name in hashed if name.endswith(".distcp")} <= {
+            "sharded/__0_0.distcp", f"sharded/__{rank}_0.distcp"}, (rank, hashed)
+        assert not any(name.startswith("rank-") for name in hashed), hashed  # read as hashed
 
 
 @pytest.mark.slow

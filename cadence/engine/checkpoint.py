@@ -78,6 +78,7 @@ from cadence.engine.sharded import (
     sharded_names,
     sharded_reader,
     uses_dcp,
+    verify_sharded_reads,
 )
 from cadence.engine.state_file import HostSnapshot, PackedState
 
@@ -467,8 +468,8 @@ class CheckpointManager:
     def restore(self, path: str | os.PathLike[str]) -> int:
         """Restores the checkpoint at `path`; returns its step.
 
-        Everything is read and verified (sizes and SHA-256 checksums) before anything is
-        loaded.
+        Everything this rank reads is verified (sizes and SHA-256 checksums) before anything
+        is loaded, and the ranks agree that every one of them could (else none loads).
 
         Raises:
             CheckpointError: if `path` is not a complete cadence checkpoint, or a file is
@@ -479,10 +480,15 @@ class CheckpointManager:
         self.wait()
         path = Path(path)
         damage: CheckpointError | None = None
-        try:
+        items = self._items()
+        try:  # each rank verifies what it reads: the payload, its rank files, its shards
             manifest, payload = read_checkpoint(path, self.io)
             saved_world = int(manifest.get("world_size", 1))
             rank_states = read_rank_states(path, manifest, saved_world)
+            shards = sharded_reader(path, manifest)  # written through DCP: loaded resharded
+            in_shards = sharded_names(shards) & set(items)
+            parts = dcp_parts({n: o for n, o in items.items() if n in in_shards})
+            verify_sharded_reads(parts, shards)
         except CheckpointError as error:
             damage = error
         # Every rank takes this checkpoint, or none does: a rank alone going on to an older
@@ -492,11 +498,8 @@ class CheckpointManager:
                 f"Checkpoint {str(path)!r} is damaged: another rank could not read or verify "
                 "its part (see that rank's log). Restore an older checkpoint instead.")
         state = payload["state"]
-        items = self._items()
         if not self.strict:
             state = {name: value for name, value in state.items() if name in items}
-        shards = sharded_reader(path, manifest)  # written through DCP: loaded resharded
-        in_shards = sharded_names(shards) & set(items)
         try:
             load_stateful({n: o for n, o in items.items() if n not in in_shards}, state,
                           type(self._state).__name__ if isinstance(self._state, Module)
@@ -505,7 +508,6 @@ class CheckpointManager:
             raise CheckpointMismatchError(f"Checkpoint {str(path)!r} does not fit: {error}") \
                 from None
         if in_shards:
-            parts = dcp_parts({n: o for n, o in items.items() if n in in_shards})
             missing = sorted(in_shards - set(parts))
             if missing:
                 raise CheckpointMismatchError(

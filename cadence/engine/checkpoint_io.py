@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Protocol
@@ -16,6 +17,7 @@ import torch
 
 from cadence.core.checkpoint_dir import read_manifest, verify_files
 from cadence.core.errors import CheckpointError
+from cadence.engine.sharded import SHARDED_DIR
 from cadence.engine.state_file import PackedState, StateFileError, read_state, write_state
 
 logger = logging.getLogger("cadence")
@@ -100,11 +102,20 @@ class StateFileIO:
         path = directory / self.filename
         if not path.is_file() and (directory / TorchSaveIO.filename).is_file():
             return TorchSaveIO().load(directory)
-        manifest = read_manifest(directory)
+        manifest = read_manifest(directory, sizes_of=(self.filename,))
         payload = read_state_file(path, manifest.get("sha256", {}).get(self.filename))
         if not isinstance(payload, dict):
             raise CheckpointError(f"{str(directory)!r} does not hold a cadence checkpoint payload.")
         return payload
+
+
+_RANK_FILE = re.compile(r"^rank-\d+\.cadence$")
+
+
+def checked_by_its_reader(name: str) -> bool:
+    """Whether checkpoint file `name` is verified by whoever reads it, when it is read: a rank
+    file (a state file, checked as it is read) or a shard (checked before DCP reads it)."""
+    return bool(_RANK_FILE.match(name)) or name.startswith(f"{SHARDED_DIR}/")
 
 
 def read_checkpoint(path: str | os.PathLike[str],
@@ -112,7 +123,10 @@ def read_checkpoint(path: str | os.PathLike[str],
     """Reads and verifies a checkpoint without loading it into anything.
 
     Every file is checked against its size and SHA-256 in the manifest before its content is
-    trusted.
+    trusted -- by the process that reads it, and only the files it reads: the payload here;
+    the rank files (``rank-<r>.cadence``) as each rank reads its own (`read_state_file`); the
+    shards (``sharded/``) as DCP's plan reads them (`cadence.engine.dcp_reading`). At 1,024
+    ranks no rank reads, hashes or `stat`s the others' shares.
 
     Returns:
         ``(manifest, payload)``: the payload has ``state`` and ``tracked`` sections.
@@ -123,9 +137,10 @@ def read_checkpoint(path: str | os.PathLike[str],
     """
     path = Path(path)
     io = io or StateFileIO()
-    manifest = read_manifest(path)
+    manifest = read_manifest(path, sizes_of=())  # each file's size is checked as it is read
     verified = getattr(io, "verified_files", ())
-    verify_files(path, manifest, [name for name in manifest["files"] if name not in verified])
+    verify_files(path, manifest, [name for name in manifest["files"]
+                                  if name not in verified and not checked_by_its_reader(name)])
     try:
         payload = io.load(path)
     except CheckpointError:

@@ -21,13 +21,15 @@ from __future__ import annotations
 import contextlib
 import io
 import pickle
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
+from cadence.core.checkpoint_dir import verify_files
 from cadence.core.errors import CheckpointError
 from cadence.core.files import plain_name
 
@@ -94,18 +96,52 @@ def read_dcp_metadata(stream: Any, where: str) -> Any:
 
 class SafeFileSystemReader(FileSystemReader):
     """DCP's `FileSystemReader`, reading ``.metadata`` with `MetadataUnpickler` and only the
-    shard files named in `allowed` (relative to the folder).
+    shard files named in `digests` (relative to the folder), each checked against its size and
+    SHA-256 before its first byte is used -- only the files this process reads: at 1,024 ranks
+    a rank resuming at the same world size checks its own shards, not the whole model.
 
     Args:
         path: the DCP folder.
-        allowed: the names of the files that may be read (the manifest's, verified); every
-            shard file the metadata names must be one of them.
+        digests: the SHA-256 of each file that may be read (the manifest's); every shard file
+            the metadata names must be one of them.
+        sizes: their sizes in bytes (the manifest's), checked first.
     """
 
-    def __init__(self, path: str, allowed: Iterable[str]) -> None:
+    def __init__(self, path: str, digests: Mapping[str, str],
+                 sizes: Mapping[str, int] | None = None) -> None:
         super().__init__(path)
-        self._allowed = set(allowed)
+        self._allowed = set(digests)
+        self._manifest = {"sha256": dict(digests), "files": dict(sizes or {})}
+        self._verified: set[str] = set()
         self._metadata: dict[str, Any] = {}  # by file name: read and checked once
+
+    def verify(self, names: Iterable[str]) -> None:
+        """Checks the size and SHA-256 of each file in `names` not checked before.
+
+        Raises:
+            CheckpointError: naming a file that is not the manifest's, missing, truncated, or
+                whose bytes changed after it was written.
+        """
+        for name in sorted(set(names) - self._verified):
+            if name not in self._allowed:
+                raise CheckpointError(f"{str(self.path)!r}/{name} is not listed in the "
+                                      "checkpoint's manifest: it is not read.")
+            verify_files(Path(self.path), self._manifest, [name])
+            self._verified.add(name)
+
+    @property
+    def verified(self) -> set[str]:
+        """The files checked so far (names relative to the folder)."""
+        return set(self._verified)
+
+    def files_of(self, plan: Any) -> set[str]:
+        """The shard files that the read items of load `plan` are in."""
+        storage = self.read_metadata().storage_data
+        return {storage[item.storage_index].relative_path for item in plan.items}
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        self.verify(self.files_of(plan))  # all of them before the first byte is copied
+        return super().read_data(plan, planner)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         rank = kwargs.get("rank")
@@ -121,6 +157,7 @@ class SafeFileSystemReader(FileSystemReader):
         if name not in self._allowed:
             raise CheckpointError(f"{where} is not listed in the checkpoint's manifest: it was "
                                   "not written with this checkpoint, and is not read.")
+        self.verify([name])  # its bytes, before they are unpickled
         with self.fs.create_stream(self.fs.concat_path(self.path, name), "rb") as stream:
             metadata = read_dcp_metadata(stream, where)
         from torch.distributed.checkpoint.metadata import StorageMeta

@@ -84,12 +84,23 @@ def uses_dcp(items: dict[str, Any]) -> bool:
     return any(is_sharded_module(obj) for obj in items.values())
 
 
+def _save_planner() -> Any:
+    """DCP's save planner, writing each replicated value (an optimizer's step and settings:
+    small next to the shards) into rank 0's file rather than balancing them over every rank's.
+    A rank that restores reads -- and checks, whole -- its own shard files and rank 0's; with
+    the values spread, every rank would read a few bytes of every rank's file and check them
+    all: the whole model, on each of 1,024 ranks."""
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    return DefaultSavePlanner(dedup_save_to_lowest_rank=True)
+
+
 def save_sharded(parts: dict[str, Any], directory: Path) -> None:
     """Every rank writes its shards of `parts` into ``directory/sharded`` (a collective)."""
     import torch.distributed.checkpoint as dcp
 
     dcp.save({name: part.state_dict() for name, part in parts.items()},
-             checkpoint_id=str(directory / SHARDED_DIR))
+             checkpoint_id=str(directory / SHARDED_DIR), planner=_save_planner())
 
 
 _background_writes = GlooGroup()
@@ -105,7 +116,7 @@ def save_sharded_async(parts: dict[str, Any], directory: Path) -> Any:
 
     return dcp.async_save({name: part.state_dict() for name, part in parts.items()},
                           checkpoint_id=str(directory / SHARDED_DIR),
-                          process_group=_background_writes.get())
+                          process_group=_background_writes.get(), planner=_save_planner())
 
 
 def own_shard_digests(directory: Path, rank: int) -> dict[str, str]:
@@ -144,7 +155,30 @@ def sharded_reader(directory: Path, manifest: dict[str, Any]) -> Any:
         return None
     from cadence.engine.dcp_reading import SafeFileSystemReader
 
-    return SafeFileSystemReader(str(directory / SHARDED_DIR), files)
+    prefix = f"{SHARDED_DIR}/"
+    digests, sizes = manifest.get("sha256", {}), manifest.get("files", {})
+    return SafeFileSystemReader(str(directory / SHARDED_DIR),
+                                {name: digests[prefix + name] for name in files},
+                                {name: sizes[prefix + name] for name in files
+                                 if prefix + name in sizes})
+
+
+def verify_sharded_reads(parts: dict[str, Any], reader: Any) -> None:
+    """Checks, before anything is loaded, the shard files that this rank's load of `parts`
+    will read (DCP's local load plan, made here without collectives). A plan that cannot be
+    made (the shards do not fit `parts`) is left to the load itself to report."""
+    if reader is None or not parts:
+        return
+    from cadence.engine.dcp_reading import SafeLoadPlanner
+
+    planner = SafeLoadPlanner()
+    try:
+        planner.set_up_planner({name: part.state_dict() for name, part in parts.items()},
+                               reader.read_metadata(), False)
+        plan = planner.create_local_plan()
+    except (RuntimeError, KeyError, ValueError):
+        return
+    reader.verify(reader.files_of(plan))
 
 
 def load_sharded(parts: dict[str, Any], reader: Any) -> None:
