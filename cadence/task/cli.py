@@ -10,6 +10,7 @@
     cadence eval  --model-dir runs/mine    evaluate the newest checkpoint of a run
     cadence experiments                    list the registered experiments
     cadence config --experiment char_lm    print the final config as YAML
+    cadence --version                      print the installed version
     cadence plot runs/a runs/b             PNG curves of the runs' scalars, resumes and best
                                            exports marked (needs matplotlib: cadence[plot])
 
@@ -70,6 +71,33 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"cadence: error: {self.prog}: {message} (see {self.prog} --help).\n")
 
 
+def installed_version() -> str:
+    """The version of the installed ``cadence`` distribution (its package metadata); that of
+    the source tree (`cadence.__version__`) when it was never installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("cadence")
+    except metadata.PackageNotFoundError:
+        from cadence import __version__
+
+        return __version__
+
+
+class _Version(argparse.Action):
+    """``--version``: prints ``cadence <version>`` and exits 0. The version is looked up only
+    when asked for, so that building the parser (and ``--help``) reads no package metadata."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: Any = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        sys.stdout.write(f"cadence {installed_version()}\n")  # on stdout, as argparse's is
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``cadence`` command."""
     parser = _Parser(
@@ -77,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Run `cadence train` to train the default experiment.",
     )
+    parser.add_argument("--version", action=_Version, help="print cadence's version and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     from cadence.task.config import MODES
 

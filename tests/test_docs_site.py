@@ -1,0 +1,66 @@
+"""The docs site (mkdocs.yml) shows every guide and documents every public name.
+
+Cheap checks of the files only; CI builds the site itself with ``mkdocs build --strict``
+(.ci/run), which fails on a broken link or a reference that does not resolve.
+"""
+
+import ast
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).parent.parent
+DOCS = ROOT / "docs"
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML's safe loader, which also reads the tags mkdocs configs may hold
+    (``!!python/name:...``, ``!ENV``) as nothing instead of failing."""
+
+
+_Loader.add_multi_constructor("", lambda loader, suffix, node: None)
+
+
+def nav_pages(nav):
+    """The Markdown files a mkdocs nav lists, at any depth (``- page.md``, ``- Title: page.md``,
+    ``- Section: [...]``)."""
+    for item in nav:
+        values = item.values() if isinstance(item, dict) else [item]
+        for value in values:
+            if isinstance(value, list):
+                yield from nav_pages(value)
+            elif isinstance(value, str) and value.endswith(".md"):
+                yield value
+
+
+def test_the_nav_lists_every_page_in_docs_and_nothing_that_is_not_there():
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=_Loader)
+    assert config["docs_dir"] == "docs"
+    listed = list(nav_pages(config["nav"]))
+    assert len(listed) == len(set(listed)), "a page is listed twice"
+    pages = {path.relative_to(DOCS).as_posix() for path in DOCS.rglob("*.md")}
+    assert {"architecture.md", "migrating/README.md", "api/index.md"} <= pages
+    assert sorted(pages - set(listed)) == [], "add these guides to the nav of mkdocs.yml"
+    assert sorted(set(listed) - pages) == [], "the nav of mkdocs.yml lists missing files"
+
+
+def exported_names(module: str) -> set[str]:
+    """The names in ``__all__`` of a package's ``__init__.py``, read without importing it."""
+    path = ROOT / module.replace(".", "/") / "__init__.py"
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(target, ast.Name) and target.id == "__all__"
+                for target in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError(f"{path} has no __all__")
+
+
+def test_the_api_reference_documents_every_public_name():
+    directives = set(re.findall(r"^::: ([\w.]+)$", "\n".join(
+        page.read_text() for page in sorted((DOCS / "api").glob("*.md"))), re.M))
+    documented = {directive.rsplit(".", 1)[-1] for directive in directives}
+    submodules = {"__version__", "callbacks", "core", "debug", "summary", "tensorpack"}
+    public = (exported_names("cadence") - submodules) | exported_names("cadence.callbacks") \
+        | exported_names("cadence.tensorpack") | exported_names("cadence.core")
+    assert sorted(public - documented) == [], "add `::: cadence.<name>` to a page in docs/api/"
