@@ -47,3 +47,21 @@ def test_the_metrics_benchmark_runs_and_reports_both_accuracies():
     for row in ("| 32 x 10 | cadence Accuracy |", "| 32 x 10 | torchmetrics micro",
                 "| cadence_trainer_accuracy |", "| cadence_trainer_torchmetrics |"):
         assert row in result.stdout, row
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+def test_the_checkpoint_scale_benchmark_measures_save_commit_and_restore_per_world_size():
+    """A smoke run at 2 ranks, tiny sizes: the table is made and its counters count (the
+    figures in docs/scale.md come from 2 to 16 ranks; what each rank reads is tested by
+    tests/test_real_models.py)."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "checkpoint_scale.py"),
+                             "--ranks", "2", "--layers", "2", "--width", "64"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:]
+            for line in result.stdout.splitlines() if line.startswith("| ") and "N=" not in line}
+    assert "rank 0's commit, ms" in rows and "bytes read at restore, KB (most, any rank)" in rows
+    assert float(rows["collectives per rank, restore (median)"][0]) > 0  # counted, not zero
+    assert float(rows["bytes read at restore, KB (most, any rank)"][0]) > 0
