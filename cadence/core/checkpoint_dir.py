@@ -236,6 +236,10 @@ class CheckpointDirectory:
                              "away, or pass another directory.")
         self.max_to_keep = max_to_keep
         self._reported: set[str] = set()  # incomplete directories already warned about
+        self._sized: set[tuple[str, int]] = set()
+        """Checkpoints (name, inode) whose files' sizes this process checked once: listed again
+        -- rank 0 lists after every commit, to prune -- only their manifests are read. Each
+        checkpoint's files are `stat`ted once, not once per save for as long as it is kept."""
 
     def path_for(self, step: int) -> Path:
         """Where the checkpoint of `step` is (or would be) committed."""
@@ -250,8 +254,10 @@ class CheckpointDirectory:
             match = _NAME.match(entry.name)
             if match is None or not entry.is_dir():
                 continue
+            key = (entry.name, entry.stat().st_ino)
             try:
-                read_manifest(entry)
+                read_manifest(entry, sizes_of=() if key in self._sized else None)
+                self._sized.add(key)
             except CheckpointError as error:
                 if str(entry) not in self._reported:  # listings repeat: say it once
                     self._reported.add(str(entry))
