@@ -288,15 +288,22 @@ def main() -> None:
         from cadence.core.checkpoint_dir import CheckpointDirectory
 
         pruners: list[str] = []
-        prune = CheckpointDirectory.prune
+        prune, gate = CheckpointDirectory.prune, threading.Event()
+        gate.set()
         CheckpointDirectory.prune = lambda self: (  # type: ignore[method-assign]
-            pruners.append(threading.current_thread().name) or prune(self))
+            pruners.append(threading.current_thread().name) or gate.wait(60) and prune(self))
         kept = cadence.CheckpointManager(trainer, directory / "kept", max_to_keep=2,
                                          async_save=True)
-        for step in (1, 2, 3):
+        for step in (1, 2):
             kept.save(step)
         kept.wait()
-        record(directory, mode, pending=pending, pruners=pruners,
+        gate.clear()  # rank 0's next prune takes its time
+        kept.save(3)
+        kept.wait(retention=False)  # a loop's end: the commit, not the deletes
+        while_pruning = sorted(p.name for p in (directory / "kept").iterdir())
+        gate.set()
+        kept.wait()
+        record(directory, mode, pending=pending, pruners=pruners, while_pruning=while_pruning,
                kept=sorted(p.name for p in (directory / "kept").iterdir()),
                committed_early=committed_early, committed=path.is_dir(), restored=restored,
                saved_weights_restored=same, files=sorted(p.name for p in path.iterdir()),

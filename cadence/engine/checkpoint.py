@@ -49,7 +49,7 @@ from cadence.core.errors import (
     CheckpointMismatchError,
 )
 from cadence.core.intervals import check_interval
-from cadence.core.protocols import Stateful, is_stateful
+from cadence.core.protocols import Stateful
 from cadence.engine.background import in_background, yield_cpu_to_training
 from cadence.engine.checkpoint_io import (
     CheckpointIO,
@@ -59,8 +59,7 @@ from cadence.engine.checkpoint_io import (
     save_with_digests,
 )
 from cadence.engine.distributed import any_rank, gather_on_rank_zero
-from cadence.engine.external_metrics import checkpoint_part
-from cadence.engine.module import Module, load_stateful
+from cadence.engine.module import DictState, Module, load_stateful
 from cadence.engine.rank_state import (
     rank_file,
     rank_payload,
@@ -88,27 +87,6 @@ __all__ = ["CheckpointIO", "CheckpointManager", "HostSnapshot", "StateFileIO", "
 logger = logging.getLogger("cadence")
 
 _RESERVED = frozenset({"state"})
-
-
-class _DictState:
-    """A dict of stateful objects, saved and loaded as one."""
-
-    def __init__(self, objects: Mapping[str, Any]) -> None:
-        for name, obj in objects.items():
-            if not is_stateful(obj):
-                raise TypeError(
-                    f"state[{name!r}] (got {type(obj).__name__}) has no state_dict() and "
-                    "load_state_dict(); pass modules, optimizers, schedulers or other stateful "
-                    "objects."
-                )
-        # A torchmetrics metric is saved with its states (see cadence.engine.external_metrics).
-        self.objects = {name: checkpoint_part(obj) for name, obj in objects.items()}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {name: obj.state_dict() for name, obj in self.objects.items()}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        load_stateful(self.objects, state_dict, "state")
 
 
 def _distributed() -> tuple[int, int]:
@@ -167,7 +145,7 @@ class CheckpointManager:
         if isinstance(state, Module):
             self._state: Stateful = state
         elif isinstance(state, Mapping):
-            self._state = _DictState(state)
+            self._state = DictState(state)
         else:
             raise TypeError(
                 f"`state` (got {type(state).__name__}) must be a cadence.Module or a dict of "
@@ -350,6 +328,7 @@ class CheckpointManager:
             logger.info("Saved checkpoint %s.", self._directory.path_for(step))
         dist.barrier()
         if _distributed()[0] == 0:  # deletes thousands of files at scale: not in the way
+            self._join_pruning()  # two prunes never overlap
             self._pruning = in_background(f"cadence-prune-{step}", self._prune)
 
     def _wait_for_the_ranks_writes(self) -> None:
@@ -442,8 +421,14 @@ class CheckpointManager:
                 work.exception()  # waits; what failed is dropped with the checkpoint
         self._pruning = None
 
-    def wait(self) -> None:
+    def wait(self, retention: bool = True) -> None:
         """Waits for a background write to be committed, and for old checkpoints to be deleted.
+
+        Args:
+            retention: False leaves the deletion of old checkpoints that the commit started
+                running (rank 0 of a distributed job): the Task Trainer's wait at each loop's
+                end, so that rank 0's training thread never waits for thousands of deletes.
+                The next save or `wait()` joins it; a run ends with retention applied.
 
         Raises:
             CheckpointError: if the background write failed (the message names the newest
@@ -453,10 +438,8 @@ class CheckpointManager:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.join()
-        pruning, self._pruning = self._pruning, None
-        failed = pruning.exception() if pruning is not None else None  # (waits for it)
-        if failed is not None:  # the old checkpoints stay; nothing is lost
-            logger.warning("Deleting old checkpoints failed: %s", failed)
+        if retention:
+            self._join_pruning()
         error, self._pending_error = self._pending_error, None
         if isinstance(error, CheckpointError):
             raise error
@@ -464,6 +447,12 @@ class CheckpointManager:
             raise CheckpointError(
                 f"Writing a checkpoint in the background failed: {error}. The previous "
                 "checkpoint is still the newest complete one.") from error
+
+    def _join_pruning(self) -> None:
+        pruning, self._pruning = self._pruning, None
+        failed = pruning.exception() if pruning is not None else None  # (waits for it)
+        if failed is not None:  # the old checkpoints stay; nothing is lost
+            logger.warning("Deleting old checkpoints failed: %s", failed)
 
     def restore(self, path: str | os.PathLike[str]) -> int:
         """Restores the checkpoint at `path`; returns its step.

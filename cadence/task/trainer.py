@@ -99,8 +99,8 @@ class AsyncCoordinator:
         self._waitables: list[Any] = []
 
     def add_waitable(self, obj: Any) -> None:
-        """Makes `join` also call ``obj.wait()`` (e.g. a `CheckpointManager` writing in the
-        background)."""
+        """Makes `join` also call ``obj.wait(retention=...)`` (a `CheckpointManager` writing in
+        the background)."""
         self._waitables.append(obj)
 
     def schedule(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
@@ -112,15 +112,16 @@ class AsyncCoordinator:
         self._pending.append(future)
         return future
 
-    def join(self, waitables: bool = True) -> None:
-        """Waits for all scheduled work (and, with `waitables`, for what `add_waitable` added);
-        raises the first error any of it raised."""
+    def join(self, waitables: bool = True, retention: bool = True) -> None:
+        """Waits for all scheduled work (and, with `waitables`, for what `add_waitable` added:
+        ``obj.wait(retention=...)``; False lets a checkpoint manager's deletion of old
+        checkpoints go on); raises the first error any of it raised."""
         pending, self._pending = self._pending, []
         for future in pending:
             future.result()
         if waitables:
             for obj in self._waitables:
-                obj.wait()
+                obj.wait(retention=retention)
 
 
 class Trainer(StandardTrainer, StandardEvaluator):
@@ -499,7 +500,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
     def train_loop_end(self) -> Output:
         """The loop's means: ``training_loss``, the task's metrics, other scalars the task's
         ``train_step`` returned, ``learning_rate`` and, with clipping, ``gradient_norm``."""
-        self.join()
+        self._coordinator.join(retention=False)  # old checkpoints are deleted in the background
         for metric in (self.training_loss, self.gradient_norm, *self.train_metrics.values(),
                        *self._extra_train_logs.values()):
             reduce_across_ranks(metric)  # a no-op in one process, and for torchmetrics'
@@ -559,7 +560,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
     def eval_end(self, aggregated_logs: Any = None) -> Output:
         """Metric results, ``validation_loss``, the task's reduced aggregates, and the export:
         when the exporter keeps these weights, ``best_<metric>`` is added."""
-        self.join()
+        self._coordinator.join(retention=False)
         for metric in (self.validation_loss, *self.validation_metrics.values()):
             reduce_across_ranks(metric)
         logs: dict[str, Any] = {name: read_metric(metric)
