@@ -5,8 +5,11 @@ The position is part of every checkpoint, so a resumed run continues with the ne
 - a map-style ``torch.utils.data.DataLoader`` (shuffled or not, with or without a generator):
   the index order of the current pass is recorded when the pass starts, and on resume the
   loader is fed the rest of that order, skipping at the index level -- no batch is loaded twice.
-  The generators of the loader and its sampler are saved too, so later passes shuffle as in an
-  uninterrupted run;
+  The checkpoint holds how to draw that order again where the sampler allows it (a
+  ``RandomSampler``'s generator state as the pass started, a ``DistributedSampler``'s seed and
+  epoch; `cadence.data.sharding.order_recipe`) and a digest to check it by, so that it does not
+  grow with the data set; for other samplers, the order itself. The generators of the loader
+  and its sampler are saved too, so later passes shuffle as in an uninterrupted run;
 - a source with ``state_dict``/``load_state_dict`` (torchdata's ``StatefulDataLoader``):
   its own state -- which covers what the loader's workers hold (an iterable dataset's
   position, the dataset's own random generators), where cadence's recorded order covers only
@@ -39,49 +42,60 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler,
 
 from cadence.core.errors import CheckpointError, CheckpointIncompatibleError
 from cadence.core.protocols import is_stateful
+from cadence.core.rank import world_size as process_count
 from cadence.data.device import DeviceCopier
 from cadence.data.resharding import deal, padding, rest_of_pass, steps_in_rest
+from cadence.data.sharding import draw_order, order_digest, order_recipe, shard_recipes
 
 
 class _RecordingSampler(Sampler[int]):
-    """Wraps a loader's sampler: records each pass's index order, and replays the rest of a
-    recorded order once after a resume."""
+    """Wraps a loader's sampler: records each pass's index order and, where the sampler allows
+    it, how to draw that order again (`order_recipe`, taken as the pass starts); replays the
+    rest of an order once after a resume."""
 
     def __init__(self, inner: Sampler[int]) -> None:
         self.inner = inner
         self.order: list[int] | None = None
-        self._order_tensor: tuple[list[int], torch.Tensor] | None = None
-        self.resume: tuple[list[int] | None, int] | None = None
+        self.recipe: dict[str, Any] | None = None
+        """How the current pass's order is drawn again; None where it is saved itself."""
+        self._saved: tuple[list[int], dict[str, Any]] | None = None
+        self.resume: tuple[list[int] | None, int, dict[str, Any] | None] | None = None
 
     def __len__(self) -> int:
         return len(self.inner)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[int]:
         if self.resume is not None:
-            order, skip = self.resume
+            order, skip, self.recipe = self.resume
             self.resume = None
             self.order = order
             if order is None:
                 return iter(range(skip, len(self.inner)))  # type: ignore[arg-type]
             return iter(order[skip:])
         if isinstance(self.inner, SequentialSampler):
-            self.order = None
+            self.order = self.recipe = None
             return iter(self.inner)
+        self.recipe = order_recipe(self.inner)  # before the sampler draws: its generator's state
         self.order = list(self.inner)  # draws from the sampler's generator exactly as usual
         return iter(self.order)
 
-    def order_tensor(self) -> torch.Tensor | None:
-        """The current pass's order as an int64 tensor, converted once per pass (through an
-        ``array``: ~4x faster than ``torch.tensor`` on a list, which matters inside a save)."""
+    def saved_order(self) -> dict[str, Any]:
+        """The current pass's order as a checkpoint holds it, made once per pass: its recipe
+        and digest (``pass_order``, a fixed size) where it can be drawn again, else the order
+        itself as an int64 tensor (``order``, through an ``array``: ~4x faster than
+        ``torch.tensor`` on a list, which matters inside a save)."""
         order = self.order
         if order is None:
-            return None
-        cached = self._order_tensor
-        if cached is None or cached[0] is not order:
-            tensor = (torch.frombuffer(array.array("q", order), dtype=torch.int64) if order
-                      else torch.empty(0, dtype=torch.int64))
-            cached = self._order_tensor = (order, tensor)
-        return cached[1]
+            return {"order": None}
+        if self._saved is None or self._saved[0] is not order:
+            if self.recipe is not None:
+                saved: dict[str, Any] = {"pass_order": {
+                    **self.recipe, "order_length": len(order), "sha256": order_digest(order)}}
+            else:
+                saved = {"order": torch.frombuffer(array.array("q", order), dtype=torch.int64)
+                         if order else torch.empty(0, dtype=torch.int64)}
+            self._saved = (order, saved)
+        return self._saved[1]
 
 
 _EXHAUSTED = object()
@@ -299,12 +313,24 @@ class DataIterator:
         return iterator
 
     def state_dict(self) -> dict[str, Any]:
-        """The position: passes done, batches taken, and what the source needs to resume."""
+        """The position: passes done, batches taken, and what the source needs to resume.
+
+        For a map-style loader in mid-pass, the pass's order: where the sampler allows (a
+        ``RandomSampler``, a ``DistributedSampler``, a `ShardSampler`), how to draw it again and
+        its digest (``pass_order``: a fixed size, whatever the data set's); else the order
+        itself (``order``, an int64 per example). Where this rank's position alone says every
+        old rank's -- at a pass boundary; in mid-pass when every rank holds a shard of one
+        global order (a ``DistributedSampler`` over the job's processes) or reads the same
+        batches -- ``reshards_alone`` holds the number of processes: a resume at another world
+        size then reads one old rank's file, not all (`cadence.engine.rank_state`). That
+        relies on what synchronous data parallelism guarantees: every rank takes one batch a
+        step, so all ranks are at one position.
+        """
         state: dict[str, Any] = {"kind": self.kind, "epoch": self.epoch, "batches": self.batches}
         if self.kind == "loader":
             assert self._recorder is not None
             state["batch_size"] = int(self.source.batch_size or 1)
-            state["order"] = self._recorder.order_tensor() if self.batches else None
+            state.update(self._recorder.saved_order() if self.batches else {"order": None})
             state["generators"] = {
                 name: gen.get_state()
                 for name, gen in (
@@ -328,19 +354,36 @@ class DataIterator:
                 UserWarning,
                 stacklevel=2,
             )
+        if self._reshards_alone(state):
+            state["reshards_alone"] = process_count()
         return state
+
+    def _reshards_alone(self, state: dict[str, Any]) -> bool:
+        """Whether `state` alone rebuilds the position of any new rank (see `state_dict`)."""
+        if self.kind == "stateful":
+            return False  # a loader's own state is one rank's shard
+        if self.kind != "loader" or not self.batches:
+            return True  # a pass boundary, or the same batches on every rank
+        recipe = state.get("pass_order")
+        if recipe is None:
+            return state.get("order") is None  # a sequential sampler: one order on every rank
+        return (shard_recipes(recipe) is not None
+                and int(recipe["num_replicas"]) == process_count())
 
     def load_resharded(self, states: list[dict[str, Any]], rank: int, world_size: int) -> str:
         """Continues from the positions of the ranks of a job with another number of processes
-        (`states`, one per old rank): the rest of the pass is dealt to the new ranks, each
-        example once (see `cadence.data.resharding`). Returns what happened, in words.
+        (`states`, one per old rank; or one old rank's alone, where it holds
+        ``reshards_alone``, see `state_dict`): the rest of the pass is dealt to the new ranks,
+        each example once (see `cadence.data.resharding`). Returns what happened, in words.
 
         Raises:
             CheckpointError: when the rest of the pass cannot be covered exactly once by ranks
                 that take equal numbers of steps, or the source keeps its own state and has no
                 ``load_resharded``; the message names both world sizes.
         """
-        saved = len(states)
+        first = states[0]
+        # One state for all old ranks where it says so (`state_dict`): it names their number.
+        saved = len(states) if len(states) > 1 else int(first.get("reshards_alone") or 1)
 
         def refuse(why: str) -> CheckpointError:
             return CheckpointIncompatibleError(
@@ -349,9 +392,8 @@ class DataIterator:
                 "checkpoint taken at the end of a pass."
             )
 
-        first = states[0]
         if "stateful" in (self.kind, first.get("kind")):
-            return self._reshard_stateful(states, rank, world_size)
+            return self._reshard_stateful(states, rank, world_size, saved)
         if any(state.get("kind") != first.get("kind") or state.get("epoch") != first.get("epoch")
                or state.get("batches") != first.get("batches") for state in states):
             raise refuse("the old ranks' positions disagree")
@@ -369,8 +411,7 @@ class DataIterator:
         saved_batch = int(first.get("batch_size") or self.source.batch_size or 1)
         batch_size = int(self.source.batch_size or 1)
         drop_last = bool(getattr(self.source, "drop_last", False))
-        orders = [state["order"].tolist() if state.get("order") is not None
-                  else list(range(len(self._recorder))) for state in states]
+        orders = self._old_orders(states)
         rest = rest_of_pass(orders, batches * saved_batch)
         steps = steps_in_rest(len(rest), world_size, batch_size, drop_last)
         left = f"the {len(rest)} example{'s' if len(rest) != 1 else ''} left in pass {epoch + 1}"
@@ -382,7 +423,7 @@ class DataIterator:
             return f"{what}; pass {epoch + 2} starts with the new sharding."
         self.load_state_dict({**first, "batches": 0, "order": None})
         self.epoch = epoch
-        self._recorder.resume = (deal(rest, world_size)[rank], 0)
+        self._recorder.resume = (deal(rest, world_size)[rank], 0, None)  # saved as it is
         self._resuming = True
         self.pass_length = steps  # this pass is the rest of one
         share = math.ceil(len(rest) / world_size)
@@ -394,7 +435,8 @@ class DataIterator:
                 f"{'es' if steps != 1 else ''} each{' (' + '; '.join(notes) + ')' if notes else ''}"
                 "; the next passes are sharded as usual.")
 
-    def _reshard_stateful(self, states: list[dict[str, Any]], rank: int, world_size: int) -> str:
+    def _reshard_stateful(self, states: list[dict[str, Any]], rank: int, world_size: int,
+                          saved: int) -> str:
         """A loader that keeps its own state, at another world size: its own
         ``load_resharded(states, rank, world_size)`` when it has one; else a refusal. Its state
         is one rank's (worker RNG streams, an iterable dataset's position in its shard) and
@@ -404,12 +446,12 @@ class DataIterator:
         kinds = {state.get("kind") for state in states}
         if kinds != {"stateful"} or self.kind != "stateful" or not callable(reshard):
             raise CheckpointIncompatibleError(
-                f"The checkpoint's data position was saved by {len(states)} processes and this "
+                f"The checkpoint's data position was saved by {saved} processes and this "
                 f"job has {world_size}; the position is the state of a loader that keeps its "
                 f"own ({type(self.source).__name__} here, {sorted(map(str, kinds))} saved), which "
                 "belongs to one rank's shard (worker RNG streams, an iterable dataset's "
                 "position) and cannot be dealt to other ranks: the loader has no "
-                f"load_resharded(). Resume with {len(states)} processes, or train from a map-style "
+                f"load_resharded(). Resume with {saved} processes, or train from a map-style "
                 "DataLoader, whose position cadence tracks and reshards.")
         how = reshard([state["source"] for state in states], rank, world_size)
         self.epoch = int(states[0]["epoch"])
@@ -425,6 +467,9 @@ class DataIterator:
 
         Raises:
             ValueError: if the position was saved from another kind of data source.
+            CheckpointIncompatibleError: if the order of the saved pass, drawn again from its
+                recipe, is not the order the checkpoint was taken in (the data set or the
+                sampler changed).
         """
         if state.get("kind") != self.kind:
             raise ValueError(
@@ -446,9 +491,62 @@ class DataIterator:
                 if generator is not None and name in generators:
                     generator.set_state(generators[name])
             if self.batches:
-                order = state.get("order")
+                order, recipe = self._pass_order(state)
                 skip = self.batches * int(self.source.batch_size or 1)
-                self._recorder.resume = (order.tolist() if order is not None else None, skip)
+                self._recorder.resume = (order, skip, recipe)
         elif self.kind == "stateful":
             self.source.load_state_dict(state["source"])
             self._saved_generators = dict(state.get("generators", {}))
+
+    def _pass_order(self, state: dict[str, Any]) -> tuple[list[int] | None, dict[str, Any] | None]:
+        """The order of the pass a saved position is in (None: the sampler's sequential order),
+        and its recipe: drawn again and checked where the state holds a recipe (``pass_order``),
+        else the order the state holds (``order``, also that of earlier versions)."""
+        recipe = state.get("pass_order")
+        if recipe is None:
+            order = state.get("order")
+            return (order.tolist() if order is not None else None), None
+        return self._draw_checked(recipe, int(state["epoch"])), recipe
+
+    def _draw_checked(self, recipe: dict[str, Any], epoch: int) -> list[int]:
+        """The order `recipe` describes, drawn again, if it is the one its digest names."""
+        length = int(recipe["order_length"])
+        try:
+            order = draw_order(recipe, self._sampled())
+        except (KeyError, TypeError, ValueError) as error:
+            how = f"cannot be drawn ({error})"
+        else:
+            if len(order) == length and order_digest(order) == recipe["sha256"]:
+                return order
+            how = (f"has {len(order)} examples" if len(order) != length
+                   else "has its examples in another order")
+        raise CheckpointIncompatibleError(
+            f"The checkpoint's data position is in pass {epoch + 1}, saved as how its "
+            f"{recipe.get('sampler')} drew that pass ({length} examples); drawn again over this "
+            f"data set ({type(self._sampled()).__name__}), the pass {how}: the data set or the "
+            "sampler changed since. Resume with the data the checkpoint was written with, or "
+            "from a checkpoint taken at the end of a pass.")
+
+    def _sampled(self) -> Any:
+        """The data set the loader's sampler draws over (the loader's, unless it says)."""
+        assert self._recorder is not None
+        inner = self._recorder.inner
+        return getattr(inner, "dataset", getattr(inner, "data_source", self.source.dataset))
+
+    def _old_orders(self, states: list[dict[str, Any]]) -> list[list[int]]:
+        """The pass orders of the old ranks, in rank order. From one state alone where it holds
+        a shard of one global order (`state_dict`): every shard is drawn from its recipe, and
+        the state's own is checked against its digest."""
+        assert self._recorder is not None
+        first = states[0]
+        recipe = first.get("pass_order")
+        if recipe is not None and len(states) == 1 and first.get("reshards_alone"):
+            shards = shard_recipes(recipe)
+            if shards is not None:
+                own = int(recipe["rank"])
+                return [self._draw_checked(recipe, int(first["epoch"])) if index == own
+                        else draw_order(shard, self._sampled())
+                        for index, shard in enumerate(shards)]
+        default = list(range(len(self._recorder)))  # a sequential sampler's
+        return [default if order is None else order
+                for order, _ in map(self._pass_order, states)]

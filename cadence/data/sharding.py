@@ -1,15 +1,20 @@
 """Sharding the input across processes (seed 002's ``InputContext``) and `build_dataloader`, the
-DataLoader of one process's share of a dataset as a `DataConfig` describes it."""
+DataLoader of one process's share of a dataset as a `DataConfig` describes it; and how the order
+of a pass that such a sampler drew is drawn again (`order_recipe`, `draw_order`), so that a
+checkpoint holds a recipe of a fixed size rather than an index per example."""
 
 from __future__ import annotations
 
+import array
+import hashlib
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 from cadence.core.errors import ConfigError
@@ -144,3 +149,81 @@ def _stateful_loader_class(training: bool) -> Any:
             "order of each pass itself)."
         ) from None
     return StatefulDataLoader
+
+
+# A pass's order, kept compactly: what draws it again instead of the order itself. A checkpoint
+# taken in mid-pass needs the order of the running pass; for the samplers below it holds how to
+# draw that order again (the sampler's settings and, where the sampler draws from a generator,
+# that generator's state as the pass started: a fixed size, whatever the data set's) and a
+# digest of the order, checked when it is drawn again. Only these exact types: a subclass, or
+# any other sampler, may draw from anything (Python's `random`, NumPy), and its order is saved.
+
+def order_recipe(sampler: Sampler[int]) -> dict[str, Any] | None:
+    """How to draw the pass `sampler` is about to draw again, taken just before it draws; None
+    where the order must be saved itself."""
+    if type(sampler) is DistributedSampler:
+        return {"sampler": "DistributedSampler", "num_replicas": sampler.num_replicas,
+                "rank": sampler.rank, "seed": sampler.seed, "epoch": sampler.epoch,
+                "shuffle": sampler.shuffle, "drop_last": sampler.drop_last}
+    if type(sampler) is ShardSampler:
+        return {"sampler": "ShardSampler", "num_replicas": sampler.num_replicas,
+                "rank": sampler.rank, "length": sampler.length}
+    if type(sampler) is RandomSampler:
+        generator = sampler.generator
+        if generator is None:  # it seeds itself from the global generator
+            state = torch.get_rng_state()
+        elif isinstance(generator, torch.Generator) and generator.device.type == "cpu":
+            state = generator.get_state()
+        else:
+            return None
+        return {"sampler": "RandomSampler", "replacement": sampler.replacement,
+                "num_samples": sampler.num_samples, "global_generator": generator is None,
+                "generator": state}
+    return None
+
+
+def draw_order(recipe: dict[str, Any], dataset: Any) -> list[int]:
+    """The order `recipe` (from `order_recipe`) describes, over `dataset`, drawn again without
+    touching any generator in use: a new sampler, with a new generator set to the saved state
+    (the global generator, where the sampler drew from it, is set back after)."""
+    name = recipe["sampler"]
+    if name == "DistributedSampler":
+        distributed: DistributedSampler[Any] = DistributedSampler(
+            dataset, num_replicas=int(recipe["num_replicas"]), rank=int(recipe["rank"]),
+            shuffle=bool(recipe["shuffle"]), seed=int(recipe["seed"]),
+            drop_last=bool(recipe["drop_last"]))
+        distributed.set_epoch(int(recipe["epoch"]))
+        return list(distributed)
+    if name == "ShardSampler":
+        return list(ShardSampler(int(recipe["length"]), int(recipe["num_replicas"]),
+                                 int(recipe["rank"])))
+    if name == "RandomSampler":
+        with torch.random.fork_rng(devices=[]):
+            generator = None
+            if recipe["global_generator"]:
+                torch.set_rng_state(recipe["generator"])
+            else:
+                generator = torch.Generator()
+                generator.set_state(recipe["generator"])
+            return list(RandomSampler(dataset, replacement=bool(recipe["replacement"]),
+                                      num_samples=int(recipe["num_samples"]),
+                                      generator=generator))
+    raise ValueError(f"the sampler {name!r} of a saved pass order is not one cadence draws again")
+
+
+def shard_recipes(recipe: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """For one shard of a global order (a `DistributedSampler`'s or a `ShardSampler`'s), the
+    recipes of every shard of that order, in rank order; None for other samplers."""
+    if recipe["sampler"] not in ("DistributedSampler", "ShardSampler"):
+        return None
+    common = {key: value for key, value in recipe.items()
+              if key not in ("order_length", "sha256")}  # the check is of one shard's order
+    return [{**common, "rank": rank} for rank in range(int(recipe["num_replicas"]))]
+
+
+def order_digest(order: list[int]) -> str:
+    """The SHA-256 of an order's indices as little-endian int64s (once per pass, not per step)."""
+    buffer = array.array("q", order)
+    if sys.byteorder == "big":
+        buffer.byteswap()
+    return hashlib.sha256(buffer.tobytes()).hexdigest()

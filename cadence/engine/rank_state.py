@@ -8,9 +8,16 @@ pickle, its SHA-256 in the manifest, checked as it is read).
 
 On restore at the same world size each rank takes its own file back: resume is exact, mid-pass
 too. At another world size, each rank-local part with a ``load_resharded(states, rank,
-world_size)`` method rebuilds its state from every old rank's (the data position covers the
+world_size)`` method rebuilds its state from the old ranks' (the data position covers the
 rest of the pass with the new ranks, or refuses in words); random states are taken from the old
-rank of the same number where there is one.
+rank of the same number where there is one, else from rank 0.
+
+At another world size a rank reads one old file -- the one its random state comes from: the
+old rank of its number, else rank 0 -- when every rank-local state in that file says it is
+enough alone (it holds ``reshards_alone``, the number of processes that saved it: a data
+position at a pass boundary, or in a shard of one global order, `DataIterator.state_dict`);
+``load_resharded`` is then given that one state. Otherwise (a metric's states, which are merged,
+a loader's own state, a data order saved per rank) it reads every old rank's file.
 """
 
 from __future__ import annotations
@@ -75,7 +82,9 @@ def _read(directory: Path, rank: int, manifest: dict[str, Any]) -> dict[str, Any
 def read_rank_states(directory: Path, manifest: dict[str, Any],
                      saved_world: int) -> list[dict[str, Any] | None]:
     """The rank files `restore_rank_state` needs, read and verified before anything is loaded:
-    at the same world size this rank's own; at another, every old rank's (None where missing).
+    at the same world size this rank's own; at another, the file of the old rank of this
+    rank's number (else rank 0's) alone where its rank-local states say that is enough (see
+    the module docstring), else every old rank's (None where missing).
 
     Raises:
         CheckpointError: a file is damaged or not cadence's.
@@ -83,7 +92,12 @@ def read_rank_states(directory: Path, manifest: dict[str, Any],
     rank, world = process_rank(), world_size()
     if saved_world == world:
         return [_read(directory, rank, manifest)]
-    return [_read(directory, r, manifest) for r in range(saved_world)]
+    first = rank if rank < saved_world else 0
+    own = _read(directory, first, manifest)
+    if own is not None and all(isinstance(state, dict) and state.get("reshards_alone")
+                               for state in own["state"].values()):
+        return [own]
+    return [own if r == first else _read(directory, r, manifest) for r in range(saved_world)]
 
 
 def _restore_rng(directory: Path, rng: dict[str, Any]) -> None:
@@ -123,7 +137,8 @@ def restore_rank_state(directory: Path, items: dict[str, Any], saved_world: int,
         return []
     states = files
     said: list[str] = []
-    own = states[rank] if rank < saved_world else None
+    alone = len(states) < saved_world  # the one file of the old rank of this number, or rank 0's
+    own = (states[0] if alone else states[rank]) if rank < saved_world else None
     if any(state is None for state in states):
         raise CheckpointError(f"Checkpoint {str(directory)!r} lacks the files of some of its "
                               f"{saved_world} ranks: it is incomplete; restore an older one.")

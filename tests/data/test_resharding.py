@@ -77,11 +77,13 @@ def test_every_new_rank_takes_the_steps_the_line_states_and_the_rest_is_covered_
 
 
 def _orders(iterators_: list[DataIterator]) -> list[list[int]]:
-    """The examples each old rank had not reached yet, read from its saved position."""
+    """The examples each old rank had not reached yet: the order of its sampler's pass (a
+    `DistributedSampler` draws it again as it is, the saved position holds only its recipe),
+    after the batches its saved position says it took."""
     orders = []
     for it in iterators_:
         state = it.state_dict()
-        order = state["order"].tolist()
+        order = list(it.source.sampler)
         orders.append(order[state["batches"] * state["batch_size"]:])
     return orders
 
