@@ -268,7 +268,8 @@ def test_a_stuck_rank_ends_the_job_within_the_collective_timeout(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize(("before", "after", "stop_at"), [(2, 1, 2), (1, 2, 3)])
+@pytest.mark.parametrize(("before", "after", "stop_at"),
+                         [(2, 1, 2), (1, 2, 3), (4, 8, 1), (8, 4, 1)])
 def test_a_resume_at_another_world_size_covers_the_rest_of_the_pass_once(
         tmp_path, before, after, stop_at):
     launch(tmp_path, "train", str(stop_at), nproc=before)  # mid-pass: 6 or 12 batches a pass
