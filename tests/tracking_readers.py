@@ -50,13 +50,14 @@ def _wandb_records(path):
 
 def wandb_runs(wandb_dir):
     """Each offline run under ``<wandb_dir>/wandb``, in the order they started, as ``{"id",
-    "project", "name", "config", "history"}``; history rows are dicts of the logged values."""
+    "project", "name", "config", "history", "exit_code"}``; history rows are dicts of the logged
+    values; ``exit_code`` is the one ``finish`` recorded (None for a run not finished)."""
     import wandb
 
     wandb.teardown()  # waits until wandb's service has written out every run it had
     runs = []
     for path in Path(wandb_dir, "wandb").glob("offline-run-*/run-*.wandb"):
-        run = {"config": {}, "history": []}
+        run = {"config": {}, "history": [], "exit_code": None}
         for record in _wandb_records(path):
             kind = record.WhichOneof("record_type")
             if kind == "run":
@@ -66,6 +67,9 @@ def wandb_runs(wandb_dir):
                 updates = record.run.config.update
             elif kind == "config":
                 updates = record.config.update
+            elif kind == "exit":
+                run["exit_code"] = record.exit.exit_code
+                continue
             elif kind == "history":  # less wandb's own _step, _runtime, _timestamp
                 row = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
                        for item in record.history.item}

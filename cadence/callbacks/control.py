@@ -14,15 +14,16 @@ from typing import Any
 import torch
 
 from cadence.core.best import BestTracker, check_mode, lookup
-from cadence.core.callbacks import Callback, RunState
+from cadence.core.callbacks import Callback, RunState, overridden_hooks
 
 logger = logging.getLogger("cadence")
 
 
 class EarlyStopping(Callback):
     """Stops training when `monitor` has not improved for `patience` triggers (epochs, by
-    default); with `restore_best`, puts the best weights back into ``state.trainer.model`` when
-    training ends. The best value, the waiting count and the best weights are checkpointed.
+    default; evaluations with ``after="evaluation"``); with `restore_best`, puts the best
+    weights back into ``state.trainer.model`` when training ends. The best value, the waiting
+    count and the best weights are checkpointed.
 
     Args:
         monitor: the metric in ``state.metrics``; a trigger without it is an error that lists
@@ -32,16 +33,26 @@ class EarlyStopping(Callback):
         mode: ``"min"`` or ``"max"``; None infers it from the name (see
             `cadence.core.best.LARGER_IS_BETTER`).
         restore_best: restore the best weights at the end.
+        after: ``"epoch"``: trigger at each epoch's end (or where a scheduling wrapper says);
+            ``"evaluation"``: after each Controller evaluation (``on_eval_end``; monitor an
+            ``eval/<name>`` metric), as the Task front-end's ``trainer.early_stopping`` does.
 
     Raises:
-        ValueError: for a bad `mode` or `patience`.
+        ValueError: for a bad `mode`, `patience` or `after`.
     """
 
     def __init__(self, monitor: str, patience: int = 3, min_delta: float = 0.0,
-                 mode: str | None = None, restore_best: bool = False) -> None:
+                 mode: str | None = None, restore_best: bool = False,
+                 after: str = "epoch") -> None:
         check_mode(mode)
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
             raise ValueError(f"`patience` (got {patience!r}) must be a positive int.")
+        if after not in ("epoch", "evaluation"):
+            raise ValueError(f"`after` (got {after!r}) must be 'epoch' or 'evaluation'.")
+        self.after = after
+        # Dispatched at the epoch's end or the evaluation's, never both.
+        unused = "on_eval_end" if after == "epoch" else "on_epoch_end"
+        self.active_hooks = overridden_hooks(self) - {unused}
         self.monitor = monitor
         self.requires = (monitor,)
         self.patience = patience
@@ -80,13 +91,17 @@ class EarlyStopping(Callback):
                                      for k, v in model.state_dict().items()}
             return
         if self.wait >= self.patience:
+            unit = "epochs" if self.after == "epoch" else "evaluations"
             state.request_stop(f"early stopping: {self.monitor} did not improve for "
-                               f"{self.wait} epochs (best {self.best:.6g} at step "
+                               f"{self.wait} {unit} (best {self.best:.6g} at step "
                                f"{self.best_step})")
-            logger.info("Early stopping at step %d: %s did not improve on %.6g for %d epochs.",
-                        state.global_step, self.monitor, self.best, self.wait)
+            logger.info("Early stopping at step %d: %s did not improve on %.6g for %d %s.",
+                        state.global_step, self.monitor, self.best, self.wait, unit)
 
     def on_epoch_end(self, state: RunState) -> None:
+        self.trigger(state)
+
+    def on_eval_end(self, state: RunState, logs: dict[str, Any]) -> None:
         self.trigger(state)
 
     def on_train_end(self, state: RunState) -> None:

@@ -1,8 +1,10 @@
 """`ProgressBar`: a tqdm progress bar over training steps.
 
-On a terminal it shows the step, the target, the ETA, steps/sec and the latest scalar logs; when
-stderr is not a terminal (CI, a log file) tqdm's bar would only add noise, so it stays silent
-and the Controller's log lines carry the same information. Only rank 0 shows it.
+On a terminal it shows the step, the target, the ETA, steps/sec and the latest scalar logs, and
+in a Jupyter notebook the same as tqdm's notebook bar (``tqdm.auto``: a widget where ipywidgets
+is installed, text otherwise); when stderr is neither (CI, a log file) tqdm's bar would only add
+noise, so it stays silent and the Controller's log lines carry the same information. Only rank 0
+shows it.
 
 What the bar shows always belongs together: at the end of each loop it is redrawn with that
 loop's step and that loop's logs. In between -- a loop can take many seconds, the first one
@@ -19,6 +21,7 @@ from typing import Any
 
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.logs import flatten, format_value, is_scalar
+from cadence.core.notebook import in_notebook
 from cadence.core.rank import process_rank
 
 
@@ -26,7 +29,8 @@ class ProgressBar(Callback):
     """Shows training progress; costs nothing per step (it hooks loops, not steps).
 
     Args:
-        enabled: force the bar on or off; by default it is on when stderr is a terminal.
+        enabled: force the bar on or off; by default it is on when stderr is a terminal or
+            the process is a notebook's kernel.
         max_logs: how many scalar logs to show beside the bar.
         refresh_interval: seconds between redraws during a loop (the count moves); None
             redraws only at loop ends.
@@ -55,7 +59,9 @@ class ProgressBar(Callback):
     def _active(self) -> bool:
         if process_rank() != 0:
             return False
-        return self.enabled if self.enabled is not None else sys.stderr.isatty()
+        if self.enabled is not None:
+            return self.enabled
+        return sys.stderr.isatty() or in_notebook()
 
     def on_train_begin(self, state: RunState) -> None:
         if not self._active():

@@ -166,6 +166,9 @@ class Controller(ControllerEvaluation):
         self.train_actions = tuple(train_actions)
         self.eval_actions = tuple(eval_actions)
         self.handle_signals = handle_signals
+        self.log_loops = True
+        """Log a line after each training loop (``cadence.loop``); a front-end whose monitors
+        print the loop's scalars themselves (tensorpack's `ScalarPrinter`) turns it off."""
 
         # Managers built here are closed at the end of every entry point (train,
         # train_and_evaluate, evaluate, evaluate_continuously); injected ones are flushed.
@@ -173,7 +176,6 @@ class Controller(ControllerEvaluation):
                                        eval_summary_manager, self._global_step, writers)
         self.summary_manager = self._summaries.train
         self.eval_summary_manager = self._summaries.eval
-        self._depth = 0  # nesting of entry points: the outermost one closes the writers
 
         self.state = RunState(trainer=trainer, evaluator=evaluator, controller=self)
         for runner in {id(r): r for r in (trainer, evaluator) if r is not None}.values():
@@ -404,18 +406,12 @@ class Controller(ControllerEvaluation):
         progress = self.progress
         return epochs is not None and progress is not None and progress.epochs_completed >= epochs
 
-    @contextlib.contextmanager
-    def _session(self) -> Iterator[None]:
+    def _session(self) -> contextlib.AbstractContextManager[None]:
         """Wraps each entry point: when the outermost one returns, the summary writers the
-        Controller opened are closed (a later call opens them again), and injected ones are
-        flushed."""
-        self._depth += 1
-        try:
-            yield
-        finally:
-            self._depth -= 1
-            if self._depth == 0:
-                self._summaries.release()
+        Controller opened are closed, with the exception it raised if any (MLflow's run
+        status; a later call opens them again), and injected ones are flushed
+        (`RunSummaries.session`)."""
+        return self._summaries.session()
 
     @contextlib.contextmanager
     def _training(self) -> Iterator[None]:
@@ -568,7 +564,7 @@ class Controller(ControllerEvaluation):
         examples = getattr(self.trainer, "examples_per_step", None)
         if examples:  # every replica's: a step of a distributed job is one step of each rank
             rates["examples_per_second"] = rates["steps_per_second"] * examples * world_size()
-        if loop_logger.isEnabledFor(logging.INFO):  # formatting is work: only when shown
+        if self.log_loops and loop_logger.isEnabledFor(logging.INFO):  # only when shown
             rate_text = " | ".join(f"{k.replace('_per_second', '/sec')}: {v:.1f}"
                                    for k, v in rates.items())
             loop_logger.info("train | step: %d | %s | %s", after, rate_text, format_logs(logs))

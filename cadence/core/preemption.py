@@ -5,6 +5,11 @@ through the run state (the loops end after the current step), and when training 
 `Preemption.finish` saves a checkpoint and raises `cadence.Preempted`, whose exit code (143 for
 SIGTERM, 130 for SIGINT) tells a scheduler to requeue. A second Ctrl-C stops at once, without
 saving. Handlers are installed only in the main thread, and the previous ones are put back.
+
+In a notebook (an IPython kernel), Ctrl-C -- the kernel's interrupt -- ends the cell with a
+`KeyboardInterrupt` once the checkpoint is saved: a `SystemExit` there would be IPython's "To
+exit: use 'exit'" warning, and there is no scheduler to requeue. `watch` also makes the loop
+lines show there without any logging setup (`cadence.core.notebook.show_log_lines`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 
 from cadence.core.callbacks import RunState
 from cadence.core.errors import Preempted
+from cadence.core.notebook import in_notebook, show_log_lines
 
 logger = logging.getLogger("cadence")
 
@@ -42,6 +48,7 @@ class Preemption:
     def watch(self, state: RunState) -> Iterator[Preemption]:
         """While inside, a signal requests a stop through `state`."""
         self.received = None
+        show_log_lines()  # in a notebook without logging setup; nothing elsewhere
         if not self.enabled or threading.current_thread() is not threading.main_thread():
             yield self
             return
@@ -79,8 +86,17 @@ class Preemption:
 
         Raises:
             Preempted: when a signal requested the stop (as the ranks agreed, if they did).
+            KeyboardInterrupt: instead, for Ctrl-C in a notebook (see the module docstring);
+                its message names the checkpoint.
         """
         agreed, self._agreed = self._agreed, None
         preempted = agreed if agreed is not None else self.received is not None
-        if preempted:
-            raise Preempted(self.received or signal.SIGTERM, save())
+        if not preempted:
+            return
+        signum = self.received or signal.SIGTERM
+        checkpoint = save()
+        if signum == signal.SIGINT and in_notebook():
+            where = f"saved {checkpoint}" if checkpoint else "no checkpoint manager to save to"
+            raise KeyboardInterrupt(f"Training interrupted ({where}); run the cell again to "
+                                    "continue.")
+        raise Preempted(signum, checkpoint)

@@ -97,6 +97,18 @@ class HParamsWriter(Protocol):
     def write_hparams(self, params: Mapping[str, Any]) -> None: ...
 
 
+@runtime_checkable
+class OutcomeWriter(Protocol):
+    """A `MetricWriter` that records how the run ended: MLflow's run status (``FINISHED``,
+    ``FAILED``, ``KILLED``), W&B's exit code, TensorBoard's hparams session status.
+
+    `SummaryManager.close` calls ``set_outcome`` just before ``close``, with the exception the
+    run ends with (None when it completed; `cadence.Preempted` when it was stopped).
+    """
+
+    def set_outcome(self, error: BaseException | None) -> None: ...
+
+
 class SummaryManagerLike(Protocol):
     """What the Controller needs of a summary manager (`cadence.SummaryManager` has it)."""
 

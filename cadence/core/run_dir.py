@@ -11,8 +11,9 @@ Every front-end and built-in callback that writes into a run's directory finds i
       eval/              evaluation summaries
       best/              the best exports (safetensors + metrics.json, ledger info.json)
       stats.jsonl        the tensorpack monitors' one line per epoch
-      mlflow_run.json    the run's MLflow run (with the mlflow writer; mlruns/ is its default
-                         store); wandb_run.json and wandb/ the same for W&B
+      mlflow_run.json    the run's MLflow run (with the mlflow writer; ../mlruns/, shared by
+                         the folder's runs, is its default store); wandb_run.json and wandb/
+                         the same for W&B
       resumes.jsonl      one line each time training continued from a checkpoint
 
 The Task front-end (``run_experiment``, the ``cadence`` command) calls the root its model

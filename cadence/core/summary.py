@@ -31,7 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from cadence.core.logs import Logs, flatten, iter_groups, to_host
-from cadence.core.protocols import HParamsWriter, MetricWriter, SummaryManagerLike
+from cadence.core.protocols import (
+    HParamsWriter,
+    MetricWriter,
+    OutcomeWriter,
+    SummaryManagerLike,
+)
 from cadence.core.rank import process_rank
 from cadence.core.scope import scoped
 
@@ -249,10 +254,18 @@ class SummaryManager:
         for writer in self._writers or ():
             writer.flush()
 
-    def close(self) -> None:
-        """Flushes and closes every writer; a later write opens them again."""
+    def close(self, error: BaseException | None = None) -> None:
+        """Flushes and closes every writer; a later write opens them again.
+
+        Args:
+            error: the exception the run ends with, None when it completed: the writers that
+                record outcomes (`OutcomeWriter`) get it, e.g. MLflow's run status is
+                ``FAILED`` after a crash or a divergence, ``KILLED`` after `cadence.Preempted`.
+        """
         self.flush()
         for writer in self._writers or ():
+            if isinstance(writer, OutcomeWriter):
+                writer.set_outcome(error)
             writer.close()
         self._writers = None
 
@@ -291,7 +304,7 @@ class RunSummaries:
                  eval_summary_manager: SummaryManagerLike | None,
                  global_step: Callable[[], int],
                  writers: Sequence[WriterSpec] = DEFAULT_WRITERS) -> None:
-        self._owned: list[SummaryManagerLike] = []
+        self._owned: list[SummaryManager] = []
         run_dir = shared_run_dir(summary_dir, eval_summary_dir)
         if summary_manager is None:
             summary_manager = SummaryManager(summary_dir, global_step, writers=writers,
@@ -306,12 +319,33 @@ class RunSummaries:
                 self._owned.append(eval_summary_manager)
         self.train: SummaryManagerLike = summary_manager
         self.eval: SummaryManagerLike = eval_summary_manager
+        self._depth = 0  # nesting of sessions (entry points): the outermost one releases
 
-    def release(self) -> None:
-        """Closes the managers built here and flushes the injected ones."""
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """Wraps a use of the managers (a Controller's entry point): when the outermost one
+        ends, `release` is called with the exception it raised, if any, so that the writers
+        that record how a run ended get it (MLflow's run status, W&B's exit code)."""
+        self._depth += 1
+        error: BaseException | None = None
+        try:
+            yield
+        except BaseException as raised:
+            error = raised
+            raise
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self.release(error)
+            del error  # its traceback holds the frames of the run (the trainer's)
+
+    def release(self, error: BaseException | None = None) -> None:
+        """Closes the managers built here, with the exception the run ends with (`error`,
+        None when it completed: see `SummaryManager.close`), and flushes the injected ones."""
         for manager in {id(m): m for m in (self.train, self.eval)}.values():
-            if any(manager is owned for owned in self._owned):
-                manager.close()
+            owned = next((m for m in self._owned if m is manager), None)
+            if owned is not None:
+                owned.close(error)
             else:
                 manager.flush()
 

@@ -85,7 +85,8 @@ _PATHS = {"ExperimentConfig": "config", "TrainerConfig": "trainer", "RuntimeConf
           "OptimizerConfig": "trainer.optimizer_config.optimizer",
           "LearningRateConfig": "trainer.optimizer_config.learning_rate",
           "EMAConfig": "trainer.ema", "MLflowConfig": "runtime.mlflow",
-          "WandbConfig": "runtime.wandb"}
+          "WandbConfig": "runtime.wandb", "EarlyStoppingConfig": "trainer.early_stopping",
+          "ProfilerConfig": "runtime.profiler"}
 """Where the built-in config classes sit in an `ExperimentConfig`, for error messages."""
 
 
@@ -220,6 +221,32 @@ class EMAConfig(Config):
 
 
 @dataclass
+class EarlyStoppingConfig(Config):
+    """Stops ``train_and_eval`` when an evaluation metric stops improving
+    (`cadence.callbacks.EarlyStopping`, checked after every evaluation).
+
+    Attributes:
+        monitor: the evaluation metric (``accuracy``, ``validation_loss``; "a/b" or "a|b" for
+            nested logs); "" disables early stopping.
+        mode: ``min`` or ``max``; null infers it from the name (``accuracy``: max).
+        patience: evaluations without improvement before training stops.
+        min_delta: the smallest change that counts as an improvement.
+        restore_best: when training ends, put the best weights back into the model that
+            `run_experiment` returns (checkpoints keep the latest, so a resumed run goes on;
+            ``trainer.best_checkpoint_*`` exports the best to disk).
+
+    Its state is checkpointed: a run stopped early and run again resumes, and stops at its next
+    evaluation unless the metric improves there.
+    """
+
+    monitor: str = ""
+    mode: str | None = None
+    patience: int = 3
+    min_delta: float = 0.0
+    restore_best: bool = False
+
+
+@dataclass
 class TrainerConfig(Config):
     """How to train: steps, intervals, checkpoints, exports, and recovery from bad losses.
 
@@ -255,6 +282,10 @@ class TrainerConfig(Config):
         async_checkpoints: write checkpoints in a background thread; training waits only for
             the copy of the state into host memory.
         optimizer_config: the optimizer and learning-rate schedule.
+        early_stopping: stop when an evaluation metric stops improving.
+        time_limit: stop cleanly, with a checkpoint, after this much training time in this
+            process: seconds, or ``"HH:MM:SS"`` / ``"DD:HH:MM:SS"``; null: no limit. Running
+            the same command again continues the run.
     """
 
     train_steps: int = 0
@@ -280,6 +311,8 @@ class TrainerConfig(Config):
     cuda_graphs: bool = False
     async_checkpoints: bool = True
     optimizer_config: OptimizationConfig = field(default_factory=OptimizationConfig)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    time_limit: int | float | str | None = None
 
 
 @dataclass
@@ -288,7 +321,8 @@ class MLflowConfig(Config):
 
     Attributes:
         tracking_uri: the MLflow store or server; null: ``MLFLOW_TRACKING_URI``, else a file
-            store in the model directory (``file:<model_dir>/mlruns``).
+            store next to the model directory, shared by the runs of its folder
+            (``file:<model_dir>/../mlruns``).
         experiment_name: null: ``MLFLOW_EXPERIMENT_NAME``, else the config's `experiment`
             (e.g. ``digits``), else MLflow's ``Default``.
         run_name: null: the model directory's name.
@@ -339,6 +373,28 @@ class FSDPConfig(Config):
 
 
 @dataclass
+class ProfilerConfig(Config):
+    """A ``torch.profiler`` trace of some training steps (`cadence.callbacks.Profiler` on
+    ``torch.profiler.schedule``), written by its TensorBoard trace handler as
+    ``<model_dir>/profile/*.pt.trace.json`` (TensorBoard's PyTorch profiler plugin, Perfetto or
+    ``chrome://tracing`` open them). Steps count from the first one this process trains.
+
+    Attributes:
+        enabled: profile.
+        wait: steps left alone at the start of each cycle.
+        warmup: steps profiled but not recorded (the profiler's start-up stays out of the trace).
+        active: steps recorded in each cycle's trace.
+        repeat: cycles; 0 repeats them until training ends.
+    """
+
+    enabled: bool = False
+    wait: int = 1
+    warmup: int = 1
+    active: int = 3
+    repeat: int = 1
+
+
+@dataclass
 class RuntimeConfig(Config):
     """Where and how precisely to run.
 
@@ -367,6 +423,7 @@ class RuntimeConfig(Config):
             (``pip install 'cadence[mlflow]'``) and get the config as hyper-parameters.
         mlflow: where the ``mlflow`` writer logs.
         wandb: where the ``wandb`` writer logs.
+        profiler: a ``torch.profiler`` trace of some training steps.
     """
 
     device: str = "auto"
@@ -381,6 +438,7 @@ class RuntimeConfig(Config):
     writers: list[str] = field(default_factory=lambda: list(DEFAULT_WRITERS))
     mlflow: MLflowConfig = field(default_factory=MLflowConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
 
 @dataclass
@@ -460,6 +518,9 @@ def _problems(config: ExperimentConfig) -> Iterable[str]:
     if trainer.best_checkpoint_metric_comp not in ("higher", "lower"):
         yield (f"trainer.best_checkpoint_metric_comp: must be 'higher' or 'lower' "
                f"(got {trainer.best_checkpoint_metric_comp!r}).")
+    if trainer.early_stopping.mode not in (None, "min", "max"):
+        yield (f"trainer.early_stopping.mode: must be null, 'min' or 'max' "
+               f"(got {trainer.early_stopping.mode!r}).")
     if opt.optimizer.name not in OPTIMIZERS:
         yield (f"trainer.optimizer_config.optimizer.name: unknown optimizer "
                f"{opt.optimizer.name!r}; valid: {', '.join(OPTIMIZERS)}.")

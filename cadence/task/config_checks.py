@@ -61,6 +61,30 @@ LOSS_BOUND = Rule(lambda v: isinstance(v, (int, float)) and not isinstance(v, bo
 SUBDIRECTORY = Rule(relative_name, "a relative path inside the run directory")
 
 
+def duration_seconds(value: Any) -> float | None:
+    """A duration of ``trainer.time_limit`` in seconds: a positive finite number of seconds,
+    or ``"HH:MM:SS"`` / ``"DD:HH:MM:SS"``; None for anything else (and for 0).
+
+    >>> duration_seconds(90), duration_seconds("01:30:00"), duration_seconds("1:00:00:00")
+    (90.0, 5400.0, 86400.0)
+    >>> duration_seconds("90m"), duration_seconds(-1), duration_seconds("00:00:00")
+    (None, None, None)
+    """
+    if isinstance(value, str):
+        parts = value.strip().split(":")
+        if len(parts) not in (3, 4) or not all(p.isascii() and p.isdigit() for p in parts):
+            return None
+        seconds = 0.0
+        for part, unit in zip(reversed(parts), (1, 60, 3600, 86400)):
+            seconds += int(part) * unit
+        return seconds or None
+    return float(value) if _is_real(value) and value > 0 else None
+
+
+DURATION = Rule(lambda v: duration_seconds(v) is not None,
+                "a positive number of seconds, or 'HH:MM:SS' or 'DD:HH:MM:SS'")
+
+
 def optional(rule: Rule) -> Rule:
     """`rule`, or None."""
     return Rule(lambda v: v is None or rule.holds(v), f"{rule.phrase} or null")
@@ -92,6 +116,9 @@ RANGES: dict[str, tuple[Rule, str]] = {
                                  "disables the bound"),
     "trainer.recovery_begin_steps": (NON_NEGATIVE_INT, ""),
     "trainer.recovery_max_trials": (RECOVERY_TRIALS, ""),
+    "trainer.early_stopping.patience": (POSITIVE_INT, "evaluations without improvement"),
+    "trainer.early_stopping.min_delta": (NON_NEGATIVE, ""),
+    "trainer.time_limit": (optional(DURATION), "null: no limit"),
     "trainer.ema.decay": (DECAY, ""),
     "trainer.ema.start_step": (NON_NEGATIVE_INT, ""),
     f"{_OPT}.gradient_clip_norm": (optional(POSITIVE), "null: no clipping"),
@@ -114,6 +141,10 @@ RANGES: dict[str, tuple[Rule, str]] = {
     "runtime.seed": (optional(SEED), ""),
     "runtime.num_threads": (optional(POSITIVE_INT), "null: torch's default"),
     "runtime.collective_timeout": (POSITIVE, "seconds a collective waits for the other ranks"),
+    "runtime.profiler.wait": (NON_NEGATIVE_INT, ""),
+    "runtime.profiler.warmup": (NON_NEGATIVE_INT, ""),
+    "runtime.profiler.active": (POSITIVE_INT, "steps recorded in each trace"),
+    "runtime.profiler.repeat": (NON_NEGATIVE_INT, "0: until training ends"),
     **{f"task.{data}.{key}": value
        for data in ("train_data", "validation_data")
        for key, value in {"global_batch_size": (POSITIVE_INT, ""),

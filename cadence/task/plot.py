@@ -3,8 +3,11 @@
 One figure per scalar, one colour per run (the legend names the run directory), training
 summaries as solid lines and evaluations as dashed lines with markers; dotted vertical lines in
 the run's colour mark where it resumed from a checkpoint, and a star marks its best export on
-each evaluation curve. The ``cadence plot`` command calls it; the data comes from
-`cadence.writers.reading.read_run`.
+the evaluation curve of the metric the exporter ranks by (only there: on another metric, the
+best export's step is not the best value). The y axis may be logarithmic (``log_scale``), for
+losses that fall by orders of magnitude. The ``cadence plot`` command calls it; the data comes
+from `cadence.writers.reading.read_run` (JSON lines, else CSV tables, else TensorBoard event
+files).
 
 matplotlib is an optional dependency (``pip install 'cadence[plot]'``), imported on first use.
 Figures are drawn on matplotlib's non-interactive Agg canvas directly, without pyplot, so
@@ -20,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cadence.writers.reading import RunScalars, Series
+from cadence.writers.reading import BestExport, RunScalars, Series
 
 INSTALL_HINT = "pip install 'cadence[plot]'"
 FIGSIZE = (8.0, 4.5)
@@ -110,6 +113,20 @@ def _style(series: Series) -> dict[str, Any]:
     return dict(_STYLES["train" if series.is_train else "eval"])
 
 
+def ranked_by_best(series: Series, best: BestExport | None) -> bool:
+    """Whether `series` is the evaluation curve of the metric that `best` was ranked by: its
+    name below the evaluation directory (``accuracy`` in ``eval/``, ``per_class/cat`` for
+    ``eval/per_class/``) is the ledger's metric."""
+    if best is None or series.is_train:
+        return False
+    return "/".join([*series.split.split("/")[1:], series.metric]) == best.metric
+
+
+def _positive(metric: str, runs: Sequence[RunScalars]) -> bool:
+    """Whether every value of `metric` in `runs` is above zero (a log axis can show them)."""
+    return all(v > 0 for run in runs for series in run.get(metric) for v in series.values)
+
+
 def _draw(ax: Any, metric: str, runs: Sequence[RunScalars], labels: Sequence[str],
           smooth: float) -> None:
     for index, (run, label) in enumerate(zip(runs, labels)):
@@ -125,17 +142,11 @@ def _draw(ax: Any, metric: str, runs: Sequence[RunScalars], labels: Sequence[str
             else:
                 ax.plot(series.steps, series.values, color=color, label=name, **style)
             best = run.best
-            if best is None or series.is_train:
+            if best is None or not ranked_by_best(series, best):
                 continue
-            if best.step in series.steps:
-                value = series.values[series.steps.index(best.step)]
-            elif best.metric == metric:
-                value = best.value
-            else:
-                continue
-            star = f"{label} best export (step {best.step})" if best.metric == metric else None
-            ax.plot([best.step], [value], marker="*", markersize=14, color=color,
-                    markeredgecolor="black", linestyle="none", label=star, zorder=5)
+            ax.plot([best.step], [best.value], marker="*", markersize=14, color=color,
+                    markeredgecolor="black", linestyle="none",
+                    label=f"{label} best export (step {best.step})", zorder=5)
         for number, resume in enumerate(run.resumes):
             what = "resumed" if resume.reason == "resume" else resume.reason
             ax.axvline(resume.step, color=color, linestyle=":", linewidth=1.2,
@@ -143,7 +154,8 @@ def _draw(ax: Any, metric: str, runs: Sequence[RunScalars], labels: Sequence[str
 
 
 def plot_runs(runs: Sequence[RunScalars], out_dir: str | os.PathLike[str],
-              metrics: Sequence[str] | None = None, smooth: float = 0.0) -> list[Path]:
+              metrics: Sequence[str] | None = None, smooth: float = 0.0,
+              log_scale: bool = False) -> list[Path]:
     """Writes one PNG per scalar of `runs` into `out_dir` (created if needed).
 
     Args:
@@ -152,6 +164,8 @@ def plot_runs(runs: Sequence[RunScalars], out_dir: str | os.PathLike[str],
         metrics: names or shell patterns of the scalars to plot (`select_metrics`); None: all.
         smooth: TensorBoard's smoothing weight in [0, 1): 0 draws the values as they are,
             0.6 a moving average (over the raw values, drawn faint).
+        log_scale: draw the y axes on a log scale. A metric with a value at or below zero
+            keeps a linear axis, and its title says so.
 
     Returns:
         The paths written, one per scalar, in the order of the scalars' names.
@@ -177,7 +191,12 @@ def plot_runs(runs: Sequence[RunScalars], out_dir: str | os.PathLike[str],
         FigureCanvasAgg(figure)
         ax = figure.add_subplot()
         _draw(ax, metric, runs, labels, smooth)
-        ax.set_title(metric)
+        title = metric
+        if log_scale and _positive(metric, runs):
+            ax.set_yscale("log")
+        elif log_scale:
+            title = f"{metric} (linear axis: values <= 0)"
+        ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small", loc="best")

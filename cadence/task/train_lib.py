@@ -10,8 +10,9 @@ The model directory of a run is a `cadence.core.run_dir.RunDirectory`::
       resumes.jsonl      a line for each time training continued from a checkpoint
       train/  eval/      summaries: TensorBoard event files and metrics.jsonl (runtime.writers)
       best/              the best exports (safetensors + metrics.json, ledger info.json)
-      mlflow_run.json    the MLflow run of the run (with the mlflow writer; mlruns/ its
-                         default store), wandb_run.json and wandb/ the same for W&B
+      mlflow_run.json    the MLflow run of the run (with the mlflow writer; ../mlruns/, shared
+                         by the folder's runs, its default store), wandb_run.json and wandb/
+                         the same for W&B
 
 Modes (TF Model Garden's ``train_lib``):
 
@@ -72,6 +73,7 @@ from cadence.engine.distributed import (
 )
 from cadence.engine.exporter import BestCheckpointExporter
 from cadence.task.config import MODES, ExperimentConfig
+from cadence.task.config_callbacks import check_config_callbacks, config_callbacks
 from cadence.task.config_files import (
     config_differences,
     flatten_config,
@@ -380,13 +382,15 @@ def run_experiment(
         ValueError: for an unknown mode.
         ConfigError: for a config that cannot run (``trainer.train_steps`` = 0 in a training
             mode, a device that does not exist, an optimizer argument it does not take, a best
-            metric the task does not report), or if `model_dir` is a file or holds a run with
+            or early-stopping metric the task does not report, early stopping in a training
+            mode without evaluations), or if `model_dir` is a file or holds a run with
             another config. Nothing is written then.
         CheckpointError: in ``eval`` mode, if `model_dir` has no checkpoint; or if none of its
             checkpoints can be restored.
         RunLockedError: if another process trains in `model_dir` (evaluation modes do not
             take the lock).
         Preempted: after SIGTERM or Ctrl-C, once a checkpoint is saved.
+        KeyboardInterrupt: instead of `Preempted`, after Ctrl-C in a notebook.
         DivergenceError: (a `FloatingPointError` and a `RuntimeError`) when the loss diverges
             and the recovery policy says to stop.
     """
@@ -439,6 +443,7 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
     task = get_task(config.task, logging_dir=str(run.root))
     if evaluates:
         check_best_metric(config, task)
+    check_config_callbacks(config, mode, evaluation_metric_names(task))
     exporter = maybe_create_best_ckpt_exporter(config, run) if evaluates else None
     trainer = create_trainer(config, task, train=trains, evaluate=evaluates,
                              checkpoint_exporter=exporter)
@@ -462,6 +467,7 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
         builtin.append(LossGuard("training_loss", trainer_config.loss_upper_bound,
                                  trainer_config.recovery_begin_steps,
                                  trainer_config.recovery_max_trials))
+    builtin.extend(config_callbacks(config, mode))  # summary, early stopping, time, profiler
     controller = Controller(
         trainer=trainer if trains else None,
         evaluator=trainer if evaluates else None,
@@ -481,6 +487,7 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
         if 0 < trainer.global_step < trainer_config.train_steps:  # it continues from there
             run.record_resume(trainer.global_step, manager.latest_checkpoint)
     eval_logs: dict[str, Any] | None = None
+    error: BaseException | None = None  # how the run ends, for MLflow's status, W&B's exit code
     try:
         if mode == "train":
             controller.train(trainer_config.train_steps)
@@ -502,9 +509,13 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
             eval_logs = controller.evaluate_continuously(
                 trainer_config.validation_steps, timeout=trainer_config.continuous_eval_timeout,
                 stop_at_step=trainer_config.train_steps or None)
+    except BaseException as raised:
+        error = raised
+        raise
     finally:
         trainer.join()
         controller.close()
-        summaries.close()
-        eval_summaries.close()
+        summaries.close(error)
+        eval_summaries.close(error)
+        del error  # its traceback holds the trainer's frames
     return trainer.model, dict(eval_logs or {})

@@ -2,11 +2,12 @@
 write, one column per name -- for spreadsheets and ``pandas.read_csv``.
 
 The table is wide, as spreadsheet and pandas users expect (``df.plot(x="step")``): the first
-column is the step, then the record's extra fields (an evaluation's ``checkpoint``), then each
-scalar in the order its name first appeared. A row leaves empty the names it does not have (pandas
-reads NaN). A name that appears later adds a column: the file is rewritten once with the wider
-header (through a temporary file and a rename, so a crash leaves the old table or the new one,
-never half of either); every other write appends one line.
+column is the step, then the wall time (``wall_time``: when the row was written, in seconds since
+the epoch, as in ``metrics.jsonl``), then the record's extra fields (an evaluation's
+``checkpoint``), then each scalar in the order its name first appeared. A row leaves empty the
+names it does not have (pandas reads NaN). A name that appears later adds a column: the file is
+rewritten once with the wider header (through a temporary file and a rename, so a crash leaves
+the old table or the new one, never half of either); every other write appends one line.
 
 A resumed run appends to the table it finds, under its header; rows written after the checkpoint
 it resumed from stay, so a step may appear twice (``df.drop_duplicates("step", keep="last")``
@@ -20,12 +21,14 @@ from __future__ import annotations
 
 import csv
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from cadence.core.files import drop_torn_line, open_append
 from cadence.core.logs import is_scalar
+from cadence.writers.jsonl import WALL_TIME_KEY
 
 CSV_NAME = "metrics.csv"
 
@@ -83,7 +86,8 @@ class _Table:
 
 
 class CSVWriter:
-    """Writes ``step, <extra fields>, <scalars>`` rows to a CSV table per nesting group.
+    """Writes ``step, wall_time, <extra fields>, <scalars>`` rows to a CSV table per nesting
+    group.
 
     Args:
         directory: the root directory; created on the first write.
@@ -96,10 +100,13 @@ class CSVWriter:
     >>> writer.write(10, {"loss": 0.5})
     >>> writer.write(20, {"loss": 0.25, "accuracy": 0.9})
     >>> writer.close()
-    >>> print((directory / "metrics.csv").read_text(), end="")
+    >>> for line in (directory / "metrics.csv").read_text().splitlines():
+    ...     print(",".join(cell for n, cell in enumerate(line.split(",")) if n != 1))
     step,loss,accuracy
     10,0.5,
     20,0.25,0.9
+
+    (The second column, left out here, is ``wall_time``.)
     """
 
     def __init__(self, directory: str | os.PathLike[str], filename: str = CSV_NAME,
@@ -112,7 +119,7 @@ class CSVWriter:
     def write(self, step: int, values: Mapping[str, Any], group: tuple[str, ...] = (),
               extra: Mapping[str, Any] | None = None) -> None:
         """Appends one row: the step, `extra`'s plain fields and the scalar `values`."""
-        row: dict[str, Any] = {self.step_key: int(step)}
+        row: dict[str, Any] = {self.step_key: int(step), WALL_TIME_KEY: round(time.time(), 3)}
         row.update((k, v) for k, v in (extra or {}).items() if _is_cell(v))
         row.update((k, v) for k, v in values.items() if is_scalar(v))
         table = self._tables.get(group)

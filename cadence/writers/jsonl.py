@@ -1,5 +1,8 @@
-"""`JSONLWriter`: one JSON object per write -- the step, the record's extra fields and every
-value -- appended to ``metrics.jsonl`` in each (sub-)directory of nested logs.
+"""`JSONLWriter`: one JSON object per write -- the step, the wall time, the record's extra fields
+and every value -- appended to ``metrics.jsonl`` in each (sub-)directory of nested logs.
+
+``wall_time`` is when the record was written, in seconds since the epoch (``time.time()``,
+to the millisecond), as TensorBoard's events have it: runs compare by time as well as by step.
 
 Plain lines that any tool (and ``json.loads``) reads; appending never loses earlier lines to a
 crash. The file stays open between writes and is flushed with the writer.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -20,11 +24,14 @@ from typing import IO, Any
 from cadence.core.files import open_append
 
 JSONL_NAME = "metrics.jsonl"
+WALL_TIME_KEY = "wall_time"
+"""The name of the wall time of each JSON line and CSV row: seconds since the epoch."""
 
 
 class JSONLWriter:
-    """Appends ``{"step": ..., **extra, **values}`` lines; a line that a crash cut short at the
-    end of a file is dropped before the first append (see the module docstring).
+    """Appends ``{"step": ..., "wall_time": ..., **extra, **values}`` lines; a line that a crash
+    cut short at the end of a file is dropped before the first append (see the module
+    docstring).
 
     Args:
         directory: the root directory; created on the first write.
@@ -50,7 +57,8 @@ class JSONLWriter:
             directory = self.directory.joinpath(*group)
             directory.mkdir(parents=True, exist_ok=True)
             handle = self._files[group] = open_append(directory / self.filename)
-        record = {self.step_key: int(step), **(extra or {}), **values}
+        record = {self.step_key: int(step), WALL_TIME_KEY: round(time.time(), 3),
+                  **(extra or {}), **values}
         handle.write(json.dumps(record, default=str) + "\n")
         if self.fsync:
             handle.flush()

@@ -10,11 +10,14 @@ resumed from are logged again: MLflow keeps both values of such a step).
 
 Where the run goes:
 
-- ``tracking_uri``, else ``MLFLOW_TRACKING_URI``, else a file store in the run directory
-  (``file:<run_dir>/mlruns``; ``mlflow ui --backend-store-uri file:<run_dir>/mlruns``). MLflow
-  has put its file store in maintenance mode and refuses it unless ``MLFLOW_ALLOW_FILE_STORE``
-  is set: for a file store, cadence sets it to ``true`` when it is not set. Pass
-  ``sqlite:///<path>`` (with SQLAlchemy installed) or a server's address for another store.
+- ``tracking_uri``, else ``MLFLOW_TRACKING_URI``, else the store the run directory's record
+  names (a resumed run stays where it started), else a file store next to the run directory,
+  ``file:<parent of run_dir>/mlruns`` (`default_tracking_uri`): the runs of one folder
+  (``runs/<experiment>-<time>``) meet in one store, ``runs/mlruns``, and one MLflow UI
+  compares them (``mlflow ui --backend-store-uri file:runs/mlruns``). MLflow has put its file
+  store in maintenance mode and refuses it unless ``MLFLOW_ALLOW_FILE_STORE`` is set: for a
+  file store, cadence sets it to ``true`` when it is not set. Pass ``sqlite:///<path>`` (with
+  SQLAlchemy installed) or a server's address for another store.
 - ``experiment_name``, else ``MLFLOW_EXPERIMENT_NAME``, else MLflow's ``Default`` experiment;
   created when missing.
 - ``run_name``, else the run directory's name.
@@ -36,6 +39,7 @@ from typing import Any
 
 from cadence.core.logs import is_scalar
 from cadence.writers.shared_run import (
+    Outcome,
     SharedRuns,
     key_prefix,
     metric_name,
@@ -74,6 +78,16 @@ class _Run:
 _RUNS: SharedRuns[_Run] = SharedRuns()
 
 
+def default_tracking_uri(run_dir: str | os.PathLike[str]) -> str:
+    """The MLflow store of a run directory when none is given: ``mlruns`` in its parent, shared
+    by the runs of that folder.
+
+    >>> default_tracking_uri("/work/runs/digits-20250101-120000")
+    'file:/work/runs/mlruns'
+    """
+    return f"file:{Path(os.path.abspath(run_dir)).parent / 'mlruns'}"
+
+
 def _is_file_store(uri: str) -> bool:
     """Whether MLflow keeps runs at `uri` in its file store (a ``file:`` URI or a path)."""
     scheme = urllib.parse.urlparse(uri).scheme
@@ -86,7 +100,7 @@ class MLflowWriter:
     Args:
         directory: the summary directory; values are named by its path below `run_dir`.
         run_dir: the run's root: the MLflow run is recorded there (``mlflow_run.json``), and
-            the default store is ``<run_dir>/mlruns``. Defaults to `directory`.
+            the default store is ``mlruns`` in its parent. Defaults to `directory`.
         tracking_uri: where MLflow stores the run (see the module docstring).
         experiment_name: the MLflow experiment (created when missing).
         run_name: the MLflow run's name; defaults to the run directory's name.
@@ -108,13 +122,16 @@ class MLflowWriter:
         self.directory = Path(directory)
         self.run_dir = Path(run_dir) if run_dir is not None else self.directory
         self._prefix = key_prefix(self.directory, self.run_dir)
+        self._run_file = self.run_dir / RUN_FILE
+        recorded = (read_run_file(self._run_file) or {}).get("tracking_uri")
         self.tracking_uri = (tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-                             or f"file:{Path(os.path.abspath(self.run_dir)) / 'mlruns'}")
+                             or (recorded if isinstance(recorded, str) else None)
+                             or default_tracking_uri(self.run_dir))
         self.experiment_name = (experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
                                 or "Default")
         self.run_name = run_name or Path(os.path.abspath(self.run_dir)).name
         self.tags = dict(tags or {})
-        self._run_file = self.run_dir / RUN_FILE
+        self._key = str(Path(os.path.abspath(self._run_file)))
         self._run: _Run | None = None
         self._pending: list[Any] = []  # operations of MLflow's asynchronous logging, if on
 
@@ -127,7 +144,7 @@ class MLflowWriter:
 
     def _open(self) -> _Run:
         if self._run is None:
-            self._run = _RUNS.acquire(str(Path(os.path.abspath(self._run_file))), self._start)
+            self._run = _RUNS.acquire(self._key, self._start)
         return self._run
 
     def _start(self) -> _Run:
@@ -140,7 +157,7 @@ class MLflowWriter:
             return _Run(client, str(record["run_id"]))
         experiment = client.get_experiment_by_name(self.experiment_name)
         if experiment is None:
-            experiment_id = client.create_experiment(self.experiment_name)
+            experiment_id = self._create_experiment(client)
         elif experiment.lifecycle_stage == "deleted":
             raise RuntimeError(f"The MLflow experiment {self.experiment_name!r} is deleted in "
                                f"{self.tracking_uri}: restore it, or log to another "
@@ -153,6 +170,17 @@ class MLflowWriter:
                                         "experiment_id": experiment_id,
                                         "tracking_uri": self.tracking_uri})
         return _Run(client, run.info.run_id)
+
+    def _create_experiment(self, client: Any) -> str:
+        """Creates the experiment, or takes the one that another run of the shared store
+        created since it was looked up."""
+        try:
+            return str(client.create_experiment(self.experiment_name))
+        except self._mlflow.exceptions.MlflowException as error:
+            experiment = client.get_experiment_by_name(self.experiment_name)
+            if error.error_code != "RESOURCE_ALREADY_EXISTS" or experiment is None:
+                raise
+            return str(experiment.experiment_id)
 
     def _resume(self, client: Any, run_id: str) -> bool:
         """Marks the recorded run running again; False when the store does not have it."""
@@ -212,15 +240,24 @@ class MLflowWriter:
             logger.warning("MLflow keeps the first value of a run's params; these changed and "
                            "keep their old value in run %s: %s", run.run_id, "; ".join(changed))
 
+    def set_outcome(self, error: BaseException | None) -> None:
+        """Records how the run ends, for its status (`close`): `error` is the exception it
+        ends with, None when it completed."""
+        if self._run is not None:
+            _RUNS.record_outcome(self._key, Outcome.of(error))
+
     def flush(self) -> None:
         """Nothing to do: each write is sent (or queued, with MLflow's asynchronous logging)."""
 
     def close(self) -> None:
-        """Waits for queued writes; the last writer of the run marks it finished."""
+        """Waits for queued writes; the last writer of the run ends it with the status of its
+        outcome (`set_outcome`): ``FINISHED`` when it completed, ``KILLED`` when it was
+        stopped (`cadence.Preempted`, a notebook's `KeyboardInterrupt`), ``FAILED`` for any
+        other exception (a crash, a divergence)."""
         for operation in self._pending:
             operation.wait()
         self._pending.clear()
         if self._run is not None:
             self._run = None
-            _RUNS.release(str(Path(os.path.abspath(self._run_file))),
-                          lambda run: run.client.set_terminated(run.run_id, "FINISHED"))
+            _RUNS.release(self._key, lambda run, outcome: run.client.set_terminated(
+                run.run_id, outcome.status))

@@ -2,9 +2,11 @@
 
 A run's summaries are in the ``metrics.jsonl`` of each summary directory (``train/``,
 ``eval/``, and one sub-directory per nesting group of the logs, as TensorBoard shows them:
-``train/task_a/`` is the run "train/task_a" on shared axes); a run that has no JSON lines (one
-written by another tool, or before cadence wrote them) is read from its TensorBoard event files
-with TensorBoard's own ``EventAccumulator``. Besides the curves, `read_run` finds:
+``train/task_a/`` is the run "train/task_a" on shared axes); a run that has no JSON lines is
+read from its ``metrics.csv`` tables (a run that wrote only CSV: ``runtime.writers=[csv]``),
+and a run that has neither (one written by another tool, or before cadence wrote them) from its
+TensorBoard event files, with TensorBoard's own ``EventAccumulator``. The step and the wall time
+of each record are not scalars. Besides the curves, `read_run` finds:
 
 * **where the run resumed**: the run directory's ``resumes.jsonl``, one line each time training
   continued from a checkpoint (`cadence.core.run_dir.RunDirectory.record_resume`). A run without
@@ -22,6 +24,7 @@ Nothing here imports torch or matplotlib.
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import math
@@ -32,13 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from cadence.core.run_dir import RunDirectory
-from cadence.writers.jsonl import JSONL_NAME
+from cadence.writers.csv import CSV_NAME
+from cadence.writers.jsonl import JSONL_NAME, WALL_TIME_KEY
 
 logger = logging.getLogger("cadence")
 
 EVENT_FILE_PREFIX = "events.out.tfevents."
 LEDGER_FILE = "info.json"  # the exporter's ledger (`cadence.engine.exporter.LEDGER_FILE`)
 _SKIPPED_DIRS = frozenset({"checkpoints", "plots"})
+_NOT_SCALARS = frozenset({"step", WALL_TIME_KEY})  # what every record has, besides its values
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,7 @@ class RunScalars:
         series: every scalar of every summary directory.
         resumes: where training continued from a checkpoint, by step.
         best: the best export, if the run has a ledger.
-        source: ``"jsonl"`` or ``"tensorboard"``: what the series were read from.
+        source: ``"jsonl"``, ``"csv"`` or ``"tensorboard"``: what the series were read from.
     """
 
     root: Path
@@ -150,8 +155,9 @@ def read_run(run_dir: str | os.PathLike[str]) -> RunScalars:
         raise ValueError(f"`run_dir` (got {str(root)!r}) must be a directory: a run's "
                          "(runs/<experiment>-<time>) or a summary directory.")
     run = RunDirectory(root)
-    series = _read_jsonl_series(root)
-    source = "jsonl"
+    series, source = _read_jsonl_series(root), "jsonl"
+    if not series:
+        series, source = _read_csv_series(root), "csv"
     if not series:
         series, source = _read_event_series(root), "tensorboard"
     recorded = _read_resumes(run)
@@ -256,8 +262,36 @@ def _read_jsonl_series(root: Path) -> list[Series]:
             if not isinstance(step, int) or isinstance(step, bool):
                 continue
             for key, value in record.items():
-                if key != "step" and _is_number(value):
+                if key not in _NOT_SCALARS and _is_number(value):
                     points.setdefault(key, []).append((step, float(value)))
+        split = _split_of(root, directory)
+        found.extend(_series(split, metric, pts) for metric, pts in points.items())
+    return found
+
+
+def _number(cell: str | None) -> float | None:
+    """A CSV cell as a finite number, or None (empty, text such as a checkpoint's name)."""
+    try:
+        value = float(cell) if cell else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _read_csv_series(root: Path) -> list[Series]:
+    found: list[Series] = []
+    for directory in _summary_dirs(root, lambda d: (d / CSV_NAME).is_file()):
+        points: dict[str, list[tuple[int, float]]] = {}
+        with open(directory / CSV_NAME, newline="", encoding="utf-8",
+                  errors="replace") as handle:
+            for row in csv.DictReader(handle):
+                step = _number(row.get("step"))
+                if step is None or step != int(step):
+                    continue  # a row a crash cut short
+                for key, cell in row.items():
+                    value = _number(cell) if isinstance(cell, str) else None
+                    if key is not None and key not in _NOT_SCALARS and value is not None:
+                        points.setdefault(key, []).append((int(step), value))
         split = _split_of(root, directory)
         found.extend(_series(split, metric, pts) for metric, pts in points.items())
     return found

@@ -1,11 +1,40 @@
-"""`TensorBoardWriter`: TensorBoard event files, one per (sub-)directory of nested logs.
+"""`TensorBoardWriter`: TensorBoard event files, one per (sub-)directory of nested logs, and the
+run's hyper-parameters in TensorBoard's HPARAMS tab.
 
-Event files are written with TensorBoard's own record writer and protos
-(``tensorboard.summary.writer``), so TensorBoard reads them as its own; in the calling thread,
-because at one event per loop a background thread (TensorBoard's ``EventFileWriter``) only adds
-hand-offs of the GIL that the training thread waits for. Importing TensorBoard takes ~0.1 s: it
-happens with this module, which a `SummaryManager` imports when it is built (before training),
-never on the first write inside a loop.
+Events are TensorBoard's own protos, written with its record writer
+(``tensorboard.summary.writer.record_writer``) in the calling thread: one event per record of
+the logs, with each scalar as a ``simple_value`` (the form of PyTorch's ``add_scalar``), rather
+than one event per scalar. TensorBoard's ``EventFileWriter`` -- what its public
+``tensorboard.summary.Writer`` and PyTorch's ``SummaryWriter`` write through -- is not used,
+for three reasons found in TensorBoard 2.21:
+
+- it numbers a process's files ``...<pid>.9``, ``...<pid>.10``, which TensorBoard reads in the
+  wrong order when they were opened in the same second (a Controller reopens its files after
+  each entry point): the curve goes 10, 20, 110, 120, 30, ..., and a metric's "last" value is
+  not the last one written. Files here are numbered ``...<pid>.0009``, ``...<pid>.0010``;
+- it imports TensorFlow when TensorFlow is installed (through ``tensorboard.compat.tf``);
+- without TensorFlow, its file stub opens and closes the file for each event, and each flush
+  waits for its thread: about twice the CPU per record of the writing here.
+
+TensorBoard is imported with this module, which a `SummaryManager` imports when it is built
+(before training), never on the first write inside a loop. Nothing here imports torch.
+
+**Hyper-parameters** (`write_hparams`; the Task front-end writes the final config, flattened)
+become a session of TensorBoard's hparams plugin -- the summary of its public ``hparams_pb`` --
+in an event file of the run's root (`run_dir`, the parent of ``train/`` and ``eval/``). The
+HPARAMS tab then lists the run with its config, and with the last value of each scalar of the
+run's directories as its metrics (``train/training_loss``, ``eval/accuracy``: the final
+metrics). `close` ends the session with the run's outcome (`set_outcome`): success, or failure
+(a crash, a divergence); the session of a run stopped by a signal (`cadence.Preempted`) is left
+open, as the run resumes (TensorBoard has no status for a stop). Values the plugin cannot hold
+(lists, None) are shown as text, as MLflow shows params. No experiment summary is written:
+TensorBoard would take one run's for every run under its ``--logdir``, hiding the
+hyper-parameters that only other runs have; without one, it builds the table from all the
+runs' sessions.
+
+TensorBoard keeps the first session of a run that it reads, so a resumed run (a new process)
+replaces the session file that an earlier process of the same run wrote (``*.hparams`` event
+files in the run's root, which hold nothing else): the tab shows the latest config and outcome.
 """
 
 from __future__ import annotations
@@ -20,24 +49,31 @@ from typing import Any
 
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+from tensorboard.plugins.hparams.summary_v2 import hparams_pb
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 from cadence.core.logs import is_scalar
+from cadence.writers.shared_run import Outcome
 
+HPARAMS_SUFFIX = ".hparams"
+"""The end of the names of the event files that hold a run's hparams session."""
 _FILE_NUMBER = itertools.count()
 
 
 class _EventFile:
-    """One event file: TensorBoard's ``RecordWriter`` over a file opened in the caller's thread."""
+    """One event file, named as TensorBoard names them but with the process's files numbered
+    in the order they were opened, written with TensorBoard's ``RecordWriter`` in the caller's
+    thread."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, suffix: str = "") -> None:
         name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
-                f"{os.getpid()}.{next(_FILE_NUMBER):04d}")
+                f"{os.getpid()}.{next(_FILE_NUMBER):04d}{suffix}")
         directory.mkdir(parents=True, exist_ok=True)
         self._records = RecordWriter(open(directory / name, "wb"))  # noqa: SIM115
         self.add_event(Event(wall_time=time.time(), file_version="brain.Event:2"))
 
-    def add_event(self, event: Any) -> None:
+    def add_event(self, event: Event) -> None:
         self._records.write(event.SerializeToString())
 
     def flush(self) -> None:
@@ -47,37 +83,93 @@ class _EventFile:
         self._records.close()
 
 
+def _hparam_value(value: Any) -> bool | int | float | str:
+    """`value` as the hparams plugin holds it: a flag, a number or text (lists, None)."""
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def _session_end(outcome: Outcome) -> Summary:
+    """The hparams plugin's summary of the end of a session that completed or failed."""
+    status = api_pb2.STATUS_SUCCESS if outcome.exit_code == 0 else api_pb2.STATUS_FAILURE
+    content = plugin_data_pb2.HParamsPluginData(
+        session_end_info=plugin_data_pb2.SessionEndInfo(status=status,
+                                                        end_time_secs=time.time()))
+    summary = Summary()
+    summary.value.add(tag=metadata.SESSION_END_INFO_TAG, tensor=metadata.NULL_TENSOR,
+                      metadata=metadata.create_summary_metadata(content))
+    return summary
+
+
 class TensorBoardWriter:
     """Writes scalars as TensorBoard summaries under `directory`; each nesting group of the logs
-    goes to a sub-directory (TensorBoard shows them as runs on shared axes).
+    goes to a sub-directory (TensorBoard shows them as runs on shared axes). Hyper-parameters
+    go to the HPARAMS tab (see the module docstring).
 
     Args:
-        directory: the root directory; created on the first write.
+        directory: the root directory of the scalars; created on the first write.
+        run_dir: the run's root, where the hparams session goes. Defaults to `directory`.
     """
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    run_scoped = True
+    """Built by name with the run's root (see `cadence.core.protocols.MetricWriter`): the
+    hparams session goes there, the parent of the train and eval directories."""
+
+    def __init__(self, directory: str | os.PathLike[str], *,
+                 run_dir: str | os.PathLike[str] | None = None) -> None:
         self.directory = Path(directory)
+        self.run_dir = Path(run_dir) if run_dir is not None else self.directory
         self._files: dict[tuple[str, ...], _EventFile] = {}
+        self._session: _EventFile | None = None
+        self._outcome = Outcome()
 
     def write(self, step: int, values: Mapping[str, Any], group: tuple[str, ...] = (),
               extra: Mapping[str, Any] | None = None) -> None:
-        """Writes the scalar `values` at `step` (other values and `extra` are not TensorBoard's
-        to show)."""
+        """Writes the scalar `values` at `step` as one event (other values and `extra` are not
+        TensorBoard's to show)."""
+        scalars = [Summary.Value(tag=tag, simple_value=float(value))
+                   for tag, value in values.items() if is_scalar(value)]
+        if not scalars:
+            return
         events = self._files.get(group)
         if events is None:
             events = self._files[group] = _EventFile(self.directory.joinpath(*group))
-        scalars = [Summary.Value(tag=tag, simple_value=float(value))
-                   for tag, value in values.items() if is_scalar(value)]
-        if scalars:
-            event = Event(wall_time=time.time(), step=int(step))
-            event.summary.value.extend(scalars)
-            events.add_event(event)
+        event = Event(wall_time=time.time(), step=int(step))
+        event.summary.value.extend(scalars)
+        events.add_event(event)
+
+    def write_hparams(self, params: Mapping[str, Any]) -> None:
+        """Starts the run's hparams session with `params` (flat: dotted names to values),
+        replacing the session an earlier process of the run wrote."""
+        summary = hparams_pb({name: _hparam_value(value) for name, value in params.items()},
+                             trial_id=None, start_time_secs=time.time())
+        if self._session is None:
+            for old in self.run_dir.glob(f"events.out.tfevents.*{HPARAMS_SUFFIX}"):
+                old.unlink(missing_ok=True)
+            self._session = _EventFile(self.run_dir, HPARAMS_SUFFIX)
+        self._session.add_event(Event(wall_time=time.time(), summary=summary))
+        self._session.flush()
+
+    def set_outcome(self, error: BaseException | None) -> None:
+        """Records how the run ends (the exception it ends with, None when it completed): the
+        status of the hparams session that `close` ends."""
+        self._outcome = Outcome.of(error)
 
     def flush(self) -> None:
         for events in self._files.values():
             events.flush()
 
     def close(self) -> None:
+        """Closes the event files; ends the hparams session, if one was started, with the
+        outcome `set_outcome` recorded (success without one; left open after a stop)."""
         for events in self._files.values():
             events.close()
         self._files.clear()
+        if self._session is not None:
+            if not self._outcome.stopped:  # a stopped run's session goes on when it resumes
+                self._session.add_event(Event(wall_time=time.time(),
+                                              summary=_session_end(self._outcome)))
+            self._session.close()
+            self._session = None
+        self._outcome = Outcome()

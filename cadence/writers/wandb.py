@@ -25,6 +25,7 @@ from typing import Any
 
 from cadence.core.logs import is_scalar
 from cadence.writers.shared_run import (
+    Outcome,
     SharedRuns,
     key_prefix,
     metric_name,
@@ -127,8 +128,18 @@ class WandbWriter:
     def flush(self) -> None:
         """Nothing to do: wandb sends rows in the background."""
 
+    def set_outcome(self, error: BaseException | None) -> None:
+        """Records how the run ends, for its exit code (`close`): `error` is the exception it
+        ends with, None when it completed."""
+        if self._run is not None:
+            _RUNS.record_outcome(self._key, Outcome.of(error))
+
     def close(self) -> None:
-        """The last writer of the run finishes it (wandb then uploads what is left)."""
+        """The last writer of the run finishes it with the exit code of its outcome
+        (`set_outcome`): 0 when it completed, 128 + the signal's number for a
+        `cadence.Preempted` (130 for a notebook's `KeyboardInterrupt`), 1 for any other
+        exception (a crash, a divergence). wandb then uploads what is left."""
         if self._run is not None:
             self._run = None
-            _RUNS.release(self._key, lambda run: run.finish())
+            _RUNS.release(self._key,
+                          lambda run, outcome: run.finish(exit_code=outcome.exit_code))

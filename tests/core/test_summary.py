@@ -23,6 +23,7 @@ def test_nested_logs_become_subdirectories_that_tensorboard_reads(tmp_path):
     assert read_scalars(tmp_path / "eval") == {"accuracy": [(10, 0.75), (20, 1.0)]}
     assert read_scalars(tmp_path / "eval" / "deep") == {"x": [(10, 1.0), (20, 2.0)]}
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r.pop("wall_time") > 1.7e9 for r in records] == [True, True]  # seconds since epoch
     assert records == [{"step": 10, "loss": 0.5}, {"step": 20, "loss": 0.25}]
 
 
@@ -34,6 +35,7 @@ def test_tensors_and_numpy_values_are_written_as_numbers(tmp_path):
     manager.close()
     assert read_scalars(tmp_path) == {"a": [(1, 1.5)], "b": [(1, 2.0)]}
     record = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert list(record)[:2] == ["step", "wall_time"] and record.pop("wall_time") > 1.7e9
     assert record == {"step": 1, "checkpoint": "ckpt-1", "a": 1.5, "b": 2.0}
 
 

@@ -13,12 +13,21 @@ import pytest
 import cadence
 from cadence.core.errors import StopTraining
 from cadence.core.run_dir import RunDirectory
+from cadence.core.summary import SummaryManager
 from cadence.task.cli import main
 from cadence.task.config_files import load_config
-from cadence.task.plot import DPI, FIGSIZE, file_name, plot_runs, select_metrics, smoothed
+from cadence.task.plot import (
+    DPI,
+    FIGSIZE,
+    file_name,
+    plot_runs,
+    ranked_by_best,
+    select_metrics,
+    smoothed,
+)
 from cadence.task.train_lib import run_experiment
 from cadence.writers.jsonl import JSONLWriter
-from cadence.writers.reading import Resume, read_run
+from cadence.writers.reading import BestExport, Resume, Series, read_run
 
 FAST = ["trainer.train_steps=40", "trainer.steps_per_loop=10", "trainer.checkpoint_interval=20",
         "trainer.validation_interval=20", "task.model.hidden_sizes=[16]"]
@@ -151,6 +160,46 @@ def test_select_metrics_takes_names_and_patterns_and_names_what_there_is(runs):
         select_metrics(data, ["acc"])
 
 
+def test_a_csv_only_run_gives_the_curves_its_json_lines_would(tmp_path, capsys):
+    run = tmp_path / "run"
+    records = {"train": [(10, {"loss": 1.0, "learning_rate": 0.1}),
+                         (20, {"loss": 0.5, "learning_rate": 0.05})],
+               "eval": [(20, {"accuracy": 0.75, "per_class": {"cat": 0.5}})]}
+    for split, logs_at in records.items():
+        manager = SummaryManager(run / split, writers=["jsonl", "csv"])
+        for step, logs in logs_at:
+            manager.write_summaries(logs, step=step, extra={"checkpoint": f"ckpt-{step}"})
+        manager.close()
+    from_jsonl = read_run(run)
+    for path in run.rglob("metrics.jsonl"):
+        path.unlink()  # as a run with runtime.writers=[csv] leaves it
+    from_csv = read_run(run)
+    assert (from_jsonl.source, from_csv.source) == ("jsonl", "csv")
+    assert from_csv.series == from_jsonl.series
+    # The step, the wall time and the checkpoint's name are not scalars.
+    assert from_csv.metrics == ["accuracy", "cat", "learning_rate", "loss"]
+    assert main(["plot", str(run), "--out", str(tmp_path / "plots")]) == 0
+    assert f"{run}: 4 scalars (csv), no resumes, no best export" in capsys.readouterr().err
+
+
+def test_the_wall_time_of_every_record_is_not_a_scalar(runs):
+    _, resumed = runs
+    lines = (resumed / "train" / "metrics.jsonl").read_text().splitlines()
+    assert all(json.loads(line)["wall_time"] > 1.7e9 for line in lines)  # seconds since epoch
+    assert "wall_time" not in read_run(resumed).metrics
+
+
+def test_the_best_export_is_ranked_by_one_evaluation_curve():
+    best = BestExport(40, "accuracy", 0.9, Path("best/best-40"))
+    assert ranked_by_best(Series("eval", "accuracy", (40,), (0.9,)), best)
+    assert not ranked_by_best(Series("train", "accuracy", (40,), (0.9,)), best)
+    assert not ranked_by_best(Series("eval", "validation_loss", (40,), (0.1,)), best)
+    assert not ranked_by_best(Series("eval/task_a", "accuracy", (40,), (0.9,)), best)
+    nested = BestExport(40, "per_class/cat", 0.9, Path("best/best-40"))
+    assert ranked_by_best(Series("eval/per_class", "cat", (40,), (0.9,)), nested)
+    assert not ranked_by_best(Series("eval", "cat", (40,), (0.9,)), nested)
+
+
 def test_smoothing_and_file_names():
     assert smoothed([2.0, 2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0, 2.0])  # debiased
     assert smoothed([1.0, 3.0], 0.0) == [1.0, 3.0]
@@ -199,6 +248,47 @@ def test_the_figures_draw_each_run_each_split_the_resume_and_the_best(runs, tmp_
                       "resumed train", "resumed resumed"]
     resume_line = axes.get_lines()[-1]
     assert list(resume_line.get_xdata()) == [20, 20] and resume_line.get_linestyle() == ":"
+
+
+def saved_axes(monkeypatch):
+    """The axes of each figure `plot_runs` saves from now on, in order."""
+    from matplotlib.figure import Figure
+
+    saved = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: saved.extend(self.axes))
+    return saved
+
+
+def stars(axes):
+    return [line for line in axes.get_lines() if line.get_marker() == "*"]
+
+
+def test_the_best_export_star_is_drawn_only_on_the_metric_it_was_ranked_by(runs, tmp_path,
+                                                                          monkeypatch):
+    saved = saved_axes(monkeypatch)
+    run = read_run(runs[1])
+    plot_runs([run], tmp_path, ["accuracy", "validation_loss"])
+    accuracy, validation_loss = saved
+    (star,) = stars(accuracy)
+    assert run.best is not None and run.best.metric == "accuracy"
+    assert list(star.get_xdata()) == [run.best.step]
+    assert list(star.get_ydata()) == [pytest.approx(run.best.value)]
+    assert stars(validation_loss) == []  # its best export is not the lowest validation loss
+
+
+def test_a_log_scale_is_used_for_metrics_whose_values_are_all_positive(tmp_path, monkeypatch):
+    writer = JSONLWriter(tmp_path / "run")
+    for step, loss, margin in [(10, 100.0, -1.0), (20, 1.0, 0.5), (30, 0.01, 1.0)]:
+        writer.write(step, {"loss": loss, "margin": margin}, group=("train",))
+    writer.close()
+    saved = saved_axes(monkeypatch)
+    plot_runs([read_run(tmp_path / "run")], tmp_path / "plots", log_scale=True)
+    loss, margin = saved
+    assert (loss.get_yscale(), loss.get_title()) == ("log", "loss")
+    assert (margin.get_yscale(), margin.get_title()) == (
+        "linear", "margin (linear axis: values <= 0)")
+    plot_runs([read_run(tmp_path / "run")], tmp_path / "plots")  # linear by default
+    assert [axes.get_yscale() for axes in saved[2:]] == ["linear", "linear"]
 
 
 def test_plot_answers_without_importing_torch_or_pyplot(runs, tmp_path):

@@ -7,8 +7,8 @@ import pytest
 @pytest.fixture
 def local_mlflow(monkeypatch):
     """MLflow with no tracking server or experiment from the environment: the writer's defaults
-    (a file store in the run directory) apply. Reading a file store back needs
-    ``MLFLOW_ALLOW_FILE_STORE``, as ``mlflow ui`` does."""
+    (a file store next to the run directory, ``<run>/../mlruns``) apply. Reading a file store
+    back needs ``MLFLOW_ALLOW_FILE_STORE``, as ``mlflow ui`` does."""
     pytest.importorskip("mlflow")
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
         monkeypatch.delenv(name, raising=False)

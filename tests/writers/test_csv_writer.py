@@ -2,15 +2,24 @@
 name -- as spreadsheets and ``pandas.read_csv`` expect. Read back with the ``csv`` module."""
 
 import csv
+import time
 
 from cadence.core.summary import SummaryManager
 from cadence.writers.csv import CSVWriter
 
 
 def read_table(path):
+    """The table's columns and rows, less its ``wall_time`` column (the second), whose cells
+    must be when the rows were written: seconds since the epoch, in the last minute."""
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
-        return reader.fieldnames, list(reader)
+        rows = list(reader)
+    columns = list(reader.fieldnames)
+    assert columns[1] == "wall_time"
+    now = time.time()
+    for row in rows:
+        assert now - 60 < float(row.pop("wall_time")) <= now + 0.001  # to the millisecond
+    return [c for c in columns if c != "wall_time"], rows
 
 
 def test_each_directory_of_nested_logs_gets_a_table_of_step_and_scalars(tmp_path):

@@ -41,21 +41,23 @@ def test_train_and_eval_summaries_are_one_mlflow_run_named_by_directory(tmp_path
     assert metric_history(client, run, "eval/per_class/cat") == [(20, 0.7)]  # nested logs
     assert run.data.params == {"trainer.train_steps": "40", "trainer.optimizer.name": "adamw",
                                "task.hidden_sizes": "[32, 16]", "init_checkpoint": "None"}
-    assert (run_dir / "mlruns").is_dir()  # the default store is in the run directory
+    assert (tmp_path / "mlruns").is_dir()  # the default store is next to the run directory
+    assert not (run_dir / "mlruns").exists()
 
 
 def test_a_resumed_run_logs_to_the_same_mlflow_run(tmp_path):
-    train, _ = run_summaries(tmp_path)
+    run_dir = tmp_path / "run"
+    train, _ = run_summaries(run_dir)
     train.write_summaries({"loss": 3.0}, step=10)
     train.write_summaries({"loss": 2.0}, step=20)
     train.close()
-    first_id = json.loads((tmp_path / "mlflow_run.json").read_text())["run_id"]
+    first_id = json.loads((run_dir / "mlflow_run.json").read_text())["run_id"]
 
-    resumed, _ = run_summaries(tmp_path)  # a new process resumes from the checkpoint of step 10
+    resumed, _ = run_summaries(run_dir)  # a new process resumes from the checkpoint of step 10
     resumed.write_summaries({"loss": 1.9}, step=20)
     resumed.write_summaries({"loss": 1.0}, step=30)
     resumed.close()
-    client, run = mlflow_run(tmp_path)
+    client, run = mlflow_run(run_dir)
     assert run.info.run_id == first_id and run.info.status == "FINISHED"
     assert len(client.search_runs([run.info.experiment_id])) == 1
     # MLflow keeps both values of the step logged again after the rewind.
@@ -75,6 +77,37 @@ def test_a_param_that_changed_on_resume_keeps_its_first_value_and_a_warning_says
     _, run = mlflow_run(tmp_path)
     assert run.data.params == {"train_steps": "40", "seed": "1", "new": "yes"}
     assert "train_steps: 40 -> 60" in caplog.text
+
+
+def test_the_runs_of_a_folder_meet_in_one_store_next_to_them(tmp_path):
+    runs = tmp_path / "runs"
+    for name, loss in (("digits-1", 1.0), ("digits-2", 0.5)):
+        given = partial(MLflowWriter, experiment_name="digits", run_dir=runs / name)
+        manager = SummaryManager(runs / name / "train", writers=[given])
+        manager.write_summaries({"loss": loss}, step=10)
+        manager.close()
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"file:{runs / 'mlruns'}")  # what `mlflow ui` opens
+    experiment = client.get_experiment_by_name("digits")
+    found = client.search_runs([experiment.experiment_id], order_by=["attributes.run_name"])
+    assert [(r.info.run_name, r.data.metrics) for r in found] == [
+        ("digits-1", {"train/loss": 1.0}), ("digits-2", {"train/loss": 0.5})]
+    assert mlflow_run(runs / "digits-1")[0].tracking_uri == f"file:{runs / 'mlruns'}"
+
+
+def test_a_run_started_in_its_own_store_resumes_there(tmp_path):
+    run_dir = tmp_path / "run"
+    own = partial(MLflowWriter, tracking_uri=f"file:{run_dir / 'mlruns'}")  # as cadence did
+    manager = SummaryManager(run_dir, writers=[own])
+    manager.write_summaries({"loss": 1.0}, step=10)
+    manager.close()
+    resumed = SummaryManager(run_dir, writers=["mlflow"])  # no store given: the recorded one
+    resumed.write_summaries({"loss": 0.5}, step=20)
+    resumed.close()
+    client, run = mlflow_run(run_dir)
+    assert metric_history(client, run, "loss") == [(10, 1.0), (20, 0.5)]
+    assert not (tmp_path / "mlruns").exists()
 
 
 def test_the_store_and_experiment_come_from_arguments_else_mlflows_environment_variables(
