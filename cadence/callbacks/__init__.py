@@ -5,12 +5,14 @@ tensorpack-style trainers), and the wrappers that schedule them.
 callback                               what it does (default: at each epoch's end)
 =====================================  =========================================================
 `ModelSaver`                           full checkpoint (model, optimizer, data position, RNG,
-                                       callbacks), keep the last N
+                                       callbacks), keep the last N (and one every n hours)
 `MinSaver`, `MaxSaver`                 export the weights at a new best of a metric (top K)
 `InferenceRunner`                      evaluate on held-out data, record the metrics
 `ScheduledHyperParamSetter`,           set the learning rate or any optimizer field from a
 `HyperParamSetterWithFunc`             schedule or a function of the epoch or step
-`EstimatedTimeLeft`                    ETA from the median time per step of recent epochs
+`StatMonitorParamSetter`               change a hyper-parameter when a metric plateaus
+`EstimatedTimeLeft`                    ETA from the median (or mean) time per step of recent
+                                       epochs
 `ThroughputTracker`                    steps and samples per second
 `PeakMemoryTracker`                    peak CUDA memory per epoch, peak host memory
 `JSONWriter`, `TensorBoardWriter`,     monitors: write each epoch's scalars (``stats.jsonl``,
@@ -30,6 +32,7 @@ from cadence.callbacks.hyperparams import (
     HyperParamSetter,
     HyperParamSetterWithFunc,
     ScheduledHyperParamSetter,
+    StatMonitorParamSetter,
     cosine_schedule,
 )
 from cadence.callbacks.inference import InferenceRunner
@@ -56,6 +59,7 @@ __all__ = [
     "Profiler",
     "ScalarPrinter",
     "ScheduledHyperParamSetter",
+    "StatMonitorParamSetter",
     "StopAtTimeLimit",
     "TensorBoardWriter",
     "ThroughputTracker",

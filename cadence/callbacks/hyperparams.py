@@ -11,19 +11,27 @@ Any key of the optimizer's parameter groups can be scheduled; ``learning_rate`` 
     HyperParamSetterWithFunc("momentum", lambda finished, value: 0.9 if finished >= 2 else 0.5)
     HyperParamSetterWithFunc("learning_rate", lambda finished, value: value * 0.9)
     HyperParamSetterWithFunc("learning_rate", cosine_schedule(0.1, 0.0, total=90))
+    StatMonitorParamSetter("learning_rate", "validation_error", lambda lr: lr * 0.2,
+                           threshold=0.0, last_k=5)    # decay on a plateau
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from cadence.core.best import lookup
 from cadence.core.callbacks import Callback, RunState
+from cadence.core.intervals import check_int
 from cadence.core.progress import Progress
+
+logger = logging.getLogger("cadence")
 
 
 def cosine_schedule(start: float, end: float, total: int) -> Callable[[int, Any], float]:
@@ -169,3 +177,85 @@ class HyperParamSetterWithFunc(HyperParamSetter):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         last = state_dict.get("last_applied")
         self.last_applied = None if last is None else int(last)
+
+
+class StatMonitorParamSetter(HyperParamSetter):
+    """Changes ``param`` to ``value_func(current value)`` when the metric `stat_name` stopped
+    decreasing (or increasing, with `reverse`) by more than `threshold` over its last `last_k`
+    observations: plateau decay, as tensorpack's ``StatMonitorParamSetter``.
+
+    Each trigger (by default, each epoch's end: put it after the callback that produces the
+    metric) observes the latest value of `stat_name` once; a trigger at a global step already
+    observed adds nothing. Once `last_k` observations are kept, the value changes when
+    ``min(history) >= history[0] - threshold`` (with `reverse`: ``max(history) <= history[0] +
+    threshold``), and the history starts again. Nothing is set when training starts. The
+    history is saved in checkpoints, so a resumed run counts on from where it stopped::
+
+        StatMonitorParamSetter("learning_rate", "validation_error", lambda lr: lr * 0.2,
+                               threshold=0.0, last_k=5)
+
+    Args:
+        param: ``learning_rate`` (= ``lr``) or another parameter-group key.
+        stat_name: the metric in ``state.metrics``; a trigger without it is an error that lists
+            the metrics there are.
+        value_func: ``current value -> new value``.
+        threshold: the change that counts as progress.
+        last_k: how many observations make a plateau.
+        reverse: watch for an increase instead of a decrease.
+        optimizer: the optimizer; default ``state.trainer.optimizer``.
+
+    Raises:
+        ValueError: if `last_k` is not a positive int.
+    """
+
+    def __init__(self, param: str, stat_name: str, value_func: Callable[[Any], Any],
+                 threshold: float, last_k: int, reverse: bool = False,
+                 optimizer: torch.optim.Optimizer | None = None) -> None:
+        last_k = check_int("StatMonitorParamSetter", "last_k", last_k,
+                           "Pass the number of observations that make a plateau, e.g. last_k=5.")
+        super().__init__(param, optimizer=optimizer)
+        self.stat_name = stat_name
+        self.value_func = value_func
+        self.threshold = float(threshold)
+        self.last_k = last_k
+        self.reverse = reverse
+        self.requires = (stat_name,)
+        self.active_hooks = frozenset({"on_epoch_end"})  # tensorpack: not set before training
+        self.history: deque[tuple[int, float]] = deque(maxlen=last_k)
+        """The last observations, as ``(global_step, value)``."""
+
+    def trigger(self, state: RunState) -> None:
+        value = lookup(state.metrics, self.stat_name, "StatMonitorParamSetter")
+        if value is None:  # nothing measured yet
+            return
+        if self.history and self.history[-1][0] == state.global_step:
+            return  # observed already
+        self.history.append((state.global_step, float(value)))
+        self._apply(state, state.global_step)
+
+    def on_epoch_end(self, state: RunState) -> None:
+        self.trigger(state)
+
+    def value_at(self, t: int, current: Any) -> Any:
+        if len(self.history) < self.last_k:
+            return None
+        values = [value for _, value in self.history]
+        first = values[0]
+        if self.reverse:
+            if max(values) > first + self.threshold:  # still rising
+                return None
+        elif min(values) < first - self.threshold:  # still falling
+            return None
+        self.history.clear()
+        new = self.value_func(current)
+        logger.info("StatMonitorParamSetter: %s plateaued over %s; %s %s -> %s.", self.stat_name,
+                    ", ".join(f"{v:.4g}" for v in values), self.param, current, new)
+        return new
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": [list(item) for item in self.history]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history.clear()
+        for step, value in state_dict.get("history", []):
+            self.history.append((int(step), float(value)))

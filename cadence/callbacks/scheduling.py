@@ -35,20 +35,35 @@ def _check_periods(owner: str, every_k_steps: Any, every_k_epochs: Any) -> tuple
                       fix.format("epochs", "every_k_epochs"), none_ok=True))
 
 
+def triggers_only(callback: Callback) -> bool:
+    """Whether `callback` does its work in `trigger` alone: its class overrides `trigger` and
+    no ``on_epoch_end``. tensorpack calls such a callback's ``trigger`` at each epoch's end
+    (``Callback._trigger_epoch`` calls ``trigger()`` by default); the tensorpack trainers and
+    the wrappers here do the same."""
+    return (callback.active_hooks is None
+            and type(callback).trigger is not Callback.trigger
+            and "on_epoch_end" not in overridden_hooks(callback))
+
+
 class _Wrapper(Callback):
-    """Forwards every hook the wrapped callback handles, and its state and declarations."""
+    """Forwards every hook the wrapped callback handles, and its state and declarations; a
+    callback that only implements `trigger` gets it at the epoch's end (see `triggers_only`)."""
 
     def __init__(self, callback: Callback) -> None:
         if not isinstance(callback, Callback):
             raise TypeError(f"Expected a cadence.Callback to wrap, got {type(callback).__name__}.")
         self.callback = callback
         self._wrapped_hooks: frozenset[str] = frozenset()
+        self._epoch_trigger = triggers_only(callback)
         self.requires = callback.requires
         self.provides = callback.provides
 
     def _forward(self, hook: str, state: RunState, *args: Any) -> None:
         if hook in self._wrapped_hooks:
-            getattr(self.callback, hook)(state, *args)
+            if hook == "on_epoch_end" and self._epoch_trigger:
+                self.callback.trigger(state)
+            else:
+                getattr(self.callback, hook)(state, *args)
 
     def on_train_begin(self, state: RunState) -> None:
         self._forward("on_train_begin", state)
@@ -193,7 +208,8 @@ class EnableCallbackIf(_Wrapper):
     `callback` handles a begin hook, the predicate is evaluated there and the matching end hook
     follows that decision, as tensorpack's ``before_run``/``after_run`` do -- so a callback never
     gets the begin of one step and the end of another. A callback with only the end hook is
-    gated where that hook runs.
+    gated where that hook runs; one that implements only `trigger` is triggered at the epochs'
+    ends that pass (tensorpack's ``trigger_epoch``).
     """
 
     _PAIRS = {"on_epoch_begin": "on_epoch_end", "on_step_begin": "on_step_end",
@@ -203,7 +219,8 @@ class EnableCallbackIf(_Wrapper):
     def __init__(self, callback: Callback, predicate: Callable[[RunState], bool]) -> None:
         super().__init__(callback)
         self.predicate = predicate
-        self._wrapped_hooks = overridden_hooks(callback)
+        self._wrapped_hooks = overridden_hooks(callback) | (
+            {"on_epoch_end"} if self._epoch_trigger else set())
         self.active_hooks = self._wrapped_hooks
         self._decided = {begin: end for begin, end in self._PAIRS.items()
                          if begin in self._wrapped_hooks and end in self._wrapped_hooks}
@@ -225,8 +242,14 @@ class EnableCallbackIf(_Wrapper):
 
 
 class PeriodicCallback(EnableCallbackIf):
-    """Lets `callback` see its epoch, step and loop hooks only every k steps or epochs (and at
-    the last epoch of training): a way to make a callback run *less* often.
+    """Lets `callback` see its epoch, step and loop hooks only every k steps or every k epochs
+    (and then also at the last epoch of training): a way to make a callback run *less* often.
+
+    Each step hook asks on its own, as tensorpack's ``PeriodicCallback`` does: with
+    ``every_k_steps=k``, ``on_step_begin`` runs before the steps that start at a multiple of k
+    (``global_step % k == 0`` before the step, tensorpack's ``before_run``) and ``on_step_end``
+    after steps k, 2k, ... (``global_step % k == 0`` after it, tensorpack's
+    ``trigger_step``).
 
     Raises:
         ValueError: when neither period is given, or one is not a positive int.
@@ -241,8 +264,9 @@ class PeriodicCallback(EnableCallbackIf):
 
         def due(state: RunState) -> bool:
             return bool((every_k_steps and state.global_step % every_k_steps == 0)
-                        or (every_k_epochs and state.epoch % every_k_epochs == 0)
-                        or state.extra.get("last_epoch") == state.epoch)
+                        or (every_k_epochs and (state.epoch % every_k_epochs == 0
+                                                or state.extra.get("last_epoch") == state.epoch)))
 
         super().__init__(callback, due)
+        self._decided.pop("on_step_begin", None)  # on_step_end decides after its own step
 

@@ -21,16 +21,24 @@ logger = logging.getLogger("cadence")
 
 class EstimatedTimeLeft(Callback):
     """Estimates the time left from the median time per step of the last `last_k_epochs`
-    epochs (robust to one slow epoch) times the steps left to ``state.target_step``
-    (a `cadence.core.eta.ETA` over epochs).
+    epochs (robust to one slow epoch) -- or their mean, with ``median=False`` -- times the
+    steps left to ``state.target_step`` (a `cadence.core.eta.ETA` over epochs).
 
     Records ``eta_seconds`` in ``state.metrics`` and logs it.
+
+    Args:
+        last_k_epochs: how many of the last epochs to estimate from.
+        median: the median of their times per step (tensorpack's default); False: the mean.
+
+    Raises:
+        ValueError: if `last_k_epochs` is not a positive int.
     """
 
     provides = ("eta_seconds",)
 
-    def __init__(self, last_k_epochs: int = 5) -> None:
-        self.eta = ETA(window=last_k_epochs)
+    def __init__(self, last_k_epochs: int = 5, median: bool = True) -> None:
+        self.median = median
+        self.eta = ETA(window=last_k_epochs, median=median)
 
     def on_epoch_begin(self, state: RunState) -> None:
         self.eta.start(state.global_step, time.perf_counter())

@@ -6,7 +6,8 @@ turn it into a rate, for the two ways a run is watched:
 * ``window=None`` (`TrainLoop`'s log lines, as tfsnippet): the average rate since the first
   sample, i.e. since the loop started or resumed;
 * ``window=k`` (`EstimatedTimeLeft`, as tensorpack): the median rate of the last k spans
-  recorded with `record` -- robust to one slow span (an evaluation, a checkpoint write).
+  recorded with `record` -- robust to one slow span (an evaluation, a checkpoint write) -- or,
+  with ``median=False``, their mean.
 
 >>> eta = ETA()
 >>> eta.start(0.0, now=100.0)
@@ -32,13 +33,15 @@ class ETA:
     Args:
         window: None: the average rate since the first sample; k: the median rate of the last k
             spans recorded with `record`.
+        median: with a `window`, the median of its spans' rates; False: their mean.
     """
 
-    def __init__(self, window: int | None = None) -> None:
+    def __init__(self, window: int | None = None, median: bool = True) -> None:
         if window is not None and (isinstance(window, bool) or not isinstance(window, int)
                                    or window < 1):
             raise ValueError(f"`window` (got {window!r}) must be a positive int or None.")
         self.window = window
+        self.median = median
         self._first: tuple[float, float] | None = None
         self._span_start: tuple[float, float] | None = None
         self._spans: deque[float] = deque(maxlen=window or 1)
@@ -69,7 +72,8 @@ class ETA:
         if self.window is not None:
             if not self._spans:
                 return None
-            per_unit = statistics.median(self._spans)
+            per_unit = (statistics.median(self._spans) if self.median
+                        else statistics.fmean(self._spans))
         else:
             if self._first is None or done - self._first[0] < 1e-7:
                 return None

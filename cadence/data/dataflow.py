@@ -157,17 +157,16 @@ class DataFlow:
     @staticmethod
     def seq(start: int, stop: int, step: int = 1, batch_size: int | None = None,
             shuffle: bool = False, skip_incomplete: bool = False, dtype: Any = np.int32,
-            random_state: int | torch.Generator | None = None) -> ArrayFlow:
-        """Mini-batches of the numbers ``start, start + step, ...`` below `stop` (tfsnippet's
-        ``SeqFlow``): indices to fetch data by, with `map`.
+            random_state: int | torch.Generator | None = None) -> SeqFlow:
+        """Mini-batches of the numbers ``start, start + step, ...`` before `stop` (tfsnippet's
+        ``SeqFlow``, whose `start`, `stop` and `step` it keeps): indices to fetch data by,
+        with `map`.
 
         Raises:
-            ValueError: without a `batch_size`.
+            ValueError: without a `batch_size`, or with a `step` of 0.
         """
-        if batch_size is None:
-            raise ValueError("`batch_size` is required, e.g. DataFlow.seq(0, 100, batch_size=32).")
-        return ArrayFlow([np.arange(start, stop, step, dtype=dtype)], batch_size, shuffle,
-                         skip_incomplete, random_state)
+        return SeqFlow(start, stop, step, batch_size, shuffle, skip_incomplete, dtype,
+                       random_state)
 
     @staticmethod
     def gather(flows: Iterable[DataFlow]) -> DataFlow:
@@ -356,6 +355,42 @@ class ArrayFlow(DataFlow):
         self._in_pass = bool(state["in_pass"])
         self.generator.set_state(state["generator"])
         self._resume = True
+
+
+class SeqFlow(ArrayFlow):
+    """The batches of the numbers ``start, start + step, ...`` before `stop` (``numpy.arange``'s
+    rule): tfsnippet's ``SeqFlow``, made by `DataFlow.seq`.
+
+    Raises:
+        ValueError: without a `batch_size`, or with a `step` of 0.
+    """
+
+    def __init__(self, start: int, stop: int, step: int = 1, batch_size: int | None = None,
+                 shuffle: bool = False, skip_incomplete: bool = False, dtype: Any = np.int32,
+                 random_state: int | torch.Generator | None = None) -> None:
+        if batch_size is None:
+            raise ValueError("`batch_size` is required, e.g. DataFlow.seq(0, 100, batch_size=32).")
+        if step == 0:
+            raise ValueError("`step` (got 0) must not be 0, e.g. DataFlow.seq(0, 100, step=2, "
+                             "batch_size=32).")
+        super().__init__([np.arange(start, stop, step, dtype=dtype)], batch_size, shuffle,
+                         skip_incomplete, random_state)
+        self._range = (start, stop, step)
+
+    @property
+    def start(self) -> int:
+        """The first number."""
+        return self._range[0]
+
+    @property
+    def stop(self) -> int:
+        """The bound the numbers stop before."""
+        return self._range[1]
+
+    @property
+    def step(self) -> int:
+        """The difference between consecutive numbers."""
+        return self._range[2]
 
 
 class MapFlow(DataFlow):

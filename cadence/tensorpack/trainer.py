@@ -44,6 +44,7 @@ from torch import nn
 
 from cadence.callbacks.logdir import resolve_directory
 from cadence.callbacks.savers import ModelSaver
+from cadence.callbacks.scheduling import PeriodicTrigger, triggers_only
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.checkpoint_dir import DEFAULT_MAX_TO_KEEP
 from cadence.core.controller import Controller
@@ -138,6 +139,10 @@ class Trainer(StandardTrainer):
     def register_callback(self, callback: Callback | Iterable[Callback]) -> bool:
         """Adds callbacks (before `setup_callbacks`). Returns True.
 
+        A callback that implements only `trigger` is triggered at each epoch's end, as
+        tensorpack's ``Callback._trigger_epoch`` does by default (it is registered inside a
+        ``PeriodicTrigger(callback, every_k_epochs=1)``).
+
         Raises:
             RuntimeError: after the callbacks were set up.
             ValueError: if a callback reads a metric that a later one produces.
@@ -145,6 +150,8 @@ class Trainer(StandardTrainer):
         if self._setup_done:
             raise RuntimeError("register_callback() must come before setup_callbacks().")
         for cb in [callback] if isinstance(callback, Callback) else list(callback):
+            if triggers_only(cb):
+                cb = PeriodicTrigger(cb, every_k_epochs=1)
             self._callbacks.append(cb)
         return True
 
@@ -362,6 +369,9 @@ class Trainer(StandardTrainer):
         controller.handle_signals = handle_signals
         if self.global_step:
             logger.info("Start training with global_step=%d.", self.global_step)
+        # One line per epoch, as tensorpack: the monitors' (`ScalarPrinter`), not also the
+        # Controller's loop line.
+        controller.log_loops = False
         controller.train(epochs=max_epoch, checkpoint_at_completion=False)
         if self.state.stop_requested:
             logger.info("Training was stopped: %s.", self.state.stop_reason)

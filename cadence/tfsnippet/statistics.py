@@ -60,7 +60,8 @@ class StatisticsCollector(Moments):
     def collect(self, values: Any, weight: Any = 1.0) -> None:
         """Adds `values`: a number, an array or a tensor whose shape ends with `shape` (what
         comes before is the batch of values), with `weight` -- a number, or one weight per value
-        (broadcast against the batch shape). An empty array adds nothing.
+        (broadcast against the batch shape); an empty `weight` (``[]``) is 1, as in tfsnippet.
+        An empty array of values adds nothing.
 
         Raises:
             ValueError: if the shape of `values` does not end with `shape`.
@@ -90,7 +91,8 @@ class StatisticsCollector(Moments):
         weights = self._weights(weight, batch_shape, tensor.device)
         self.counter += math.prod(batch_shape)
         if not self.shape:
-            self.update(tensor, weight if weights is None else weights)
+            self.update(tensor, (float(weight) if _is_number(weight) else 1.0)
+                        if weights is None else weights)
             return
         self._update_per_element(tensor.double(), weights, batch_shape, weight)
 

@@ -237,3 +237,17 @@ def test_a_sharded_position_resumes_only_on_the_same_rank_and_world_size():
         DataFlow.arrays([np.arange(8)], batch_size=2).load_state_dict(state)
     with pytest.raises(ValueError, match=r"`rank` 2 is not in \[0, world_size=2\)"):
         flow.shard(2, 2)
+
+
+def test_tfsnippet_dataflow_seq_keeps_its_start_stop_and_step():
+    flow = DataFlow.seq(2, 11, step=3, batch_size=2, dtype=np.int64)
+    assert (flow.start, flow.stop, flow.step) == (2, 11, 3)
+    assert (flow.batch_size, flow.data_length) == (2, 3)
+    batches = [b for (b,) in flow]
+    assert [b.tolist() for b in batches] == [[2, 5], [8]]
+    assert batches[0].dtype == np.int64
+    down = DataFlow.seq(5, 0, -2, batch_size=3)
+    assert (down.start, down.stop, down.step) == (5, 0, -2)
+    assert values(down) == [[5, 3, 1]]
+    with pytest.raises(ValueError, match=r"`step` \(got 0\) must not be 0"):
+        DataFlow.seq(0, 10, 0, batch_size=2)

@@ -41,3 +41,14 @@ def test_tfsnippet_statistics_collector_ignores_an_empty_array():
     for collector in (StatisticsCollector(), StatisticsCollector(shape=(2,))):
         collector.collect(np.zeros([0, *collector.shape]))
         assert not collector.has_value and collector.counter == 0
+
+
+def test_tfsnippet_statistics_collector_treats_an_empty_weight_as_one():
+    scalars = StatisticsCollector()
+    scalars.collect([1.0, 2.0], weight=[])
+    scalars.collect(3.0, weight=np.array([]))
+    assert (scalars.mean, scalars.weight_sum, scalars.counter) == (2.0, 3.0, 3)
+    rows = StatisticsCollector(shape=(2,))
+    rows.collect([[1.0, 10.0], [3.0, 30.0]], weight=[])
+    np.testing.assert_allclose(rows.mean, [2.0, 20.0])
+    assert rows.weight_sum == 2.0
