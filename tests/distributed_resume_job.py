@@ -291,7 +291,7 @@ def main() -> None:
         prune, gate = CheckpointDirectory.prune, threading.Event()
         gate.set()
         CheckpointDirectory.prune = lambda self: (  # type: ignore[method-assign]
-            pruners.append(threading.current_thread().name) or gate.wait(60) and prune(self))
+            pruners.append(threading.current_thread().name) or (gate.wait(60) and prune(self)))
         kept = cadence.CheckpointManager(trainer, directory / "kept", max_to_keep=2,
                                          async_save=True)
         for step in (1, 2):

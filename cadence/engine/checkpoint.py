@@ -8,7 +8,7 @@ callbacks' and the Controller's own state.
 
 Files are committed atomically by `cadence.core.checkpoint_dir.CheckpointDirectory`, with the
 SHA-256 of each in the manifest. The default `StateFileIO` writes ``state.cadence``
-(`cadence.engine.state_file`: a JSON header and raw tensor bytes, no pickle), so a background
+(`cadence.engine.state_file`: a safetensors file, no pickle), so a background
 write releases the GIL for nearly all of its time, and loading never unpickles anything;
 checkpoints written with ``torch.save`` (`TorchSaveIO`, earlier versions) are read with
 ``torch.load(weights_only=True)``. The bytes go through a small `CheckpointIO` interface, so a

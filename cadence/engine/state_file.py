@@ -1,24 +1,29 @@
-"""The checkpoint payload file: nested state as a JSON header and raw tensor bytes, no pickle.
+"""The checkpoint payload file: nested state as a safetensors file, no pickle.
 
 ``torch.save`` pickles: every tensor costs Python work that holds the GIL, so a background save
 slows the training thread well beyond its stall, and loading a pickle is only safe because
-``weights_only=True`` restricts it. This format has neither problem. A file is::
+``weights_only=True`` restricts it. This format has neither problem. A file is a safetensors
+file (https://huggingface.co/docs/safetensors), which other tools open as it is
+(``safetensors.safe_open``, ``safetensors.torch.load_file``)::
 
-    b"CADENCE-STATE\\0\\0\\0"          16 bytes of magic
     header length                      8 bytes, little-endian
-    header                             JSON: the structure, and each tensor's dtype, shape,
-                                       offset and size
-    tensor bytes                       each tensor's raw bytes, 64-byte aligned
+    header                             JSON: each tensor by its path in the state
+                                       (``model.0.weight``) with its dtype, shape and place;
+                                       ``__metadata__`` holds the structure and every other
+                                       value (JSON), the tensors' names in order, and
+                                       ``cadence`` (the format version)
+    tensor bytes                       end to end, the largest elements first
 
 The tensor bytes are laid out in the file exactly as in a `HostSnapshot`'s arena: an
 asynchronous save copies every tensor into one reused host buffer (the stall), and the
 background write is then one ``write`` of that buffer and one ``update`` of the SHA-256, both of
 which release the GIL -- the Python work left for the background thread does not grow with the
-number of tensors. Reading parses JSON and reads bytes into new tensors, so nothing in the file
-can run code. The structure holds dicts (any plain keys), lists, tuples, None, bools, ints, floats
-(NaN and infinities included), strings, bytes, tensors, NumPy arrays, ``torch.Size``,
-dtypes and devices: what ``state_dict()`` returns. Anything else is a `TypeError` naming its
-path.
+number of tensors (the header's table of tensors is made once per layout). Reading parses JSON
+and reads bytes into new tensors, so nothing in the file can run code. The structure holds dicts
+(any plain keys), lists, tuples, None, bools, ints, floats (NaN and infinities included),
+strings, bytes, tensors (complex ones as their real view), NumPy arrays, ``torch.Size``, dtypes
+and devices: what ``state_dict()`` returns. Anything else is a `TypeError` naming its path.
+Files of version 1 (cadence's own layout behind ``CADENCE-STATE`` magic bytes) are still read.
 
 >>> import io, torch
 >>> buffer = io.BytesIO()
@@ -45,7 +50,9 @@ import numpy as np
 import torch
 
 MAGIC = b"CADENCE-STATE\0\0\0"
-VERSION = 1
+"""What version 1 files begin with (read still; written no more)."""
+VERSION = 2
+"""Version 2 is a safetensors file; version 1 was cadence's own layout."""
 _ALIGN = 64
 _MAX_HEADER = 1 << 30
 
@@ -104,14 +111,28 @@ class _Encoder:
         self.entries: list[dict[str, Any]] = []
         self._seen: dict[int, int] = {}  # the same tensor object twice is stored once
         self.size = 0
-        """Bytes of tensor data, alignment included."""
+        """Bytes of tensor data."""
 
     def encode_state(self, state: Any) -> Any:
         try:
-            return self.encode(state)
+            tree = self.encode(state)
         except _Unsupported as error:
             where = _path_to(state, error.value) or ""
             raise TypeError(f"{where or 'the state'} {error.problem}") from None
+        self._lay_out()
+        return tree
+
+    def _lay_out(self) -> None:
+        """Places the tensors end to end, as safetensors requires (no gaps), the largest
+        elements first: each tensor's offset is then a multiple of its element size, so that
+        a view of it into one byte buffer (`HostSnapshot`) is aligned."""
+        position = 0
+        for index in sorted(range(len(self.entries)),
+                            key=lambda i: -self.tensors[i].element_size()):
+            entry = self.entries[index]
+            entry["offset"] = position
+            position += entry["nbytes"]
+        self.size = position
 
     def tensor(self, value: torch.Tensor) -> int:
         index = self._seen.get(id(value))
@@ -124,12 +145,8 @@ class _Encoder:
         if dtype is None:
             raise _Unsupported(value, f"has dtype {value.dtype}, which checkpoints cannot "
                                f"hold; supported: {', '.join(_DTYPES)}.")
-        nbytes = value.nbytes
-        size = self.size
-        size += -size % _ALIGN
-        self.entries.append({"dtype": dtype, "shape": list(value.shape), "offset": size,
-                             "nbytes": nbytes})
-        self.size = size + nbytes
+        self.entries.append({"dtype": dtype, "shape": list(value.shape), "offset": 0,
+                             "nbytes": value.nbytes})
         self.tensors.append(value)
         index = self._seen[id(value)] = len(self.tensors) - 1
         return index
@@ -237,8 +254,10 @@ class PackedState:
     """
 
     def __init__(self, tree: Any, entries: list[dict[str, Any]], arena: torch.Tensor,
-                 size: int, views: list[torch.Tensor]) -> None:
+                 size: int, views: list[torch.Tensor],
+                 table: tuple[bytes, dict[str, str]]) -> None:
         self.tree, self.entries, self.arena, self.size = tree, entries, arena, size
+        self.table = table
         self._views = views
         self._value: Any = None
 
@@ -261,6 +280,7 @@ class HostSnapshot:
         self._arena: torch.Tensor | None = None
         self._views: list[torch.Tensor] = []
         self._buffers: dict[str, torch.Tensor] = {}  # take's, by path in the state
+        self._table: tuple[bytes, dict[str, str]] = (b"", {})
 
     def pack(self, state: Any) -> PackedState:
         """A copy of `state` whose tensors live in this snapshot's buffer."""
@@ -275,13 +295,18 @@ class HostSnapshot:
                 .view(e["shape"]) for e in encoder.entries
             ]
             self._arena, self._layout = arena, encoder.entries
+            # The tensors' names are their paths in the state as it is now: made again only
+            # when the layout changes (a state whose keys change with the same tensors keeps
+            # its first names -- they label tensors for other tools; cadence reads by index).
+            self._table = _tensor_table(tree, encoder.entries)
         with torch.no_grad():  # parameters are copied, not recorded by autograd
             for view, source in zip(self._views, encoder.tensors):
                 view.copy_(source, non_blocking=source.is_cuda)
         if cuda:  # the copies were queued on each device's current stream: wait for them
             for device in {t.device for t in encoder.tensors if t.is_cuda}:
                 torch.cuda.current_stream(device).synchronize()
-        return PackedState(tree, encoder.entries, self._arena, encoder.size, self._views)
+        return PackedState(tree, encoder.entries, self._arena, encoder.size, self._views,
+                           self._table)
 
     def take(self, value: Any, path: str = "") -> Any:
         """A copy of `value` whose tensors each have a host buffer of their own (reused from one
@@ -307,8 +332,89 @@ class HostSnapshot:
         return copy.deepcopy(value)
 
 
+_SAFETENSORS_DTYPES = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+    "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "uint16": "U16", "uint32": "U32",
+    "uint64": "U64",
+}
+"""safetensors' names of the dtypes it holds. Complex tensors are stored as their real view (a
+trailing dimension of 2: the same bytes), their dtype in the metadata's ``complex``."""
+_COMPLEX_PARTS = {"complex64": "F32", "complex128": "F64"}
+_FROM_SAFETENSORS = {name: _DTYPES[dtype] for dtype, name in _SAFETENSORS_DTYPES.items()
+                     if dtype in _DTYPES}
+
+
+def _key_text(node: Any) -> str:
+    return node if isinstance(node, str) else json.dumps(node, separators=(",", ":"))
+
+
+def _tensor_names(tree: Any, count: int) -> list[str]:
+    """A name for each tensor of an encoded `tree`: its path of keys (``model.0.weight``), as
+    ``safetensors.safe_open(...).keys()`` lists them; unique (``#<index>`` added on a clash)."""
+    names: list[str | None] = [None] * count
+    taken = {"__metadata__"}
+    stack: list[tuple[Any, str]] = [(tree, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, list):
+            stack.extend((v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(node))
+        elif isinstance(node, dict) and "d" in node and set(node) <= {"d", "m"}:
+            for key, value in node["d"]:
+                text = _key_text(key)
+                stack.append((value, f"{path}.{text}" if path else text))
+        elif isinstance(node, dict) and len(node) == 1:
+            ((tag, value),) = node.items()
+            if tag in ("T", "N") and names[value] is None:
+                name = path or "tensor"
+                name = name if name not in taken else f"{name}#{value}"
+                names[value] = name
+                taken.add(name)
+            elif tag == "t":
+                stack.append((value, path))
+    return [name if name is not None else f"#{index}" for index, name in enumerate(names)]
+
+
+def _compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _tensor_table(tree: Any, entries: list[dict[str, Any]]) -> tuple[bytes, dict[str, str]]:
+    """The per-tensor part of a state file's safetensors header -- each tensor by its path,
+    its dtype, shape and place -- as JSON without its braces, and the metadata that names them.
+    It depends on the layout only, so a `HostSnapshot` makes it once, not at every save."""
+    names = _tensor_names(tree, len(entries))
+    complex_dtypes = {}
+    header: dict[str, Any] = {}
+    for name, entry in zip(names, entries):
+        shape = list(entry["shape"])
+        dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
+        if dtype is None:
+            dtype = _COMPLEX_PARTS[entry["dtype"]]
+            complex_dtypes[name] = entry["dtype"]
+            shape.append(2)
+        header[name] = {"dtype": dtype, "shape": shape,
+                        "data_offsets": [entry["offset"], entry["offset"] + entry["nbytes"]]}
+    metadata = {"names": _compact_json(names)}
+    if complex_dtypes:
+        metadata["complex"] = _compact_json(complex_dtypes)
+    return _compact_json(header).encode("utf-8")[1:-1], metadata
+
+
+def _safetensors_header(tree: Any, table: tuple[bytes, dict[str, str]]) -> bytes:
+    """The safetensors header of a state file: the tensors of `table` (`_tensor_table`), the
+    structure and the other values (JSON) in ``__metadata__``; padded with spaces to a
+    multiple of 8 bytes, as safetensors writes it."""
+    tensors, names = table
+    metadata = {"format": "pt", "cadence": str(VERSION), "tree": _compact_json(tree), **names}
+    text = (b'{"__metadata__":' + _compact_json(metadata).encode("utf-8")
+            + (b"," + tensors if tensors else b"") + b"}")
+    return text + b" " * (-(8 + len(text)) % 8)
+
+
 def write_state(state: Any, file: str | os.PathLike[str] | BinaryIO) -> str:
-    """Writes `state` to `file` (a path or a binary stream); returns the SHA-256 of the bytes.
+    """Writes `state` to `file` (a path or a binary stream) as a safetensors file; returns the
+    SHA-256 of its bytes.
 
     A `PackedState` is written with two writes whatever the number of tensors; any other
     state is encoded here (tensors on a device are copied to the host one by one).
@@ -318,15 +424,15 @@ def write_state(state: Any, file: str | os.PathLike[str] | BinaryIO) -> str:
     """
     if isinstance(state, PackedState):
         tree, entries, tensors, size = state.tree, state.entries, None, state.size
+        table = state.table
     else:
         encoder = _Encoder()
         tree = encoder.encode_state(state)
         entries, tensors, size = encoder.entries, encoder.tensors, encoder.size
-    header = json.dumps({"version": VERSION, "tree": tree, "tensors": entries},
-                        separators=(",", ":")).encode("utf-8")
+        table = _tensor_table(tree, entries)
+    header = _safetensors_header(tree, table)
     digest = hashlib.sha256()
-    prefix = MAGIC + struct.pack("<Q", len(header)) + header
-    prefix += b"\0" * _padding(len(prefix))
+    prefix = struct.pack("<Q", len(header)) + header
 
     def emit(handle: BinaryIO, data: memoryview | bytes) -> None:
         digest.update(data)  # releases the GIL for large buffers, as the write does
@@ -334,17 +440,13 @@ def write_state(state: Any, file: str | os.PathLike[str] | BinaryIO) -> str:
 
     def body(handle: BinaryIO) -> None:
         emit(handle, prefix)
-        if tensors is None:  # packed: the arena is the file's data, padding included
+        if tensors is None:  # packed: the arena is the file's data
             if size:
                 emit(handle, _byte_view(state.arena[:size]))
             return
-        position = 0
-        for entry, tensor in zip(entries, tensors):
-            if entry["offset"] > position:
-                emit(handle, b"\0" * (entry["offset"] - position))
-            if entry["nbytes"]:
-                emit(handle, _byte_view(tensor.detach().cpu().contiguous()))
-            position = entry["offset"] + entry["nbytes"]
+        for index in sorted(range(len(entries)), key=lambda i: entries[i]["offset"]):
+            if entries[index]["nbytes"]:
+                emit(handle, _byte_view(tensors[index].detach().cpu().contiguous()))
 
     if isinstance(file, (str, os.PathLike)):
         with open(file, "wb", buffering=1 << 20) as handle:  # small tensors coalesce
@@ -354,8 +456,46 @@ def write_state(state: Any, file: str | os.PathLike[str] | BinaryIO) -> str:
     return digest.hexdigest()
 
 
+def _read_safetensors(header: dict[str, Any], take_into: Any) -> Any:
+    """The state of a state file (safetensors, cadence's metadata) whose header was read."""
+    metadata = header.pop("__metadata__", None)
+    if not isinstance(metadata, dict) or "cadence" not in metadata:
+        raise StateFileError("it is a safetensors file without cadence's metadata, not a "
+                             "cadence state file (read it with safetensors.torch.load_file)")
+    if int(metadata["cadence"]) > VERSION:
+        raise StateFileError(f"it was written by a newer cadence (version "
+                             f"{metadata['cadence']})")
+    tree, names = json.loads(metadata["tree"]), json.loads(metadata["names"])
+    complex_dtypes = json.loads(metadata.get("complex", "{}"))
+    if not isinstance(names, list) or len(names) != len(header) or set(names) != set(header):
+        raise StateFileError("its header does not name the tensors its metadata does")
+    tensors: list[torch.Tensor] = [torch.empty(0)] * len(names)
+    position = 0
+    for index in sorted(range(len(names)), key=lambda i: header[names[i]]["data_offsets"][0]):
+        info = header[names[index]]
+        begin, end = (int(n) for n in info["data_offsets"])
+        shape = [int(n) for n in info["shape"]]
+        if names[index] in complex_dtypes:
+            dtype = _DTYPES[complex_dtypes[names[index]]]
+            if shape[-1:] != [2] or _COMPLEX_PARTS[complex_dtypes[names[index]]] != info["dtype"]:
+                raise StateFileError("its header describes a complex tensor inconsistently")
+            shape = shape[:-1]
+        else:
+            dtype = _FROM_SAFETENSORS[info["dtype"]]
+        tensor = torch.empty(shape, dtype=dtype)
+        if (begin != position or min(shape, default=0) < 0
+                or end - begin != tensor.numel() * tensor.element_size()):
+            raise StateFileError("its header describes the tensors inconsistently")
+        if end > begin:
+            take_into(tensor)
+        position = end
+        tensors[index] = tensor
+    return _decode(tree, tensors)
+
+
 def read_state(file: str | os.PathLike[str] | BinaryIO, sha256: str | None = None) -> Any:
-    """Reads what `write_state` wrote; nothing in the file is executed.
+    """Reads what `write_state` wrote; nothing in the file is executed. Files of earlier
+    versions (cadence's own layout, behind ``CADENCE-STATE`` magic bytes) are read too.
 
     Args:
         file: a path or a binary stream positioned at the start of a state file.
@@ -390,37 +530,28 @@ def read_state(file: str | os.PathLike[str] | BinaryIO, sha256: str | None = Non
         if digest is not None:
             digest.update(view)
 
-    if take(len(MAGIC)) != MAGIC:
+    first = take(8)
+    legacy = first == MAGIC[:8]
+    if legacy and take(len(MAGIC) - 8) != MAGIC[8:]:
         raise StateFileError("it is not a cadence state file (wrong magic bytes)")
-    (length,) = struct.unpack("<Q", take(8))
+    (length,) = struct.unpack("<Q", take(8) if legacy else first)
     if length > _MAX_HEADER:
-        raise StateFileError(f"its header length ({length} bytes) is implausible")
+        raise StateFileError("it is not a cadence state file (its first bytes are not a "
+                             "safetensors header)" if not legacy else
+                             f"its header length ({length} bytes) is implausible")
     try:
         header = json.loads(take(length).decode("utf-8"))
-        entries, tree = header["tensors"], header["tree"]
-        if header.get("version", 0) > VERSION:
-            raise StateFileError(f"it was written by a newer cadence (version "
-                                 f"{header['version']})")
-        take(_padding(len(MAGIC) + 8 + length))
-        tensors: list[torch.Tensor] = []
-        position = 0
-        for entry in entries:
-            dtype, shape = _DTYPES[entry["dtype"]], [int(n) for n in entry["shape"]]
-            offset, nbytes = int(entry["offset"]), int(entry["nbytes"])
-            tensor = torch.empty(shape, dtype=dtype)
-            if (offset < position or min(shape, default=0) < 0
-                    or nbytes != tensor.numel() * tensor.element_size()):
-                raise StateFileError("its header describes the tensors inconsistently")
-            take(offset - position)
-            if nbytes:
-                take_into(tensor)
-            position = offset + nbytes
-            tensors.append(tensor)
-        state = _decode(tree, tensors)
+        if not isinstance(header, dict):
+            raise StateFileError("it is not a cadence state file (its header is not an object)")
+        state = (_read_legacy(header, length, take, take_into) if legacy
+                 else _read_safetensors(header, take_into))
     except (KeyError, TypeError, ValueError, IndexError, UnicodeDecodeError,
             RuntimeError) as error:
         if isinstance(error, StateFileError):
             raise
+        if not legacy and isinstance(error, (UnicodeDecodeError, json.JSONDecodeError)):
+            raise StateFileError("it is not a cadence state file (its first bytes are not a "
+                                 "safetensors header)") from None
         raise StateFileError(f"its header is damaged ({type(error).__name__}: {error})") from None
     if digest is not None:
         if file.read(1):
@@ -429,3 +560,26 @@ def read_state(file: str | os.PathLike[str] | BinaryIO, sha256: str | None = Non
             raise StateFileError("its bytes do not match its SHA-256 checksum (they changed "
                                  "after it was written)")
     return state
+
+
+def _read_legacy(header: dict[str, Any], length: int, take: Any, take_into: Any) -> Any:
+    """The state of a version 1 file (magic bytes, cadence's header, 64-byte aligned data)."""
+    entries, tree = header["tensors"], header["tree"]
+    if header.get("version", 0) > 1:
+        raise StateFileError(f"it was written by a newer cadence (version {header['version']})")
+    take(_padding(len(MAGIC) + 8 + length))
+    tensors: list[torch.Tensor] = []
+    position = 0
+    for entry in entries:
+        dtype, shape = _DTYPES[entry["dtype"]], [int(n) for n in entry["shape"]]
+        offset, nbytes = int(entry["offset"]), int(entry["nbytes"])
+        tensor = torch.empty(shape, dtype=dtype)
+        if (offset < position or min(shape, default=0) < 0
+                or nbytes != tensor.numel() * tensor.element_size()):
+            raise StateFileError("its header describes the tensors inconsistently")
+        take(offset - position)
+        if nbytes:
+            take_into(tensor)
+        position = offset + nbytes
+        tensors.append(tensor)
+    return _decode(tree, tensors)

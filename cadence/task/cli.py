@@ -11,6 +11,7 @@
     cadence experiments                    list the registered experiments
     cadence config --experiment char_lm    print the final config as YAML
     cadence --version                      print the installed version
+    cadence inspect runs/mine              what its newest checkpoint holds
     cadence plot runs/a runs/b             PNG curves of the runs' scalars, resumes and best
                                            exports marked (needs matplotlib: cadence[plot])
 
@@ -28,6 +29,7 @@ import argparse
 import contextlib
 import errno
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -147,7 +149,33 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--smooth", type=_smoothing_weight, default=0.0, metavar="W",
                       help="TensorBoard's smoothing weight in [0, 1), e.g. 0.6 (default: 0, "
                       "the values as they are)")
+    plot.add_argument("--log-y", action="store_true",
+                      help="logarithmic y axes (for metrics whose values are all positive)")
+
+    inspect = commands.add_parser(
+        "inspect", help="print what a checkpoint holds: step, files, tensors, values, config",
+        description="Lists a checkpoint's files, the tensors of its state files (safetensors) "
+        "and shards (DCP) with their dtypes, shapes and sizes, its other values and the run's "
+        "config. Reads headers only; nothing in the checkpoint is executed.")
+    inspect.add_argument("path", type=Path, metavar="PATH",
+                         help="a ckpt-<step> directory, or a run or checkpoints directory "
+                         "(its newest checkpoint)")
+    inspect.add_argument("--verify", action="store_true",
+                         help="also check every file against its SHA-256 in the manifest")
+    inspect.add_argument("--no-config", action="store_true", help="leave out the run's config")
     return parser
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from cadence.engine.inspection import describe_checkpoint
+
+    lines = describe_checkpoint(args.path, verify=args.verify, config=not args.no_config)
+    try:
+        print("\n".join(lines))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `cadence inspect ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
 
 
 def _smoothing_weight(text: str) -> float:
@@ -396,7 +424,7 @@ def _plot(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {str(out)!r} is a file: pass a directory for the PNGs (it "
                           "is created if it does not exist).")
     try:
-        paths = plot_runs(runs, out, metrics, args.smooth)
+        paths = plot_runs(runs, out, metrics, args.smooth, log_scale=args.log_y)
     except ModuleNotFoundError as error:
         if error.name != "matplotlib":
             raise
@@ -440,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run_command(args: argparse.Namespace) -> int:
     command = {"train": _train, "eval": _eval, "experiments": _experiments,
-               "config": _config, "plot": _plot}[args.command]
+               "config": _config, "plot": _plot, "inspect": _inspect}[args.command]
     try:
         return command(args)
     except Preempted as stop:

@@ -6,6 +6,7 @@ import json
 import math
 import struct
 from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -89,3 +90,80 @@ def test_reading_builds_values_and_never_calls_anything():
     data += bytes(-len(data) % 64)
     with pytest.raises(StateFileError, match="unknown tag 'x'"):
         read_state(io.BytesIO(data))
+
+
+# ---------------------------------------------------------------------------- issue 21:
+# a state file is a safetensors file: other tools open it
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+
+
+def test_a_state_file_is_a_safetensors_file_that_lists_every_tensor_by_its_path(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(5, 3)).sum().backward()
+    optimizer.step()
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 7,
+             "mask": torch.tensor([True, False]), "half": torch.ones(3, dtype=torch.float16),
+             "z": torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex128)}
+    path = tmp_path / "state.cadence"
+    write_state(state, path)
+    with safe_open(str(path), framework="pt") as opened:
+        names = set(opened.keys())
+        assert torch.equal(opened.get_tensor("model.0.weight"), model.state_dict()["0.weight"])
+        assert torch.equal(opened.get_tensor("optimizer.state.0.exp_avg"),
+                           optimizer.state_dict()["state"][0]["exp_avg"])
+        assert opened.metadata()["format"] == "pt"
+    assert {"model.0.weight", "model.1.running_mean", "mask", "half", "z"} <= names
+    plain = load_file(str(path))  # safetensors' own loader: every tensor, by the same names
+    assert set(plain) == names and plain["mask"].dtype == torch.bool
+    assert torch.equal(torch.view_as_complex(plain["z"]), state["z"])  # complex: real pairs
+    loaded = read_state(path)
+    assert loaded["step"] == 7 and loaded["z"].dtype == torch.complex128
+    assert torch.equal(loaded["z"], state["z"]) and torch.equal(loaded["mask"], state["mask"])
+
+
+def test_a_snapshot_packed_for_a_background_write_is_a_safetensors_file_too(tmp_path):
+    from safetensors.torch import load_file
+
+    from cadence.engine.state_file import HostSnapshot
+
+    state = {"a": torch.arange(5, dtype=torch.int8), "b": torch.randn(3, 2),
+             "c": torch.arange(4, dtype=torch.float64), "d": torch.ones(2, dtype=torch.bfloat16)}
+    packed = HostSnapshot().pack(state)
+    write_state(packed, tmp_path / "packed.cadence")
+    plain = load_file(str(tmp_path / "packed.cadence"))
+    for name, value in state.items():
+        assert torch.equal(plain[name], value), name
+
+
+def test_a_safetensors_file_that_is_not_cadences_is_refused_in_words(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.ones(2)}, str(tmp_path / "foreign.safetensors"))
+    with pytest.raises(StateFileError, match="without cadence's metadata"):
+        read_state(tmp_path / "foreign.safetensors")
+
+
+def test_a_checkpoint_written_in_state_format_1_still_restores(tmp_path):
+    """``tests/fixtures/state_format_1``: a checkpoint of a small model and its Adam state,
+    written by cadence before state files became safetensors (``CADENCE-STATE`` magic)."""
+    import shutil
+
+    import cadence
+
+    shutil.copytree(FIXTURES / "state_format_1" / "checkpoints", tmp_path / "checkpoints")
+    assert (tmp_path / "checkpoints" / "ckpt-3" / "state.cadence").read_bytes()[:16] == MAGIC
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    manager = cadence.CheckpointManager({"model": model, "optimizer": optimizer},
+                                        tmp_path / "checkpoints")
+    assert manager.restore_or_initialize() is not None
+    expected = torch.load(FIXTURES / "state_format_1" / "expected.pt", weights_only=True)
+    for name, value in expected["model"].items():
+        assert torch.equal(model.state_dict()[name], value), name
+    assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"],
+                       expected["optimizer"]["state"][0]["exp_avg"])
