@@ -128,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
                           help="the run directory (default: the newest run of the experiment)")
     evaluate.add_argument("--mode", choices=("eval", "continuous_eval"), default="eval",
                           help="eval once (default), or every new checkpoint")
+    evaluate.add_argument("--checkpoint", metavar="WHICH",
+                          help="what to evaluate (with --mode eval): latest (default: the "
+                          "newest checkpoint), best (the best export) or a path (a "
+                          "ckpt-<step>, a best-export directory, a .safetensors file)")
 
     commands.add_parser("experiments", help="list the registered experiments")
 
@@ -364,7 +368,8 @@ def _eval(args: argparse.Namespace) -> int:
                           f"e.g. {RUNS_DIR}/<experiment>-<time>.")
     config = _load(args, model_dir)
     with _logging(False):
-        _, logs = run_experiment(config, args.mode, model_dir, progress_bar=False)
+        _, logs = run_experiment(config, args.mode, model_dir, progress_bar=False,
+                                 checkpoint=args.checkpoint)
     _summary(run_directory(config, model_dir), logs)
     return 0
 

@@ -72,6 +72,7 @@ from cadence.engine.distributed import (
     local_device,
 )
 from cadence.engine.exporter import BestCheckpointExporter
+from cadence.task.chosen_weights import chosen_weights, load_chosen
 from cadence.task.config import MODES, ExperimentConfig
 from cadence.task.config_callbacks import check_config_callbacks, config_callbacks
 from cadence.task.config_files import (
@@ -213,7 +214,8 @@ def save_run_config(config: ExperimentConfig, run: RunDirectory,
     save_config(config, path)
 
 
-def _check_before_writing(config: ExperimentConfig, mode: str, run: RunDirectory) -> None:
+def _check_before_writing(config: ExperimentConfig, mode: str, run: RunDirectory,
+                          chosen: Path | None = None) -> None:
     """What can be known wrong before anything is built or written, as `ConfigError`s."""
     trainer = config.trainer
     if mode.startswith("train") and trainer.train_steps <= 0:
@@ -239,7 +241,7 @@ def _check_before_writing(config: ExperimentConfig, mode: str, run: RunDirectory
         raise ConfigError(f"task.init_checkpoint {str(init)!r} is a file but not a "
                           ".safetensors file: pass a .safetensors file, a best-export "
                           "directory, a checkpoint (ckpt-<step>) or a directory of checkpoints.")
-    if mode == "eval" and not config.task.init_checkpoint and (
+    if mode == "eval" and chosen is None and not config.task.init_checkpoint and (
             CheckpointDirectory(run.checkpoints, None).latest() is None):
         runs = sorted(str(p.parent) for p in run.root.glob(f"*/{PARAMS_FILE}"))
         hint = (f" It holds run directories ({', '.join(runs[:3])}"
@@ -360,6 +362,7 @@ def run_experiment(
     eval_actions: Iterable[Action] = (),
     progress_bar: bool | None = None,
     allow_config_change: bool = False,
+    checkpoint: str | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Runs `mode` of the experiment `config` in `model_dir` (see the module docstring).
 
@@ -373,6 +376,8 @@ def run_experiment(
         eval_actions: Orbit-style actions called with each evaluation's logs.
         progress_bar: show a progress bar; None: when stderr is a terminal.
         allow_config_change: continue a run whose saved config differs.
+        checkpoint: in ``eval`` mode, the weights to evaluate: ``"latest"`` (None: the newest
+            checkpoint), ``"best"`` (the best export) or a path (`cadence.task.chosen_weights`).
 
     Returns:
         ``(model, eval_logs)``: the trained model and the last evaluation's logs ({} if none;
@@ -402,7 +407,11 @@ def run_experiment(
     config.lock()  # as TF Model Garden: nothing changes the config of a running experiment
     run = run_directory(config, model_dir)
     trains = mode.startswith("train")
-    _check_before_writing(config, mode, run)
+    if checkpoint is not None and mode != "eval":
+        raise ConfigError(f"A checkpoint to evaluate ({checkpoint!r}) is for mode 'eval'; "
+                          f"{mode!r} evaluates the checkpoints training writes.")
+    chosen = chosen_weights(checkpoint, run)
+    _check_before_writing(config, mode, run, chosen)
     created = not run.root.exists()
     lock = (run.training_lock() if trains and process_rank() == 0
             else contextlib.nullcontext())
@@ -411,7 +420,7 @@ def run_experiment(
             differences = check_saved_config(config, run, allow_config_change) if trains else []
             return _run(config, mode, run, differences, callbacks=callbacks,
                         train_actions=train_actions, eval_actions=eval_actions,
-                        progress_bar=progress_bar)
+                        progress_bar=progress_bar, chosen=chosen)
     except BaseException:
         if created and trains and not run.params.exists():
             _remove_unstarted(run)  # a start that failed leaves no run directory behind
@@ -432,8 +441,8 @@ def _remove_unstarted(run: RunDirectory) -> None:
 
 def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: list[str], *,
          callbacks: Iterable[Callback], train_actions: Iterable[Action],
-         eval_actions: Iterable[Action],
-         progress_bar: bool | None) -> tuple[nn.Module, dict[str, Any]]:
+         eval_actions: Iterable[Action], progress_bar: bool | None,
+         chosen: Path | None = None) -> tuple[nn.Module, dict[str, Any]]:
     trains = mode.startswith("train")
     evaluates = mode != "train"
     trainer_config = config.trainer
@@ -459,7 +468,10 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
         strict=trains, read_only=not trains,
         async_save=trainer_config.async_checkpoints and trains,
     )
-    agree_on_checkpoint(manager)
+    if chosen is None:
+        agree_on_checkpoint(manager)
+    else:  # evaluating chosen weights: the manager restores nothing
+        logger.info("Evaluating %s (step %d).", chosen, load_chosen(chosen, state, trainer))
     trainer.coordinator_for_async().add_waitable(manager)
     summaries, eval_summaries = create_summaries(config, run, lambda: trainer.global_step)
     builtin: list[Callback] = [ProgressBar(enabled=progress_bar)] if trains else []
@@ -472,7 +484,7 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
         trainer=trainer if trains else None,
         evaluator=trainer if evaluates else None,
         steps_per_loop=trainer_config.steps_per_loop if trains else None,
-        checkpoint_manager=manager,
+        checkpoint_manager=manager if chosen is None else None,
         summary_manager=summaries,
         summary_interval=trainer_config.summary_interval,
         eval_summary_manager=eval_summaries,
@@ -501,7 +513,7 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
             eval_logs = controller.train_and_evaluate(
                 trainer_config.train_steps, trainer_config.validation_steps, None)
         elif mode == "eval":
-            if manager.latest_checkpoint is None:
+            if chosen is None and manager.latest_checkpoint is None:
                 logger.warning("No checkpoint in %s: evaluating the weights of "
                                "task.init_checkpoint.", manager.directory)
             eval_logs = controller.evaluate(trainer_config.validation_steps)
