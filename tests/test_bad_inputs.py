@@ -30,6 +30,8 @@ from cadence import (
     load_weights,
     run_experiment,
 )
+from cadence.callbacks import EarlyStopping
+from cadence.engine.distributed import StopAgreement, local_device
 from cadence.task.cli import main
 
 FAST = ["--no-progress", "--set", "trainer.train_steps=20", "--set", "trainer.steps_per_loop=10",
@@ -491,6 +493,21 @@ PYTHON = [
      r"`max_epoch` \(got 'a'\) must be a positive int or None"),
     ("a TrainLoop of 2.5 epochs", lambda: TrainLoop([], max_epoch=2.5), ValueError,
      r"`max_epoch` \(got 2.5\)"),
+    # The engine's integer checks name the class, the argument and the fix (one helper).
+    ("a LossGuard of -2 trials", lambda: cadence.LossGuard(max_trials=-2), ValueError,
+     r"^LossGuard: `max_trials` \(got -2\) must be an int >= -1\. Pass -1 to ignore blow-ups"),
+    ("an EarlyStopping of no patience", lambda: EarlyStopping("loss", patience=0), ValueError,
+     r"^EarlyStopping: `patience` \(got 0\) must be a positive int\. Pass e\.g\. patience=3"),
+    ("a ProgressBar of True logs", lambda: cadence.ProgressBar(max_logs=True), ValueError,
+     r"^ProgressBar: `max_logs` \(got True\) must be a non-negative int\."),
+    ("epochs of 2.5 steps", lambda: StandardTrainerOptions(steps_per_epoch=2.5), ValueError,
+     r"^StandardTrainerOptions: `steps_per_epoch` \(got 2.5\) must be a non-negative int or "
+     r"None\. Pass None to make an epoch a pass over the data"),
+    ("a stop agreed every 0 steps", lambda: StopAgreement(every=0), ValueError,
+     r"^StopAgreement: `every` \(got 0\) must be a positive int"),
+    # The engine names its own arguments, not a Task config's keys (the Task layer does that).
+    ("a device that is none", lambda: local_device("gpu0"), ValueError,
+     r"^local_device: `name` \(got 'gpu0'\) is not a device: .* Use 'auto', 'cpu'"),
 ]
 
 

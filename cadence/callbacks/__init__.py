@@ -15,7 +15,7 @@ callback                               what it does (default: at each epoch's en
                                        epochs
 `ThroughputTracker`                    steps and samples per second
 `PeakMemoryTracker`                    peak CUDA memory per epoch, peak host memory
-`JSONWriter`, `TensorBoardWriter`,     monitors: write each epoch's scalars (``stats.jsonl``,
+`JSONWriter`, `TFEventWriter`,         monitors: write each epoch's scalars (``stats.jsonl``,
 `ScalarPrinter`                        TensorBoard, a log line)
 `EarlyStopping`                        stop when a metric stops improving; restore the best
 `StopAtTimeLimit`                      stop after a wall-clock budget
@@ -25,7 +25,12 @@ callback                               what it does (default: at each epoch's en
 =====================================  =========================================================
 
 Scheduling wrappers: `PeriodicTrigger`, `PeriodicCallback`, `EnableCallbackIf`.
+
+``TensorBoardWriter``, the old name of `TFEventWriter`, still imports from here, with a
+`DeprecationWarning`.
 """
+
+from typing import Any
 
 from cadence.callbacks.control import EarlyStopping, StopAtTimeLimit
 from cadence.callbacks.hyperparams import (
@@ -36,7 +41,12 @@ from cadence.callbacks.hyperparams import (
     cosine_schedule,
 )
 from cadence.callbacks.inference import InferenceRunner
-from cadence.callbacks.monitors import JSONWriter, ScalarPrinter, TensorBoardWriter
+from cadence.callbacks.monitors import (
+    JSONWriter,
+    ScalarPrinter,
+    TFEventWriter,
+    renamed_tensorboard_writer,
+)
 from cadence.callbacks.profiler import Profiler
 from cadence.callbacks.savers import MaxSaver, MinSaver, ModelSaver
 from cadence.callbacks.scheduling import EnableCallbackIf, PeriodicCallback, PeriodicTrigger
@@ -61,7 +71,13 @@ __all__ = [
     "ScheduledHyperParamSetter",
     "StatMonitorParamSetter",
     "StopAtTimeLimit",
-    "TensorBoardWriter",
+    "TFEventWriter",
     "ThroughputTracker",
     "cosine_schedule",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TensorBoardWriter":  # deprecated: warns, and names TFEventWriter
+        return renamed_tensorboard_writer()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

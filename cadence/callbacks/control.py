@@ -15,6 +15,7 @@ import torch
 
 from cadence.core.best import BestTracker, check_mode, lookup
 from cadence.core.callbacks import Callback, RunState, overridden_hooks
+from cadence.core.intervals import check_int
 
 logger = logging.getLogger("cadence")
 
@@ -45,8 +46,7 @@ class EarlyStopping(Callback):
                  mode: str | None = None, restore_best: bool = False,
                  after: str = "epoch") -> None:
         check_mode(mode)
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
-            raise ValueError(f"`patience` (got {patience!r}) must be a positive int.")
+        patience = check_int("EarlyStopping", "patience", patience, "Pass e.g. patience=3.")
         if after not in ("epoch", "evaluation"):
             raise ValueError(f"`after` (got {after!r}) must be 'epoch' or 'evaluation'.")
         self.after = after

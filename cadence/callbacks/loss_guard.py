@@ -4,8 +4,8 @@ It reads the loop's mean loss once per loop, from logs the Controller has alread
 host, so it adds no device sync. A finite mean loss does not prove finite weights (one NaN
 gradient in a loop's last step leaves the mean finite and the weights NaN), so before each
 checkpoint the Controller will save after a loop, it also checks that the trainable weights
-are finite: one reduction and one host sync per save, none per step. Policies
-(``trainer.recovery_max_trials``), for either problem:
+are finite: one reduction and one host sync per save, none per step. Policies (`max_trials`;
+a Task config's ``trainer.recovery_max_trials``), for either problem:
 
 * ``-1``: log a warning and go on;
 * ``0`` (default): stop training with `cadence.DivergenceError` (a `FloatingPointError` and a
@@ -28,7 +28,9 @@ import torch
 
 from cadence.callbacks.logdir import run_directory
 from cadence.core.callbacks import Callback, RunState
+from cadence.core.controller import Controller
 from cadence.core.errors import DivergenceError
+from cadence.core.intervals import check_int
 from cadence.engine.rng import capture_rng_state, restore_rng_state
 
 logger = logging.getLogger("cadence")
@@ -47,8 +49,9 @@ class LossGuard(Callback):
 
     def __init__(self, key: str = "training_loss", upper_bound: float = math.inf,
                  begin_step: int = 0, max_trials: int = 0) -> None:
-        if isinstance(max_trials, bool) or not isinstance(max_trials, int) or max_trials < -1:
-            raise ValueError(f"`max_trials` (got {max_trials!r}) must be -1, 0 or positive.")
+        max_trials = check_int("LossGuard", "max_trials", max_trials,
+                               "Pass -1 to ignore blow-ups, 0 to fail on the first, or k to "
+                               "restore up to k times in a row.", minimum=-1)
         if not isinstance(upper_bound, (int, float)) or math.isnan(upper_bound) or (
                 upper_bound < 0):
             raise ValueError(f"`upper_bound` (got {upper_bound!r}) must be a number >= 0 "
@@ -117,15 +120,15 @@ class LossGuard(Callback):
         if self.failures_in_a_row > self.max_trials:
             raise DivergenceError(
                 f"Training diverged at step {state.global_step}: {problem}. The weights of this "
-                "loop were not saved. Lower the learning rate, set "
-                "trainer.optimizer_config.gradient_clip_norm, or set "
-                "trainer.recovery_max_trials=k to restore the last checkpoint up to k times."
+                "loop were not saved. Lower the learning rate, clip the gradients, or give "
+                "LossGuard max_trials=k to restore the last checkpoint up to k times."
             )
         controller, trainer = state.controller, state.trainer
-        if controller is None or controller.checkpoint_manager is None:
+        if not isinstance(controller, Controller) or controller.checkpoint_manager is None:
             raise DivergenceError(f"Training diverged at step {state.global_step}: {problem}, "
-                                     "and there is no checkpoint manager to restore from.")
-        data = getattr(trainer, "_train_data", None)
+                                  "and nothing to restore from: LossGuard restores through the "
+                                  "checkpoint manager of a Controller, and this run has none.")
+        data = getattr(trainer, "train_iterator", None)  # a StandardTrainer's data position
         data_state = data.state_dict() if data is not None else None
         rng = capture_rng_state()
         bad_step = state.global_step
@@ -133,7 +136,7 @@ class LossGuard(Callback):
         if path is None:
             raise DivergenceError(
                 f"Training diverged at step {bad_step}: {problem}, and no checkpoint exists yet "
-                "to restore. Set a smaller trainer.checkpoint_interval."
+                "to restore. Save checkpoints more often (a smaller checkpoint interval)."
             )
         if data is not None and data_state is not None:
             data.load_state_dict(data_state)

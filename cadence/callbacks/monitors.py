@@ -2,12 +2,17 @@
 
 They listen to ``on_loop_end``, which every front-end fires with host values, so they add
 nothing per step. Put them last: they then see what every other callback recorded.
+
+`TFEventWriter` was called ``TensorBoardWriter``, the name of the metric writer it drives
+(`cadence.writers.tensorboard.TensorBoardWriter`); the old name still works, with a
+`DeprecationWarning`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -55,9 +60,10 @@ class JSONWriter(Callback):
             self._writer = None
 
 
-class TensorBoardWriter(Callback):
+class TFEventWriter(Callback):
     """Writes every scalar of each loop as summaries at the global step: TensorBoard event files
-    and JSON lines, or the metric `writers` given.
+    and JSON lines, or the metric `writers` given (tensorpack's ``TFEventWriter``; formerly
+    ``TensorBoardWriter``).
 
     Args:
         directory: where; default ``<logdir>/train``.
@@ -76,7 +82,7 @@ class TensorBoardWriter(Callback):
         self._summaries: SummaryManager | None = None
 
     def on_train_begin(self, state: RunState) -> None:
-        directory = resolve_directory(state, self.directory, "TensorBoardWriter", "train")
+        directory = resolve_directory(state, self.directory, "TFEventWriter", "train")
         run = run_directory(state)
         inside = run is not None and os.path.abspath(directory).startswith(
             os.path.join(os.path.abspath(run.root), ""))
@@ -103,3 +109,18 @@ class ScalarPrinter(Callback):
     def on_loop_end(self, state: RunState, logs: dict[str, Any]) -> None:
         logger.info("epoch %d | step %d | %s", state.epoch, state.global_step,
                     format_logs(_snapshot(state, logs)))
+
+
+def renamed_tensorboard_writer(stacklevel: int = 3) -> type[TFEventWriter]:
+    """`TFEventWriter`, for its old name ``TensorBoardWriter``, with a `DeprecationWarning` at
+    the user's line (`stacklevel` frames up). Not cached, so each use warns."""
+    warnings.warn("cadence.callbacks.TensorBoardWriter is now TFEventWriter (the metric writer "
+                  "keeps the name TensorBoardWriter); import TFEventWriter instead.",
+                  DeprecationWarning, stacklevel=stacklevel)
+    return TFEventWriter
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TensorBoardWriter":
+        return renamed_tensorboard_writer()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

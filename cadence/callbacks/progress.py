@@ -20,6 +20,7 @@ import threading
 from typing import Any
 
 from cadence.core.callbacks import Callback, RunState
+from cadence.core.intervals import check_int, is_int
 from cadence.core.logs import flatten, format_value, is_scalar
 from cadence.core.notebook import in_notebook
 from cadence.core.rank import process_rank
@@ -41,8 +42,9 @@ class ProgressBar(Callback):
 
     def __init__(self, enabled: bool | None = None, max_logs: int = 4,
                  refresh_interval: float | None = 0.5) -> None:
-        if isinstance(max_logs, bool) or not isinstance(max_logs, int) or max_logs < 0:
-            raise ValueError(f"`max_logs` (got {max_logs!r}) must be an int >= 0.")
+        max_logs = check_int("ProgressBar", "max_logs", max_logs,
+                             "Pass the number of logs to show, e.g. max_logs=4 (0: none).",
+                             minimum=0)
         if refresh_interval is not None and not refresh_interval > 0:
             raise ValueError(f"`refresh_interval` (got {refresh_interval!r}) must be positive, "
                              "or None to redraw only at loop ends.")
@@ -80,7 +82,7 @@ class ProgressBar(Callback):
 
     def _live_step(self) -> int | None:
         step = getattr(self._trainer, "global_step", None)
-        return step if isinstance(step, int) and not isinstance(step, bool) else None
+        return step if is_int(step) else None
 
     def _tick_until_stopped(self) -> None:
         assert self.refresh_interval is not None

@@ -81,14 +81,13 @@ class ModelSaver(Callback):
         """When the next checkpoint saved is kept (wall-clock seconds, TF's rule)."""
 
     def trigger(self, state: RunState) -> None:
-        save = getattr(state.controller, "save_checkpoint", None)
-        if save is None:
+        if state.controller is None:
             raise ValueError(
                 "ModelSaver saves through the run's checkpoint manager, and this run has none: "
                 "train with a tensorpack trainer, a TrainLoop(checkpoint_dir=...), or a "
                 "Controller(checkpoint_manager=...)."
             )
-        save()
+        state.controller.save_checkpoint()
 
     def on_epoch_end(self, state: RunState) -> None:
         self.trigger(state)

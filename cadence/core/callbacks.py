@@ -27,6 +27,7 @@ from typing import Any
 
 from cadence.core.errors import StopTraining
 from cadence.core.logs import flatten, is_scalar
+from cadence.core.protocols import RunDriver
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,6 @@ class RunState:
         epoch: the number of the epoch running, from 1 (from its ``on_epoch_begin`` to its
             ``on_epoch_end``); between epochs, the last one's (0 before the first). The same in
             every front-end: see `cadence.core.progress`.
-        phase: ``"train"``, ``"eval"`` or ``""`` between them.
         target_step: the global step the current ``train`` call trains to, if known.
         trainer: the trainer being driven, if any.
         evaluator: the evaluator being driven, if any.
@@ -72,11 +72,12 @@ class RunState:
 
     global_step: int = 0
     epoch: int = 0
-    phase: str = ""
     target_step: int | None = None
+    # Any: a runner or a TrainLoop, whose own members (``model``, ``optimizer``) callbacks and
+    # users read; no protocol declares those.
     trainer: Any = None
     evaluator: Any = None
-    controller: Any = None
+    controller: RunDriver | None = None
     run_dir: Any = None
     stop_requested: bool = False
     stop_reason: str | None = None

@@ -36,6 +36,7 @@ from typing import Any
 
 from cadence.core.errors import CheckpointError, ConfigError
 from cadence.core.files import relative_name
+from cadence.core.intervals import is_int
 
 logger = logging.getLogger(__name__)
 
@@ -220,9 +221,7 @@ class CheckpointDirectory:
 
     def __init__(self, directory: str | os.PathLike[str],
                  max_to_keep: int | None = DEFAULT_MAX_TO_KEEP) -> None:
-        if max_to_keep is not None and (
-            isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1
-        ):
+        if max_to_keep is not None and not (is_int(max_to_keep) and max_to_keep >= 1):
             raise ValueError(
                 f"`max_to_keep` (got {max_to_keep!r}) must be a positive int, or None to keep "
                 "every checkpoint."

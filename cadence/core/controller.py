@@ -429,7 +429,6 @@ class Controller(ControllerEvaluation):
                 self._wait_for_checkpoints(quiet=True, failing=True)  # keep the error
                 raise
             finally:
-                self.state.phase = ""
                 self.callbacks.fire_teardown("on_train_end", self.state)
                 self.summary_manager.flush()
 
@@ -541,7 +540,6 @@ class Controller(ControllerEvaluation):
     def _train_n_steps(self, num_steps: int) -> None:
         assert self.trainer is not None
         before = self._global_step()
-        self.state.phase = "train"
         self.callbacks.fire("on_loop_begin", self.state)
         start = time.perf_counter()
         with self.summary_manager.as_default(record_if=self._record_if):
@@ -580,7 +578,6 @@ class Controller(ControllerEvaluation):
         self.summary_manager.flush()
         self._sync_state()
         self.callbacks.fire("on_loop_end", self.state, logs)
-        self.state.phase = ""
 
     # ------------------------------------------------------------------ helpers
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
+from cadence.core.intervals import check_int
+
 
 class ETA:
     """Estimates the seconds left from samples of ``(done, time)``.
@@ -37,10 +39,9 @@ class ETA:
     """
 
     def __init__(self, window: int | None = None, median: bool = True) -> None:
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int)
-                                   or window < 1):
-            raise ValueError(f"`window` (got {window!r}) must be a positive int or None.")
-        self.window = window
+        self.window = check_int("ETA", "window", window,
+                                "Pass e.g. window=20, or None to average over the whole run.",
+                                none_ok=True)
         self.median = median
         self._first: tuple[float, float] | None = None
         self._span_start: tuple[float, float] | None = None

@@ -89,7 +89,6 @@ class ControllerEvaluation:
         assert self.evaluator is not None
         step = self._global_step()
         self._sync_state()
-        self.state.phase = "eval"
         self.callbacks.fire("on_eval_begin", self.state)
         start = time.perf_counter()
         with self.eval_summary_manager.as_default():
@@ -117,7 +116,6 @@ class ControllerEvaluation:
         self.state.extra["last_eval"] = record
         self.state.put_metrics(logs, prefix="eval/")
         self.callbacks.fire("on_eval_end", self.state, logs)
-        self.state.phase = ""
         return logs
 
     def evaluate_continuously(

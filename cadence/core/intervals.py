@@ -11,7 +11,18 @@ from __future__ import annotations
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
+
+
+def is_int(value: Any) -> TypeGuard[int]:
+    """Whether `value` is an integer: a Python or numpy int, but not a bool (which Python
+    counts as an int, so ``steps=True`` would otherwise run one step).
+
+    This is the one integer test of the package; `check_int` and the checks below build on it.
+    """
+    # A plain int first: `train(num_steps)` checks once per loop, and a loop may be one step.
+    return type(value) is int or (isinstance(value, numbers.Integral)
+                                  and not isinstance(value, bool))
 
 
 def check_int(owner: str, name: str, value: Any, fix: str, *, minimum: int = 1,
@@ -49,8 +60,7 @@ def check_int(owner: str, name: str, value: Any, fix: str, *, minimum: int = 1,
     """
     if value is None and none_ok:
         return None
-    if (isinstance(value, numbers.Integral) and not isinstance(value, bool)
-            and int(value) >= minimum):
+    if is_int(value) and int(value) >= minimum:
         return int(value)
     kind = {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
     raise ValueError(f"{owner}: `{name}` (got {value!r}) must be {kind}"
@@ -66,7 +76,7 @@ def check_interval(name: str, value: int | None) -> int | None:
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise TypeError(f"`{name}` (got {value!r}) must be a positive int or None.")
     if value <= 0:
         raise ValueError(
@@ -84,7 +94,7 @@ def check_steps_per_loop(value: Any) -> int | Callable[[int], int]:
     """
     if callable(value):
         return value
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ValueError(
             f"`steps_per_loop` (got {value!r}) must be a positive int, or a function of the global "
             "step returning one. It is required when a trainer is given."
@@ -98,7 +108,7 @@ def check_count(name: str, value: Any) -> int | None:
     Raises:
         ValueError: for anything else.
     """
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+    if value is not None and (not is_int(value) or value < 0):
         raise ValueError(f"`{name}` (got {value!r}) must be a non-negative int or None.")
     return value
 
@@ -109,7 +119,7 @@ def check_eval_steps(steps: Any) -> int:
     Raises:
         ValueError: for anything else.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or (steps <= 0 and steps != -1):
+    if not is_int(steps) or (steps <= 0 and steps != -1):
         raise ValueError(
             f"`steps` (got {steps!r}) must be a positive number of evaluation steps, or -1 "
             "to evaluate until the data is exhausted."

@@ -60,6 +60,22 @@ class CheckpointManagerLike(Protocol):
     def restore_or_initialize(self) -> str | None: ...
 
 
+class RunDriver(Protocol):
+    """What drives a run -- the `cadence.Controller`, a `cadence.tfsnippet.TrainLoop` -- as a
+    callback reaches it through `RunState.controller`."""
+
+    @property
+    def checkpoint_manager(self) -> CheckpointManagerLike | None:
+        """The run's checkpoint manager, if it has one."""
+
+    def save_checkpoint(self) -> str:
+        """Saves a checkpoint now and returns its path.
+
+        Raises:
+            ValueError: if the run has no checkpoint manager.
+        """
+
+
 @runtime_checkable
 class MetricWriter(Protocol):
     """A destination of logs: TensorBoard, JSON lines, CSV, MLflow, W&B, ...

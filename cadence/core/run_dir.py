@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from cadence.core.files import open_append, open_regular
+from cadence.core.intervals import check_int
 from cadence.core.rank import process_rank
 
 try:
@@ -132,8 +133,8 @@ class RunDirectory:
         Raises:
             ValueError: for a negative `step` or an unknown `reason`.
         """
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"`step` (got {step!r}) must be a non-negative int.")
+        step = check_int("RunDirectory.record_resume", "step", step,
+                         "Pass the restored global step, e.g. 100.", minimum=0)
         if reason not in RESUME_REASONS:
             raise ValueError(f"`reason` (got {reason!r}) must be one of "
                              f"{', '.join(RESUME_REASONS)}.")
@@ -271,11 +272,6 @@ class RunLock:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._fd: int | None = None
-
-    @property
-    def held(self) -> bool:
-        """Whether this object holds the lock."""
-        return self._fd is not None
 
     @staticmethod
     def _owner_text(owner: dict[str, Any]) -> str:

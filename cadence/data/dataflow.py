@@ -11,7 +11,9 @@ shuffle exactly as in an uninterrupted run.
 What a tfsnippet user reaches for: the factories ``DataFlow.arrays``, ``seq``, ``gather``,
 ``iterator_factory``; the transforms ``map``, ``select``, ``threaded``; reading with
 ``next_batch`` / ``current_batch``, ``get_arrays`` and ``to_arrays_flow``; and
-`cadence.data.flows.SlidingWindow`.
+`cadence.data.flows.SlidingWindow`. The flows the factories and transforms build live here with
+`DataFlow` (the thread machinery of `ThreadingFlow` in `cadence.data.threading_flow`), so the
+imports between the flow modules point one way.
 
 >>> import numpy as np
 >>> flow = DataFlow.arrays([np.arange(5), np.arange(5) * 10], batch_size=2)
@@ -30,7 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-Batch = tuple[Any, ...]
+from cadence.core.intervals import is_int
+from cadence.data.threading_flow import Batch, ThreadedPasses
 
 
 class DataFlow:
@@ -139,9 +142,7 @@ class DataFlow:
                  device: torch.device | str | None = None) -> DataFlow:
         """A flow that prepares up to `prefetch` batches ahead in a background thread -- also
         across the end of a pass -- and, with a `device`, also moves them there (on CUDA: from
-        pinned memory, on a side stream). See `cadence.data.threading_flow.ThreadingFlow`."""
-        from cadence.data.threading_flow import ThreadingFlow
-
+        pinned memory, on a side stream). See `ThreadingFlow`."""
         return ThreadingFlow(self, prefetch, device)
 
     # ------------------------------------------------------------------ factories
@@ -171,22 +172,17 @@ class DataFlow:
     @staticmethod
     def gather(flows: Iterable[DataFlow]) -> DataFlow:
         """A flow whose batches join the arrays of the batches of `flows`, taken together
-        (stops with the shortest). See `cadence.data.flows.GatherFlow`."""
-        from cadence.data.flows import GatherFlow
-
+        (stops with the shortest). See `GatherFlow`."""
         return GatherFlow(flows)
 
     @staticmethod
     def iterator_factory(factory: Callable[[], Iterable[Batch]]) -> DataFlow:
-        """A flow whose passes are ``factory()``'s iterables. See
-        `cadence.data.flows.IteratorFactoryFlow`."""
-        from cadence.data.flows import IteratorFactoryFlow
-
+        """A flow whose passes are ``factory()``'s iterables. See `IteratorFactoryFlow`."""
         return IteratorFactoryFlow(factory)
 
 
 def _check_index(index: Any, name: str) -> int:
-    if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+    if not is_int(index):
         raise TypeError(f"`{name}` must hold integer array indices (got {index!r}).")
     return int(index)
 
@@ -229,7 +225,7 @@ class ArrayFlow(DataFlow):
         if len(lengths) != 1:
             raise ValueError(f"The arrays have different lengths {sorted(lengths)}; they must "
                              "have the same first dimension.")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        if not is_int(batch_size) or batch_size < 1:
             raise ValueError(f"`batch_size` (got {batch_size!r}) must be a positive int.")
         self.source_arrays = arrays
         self.batch_size = batch_size
@@ -271,7 +267,7 @@ class ArrayFlow(DataFlow):
             world_size = ((dist.get_world_size() if running else 1) if world_size is None
                           else world_size)
         for name, value in (("rank", rank), ("world_size", world_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ValueError(f"`{name}` (got {value!r}) must be a non-negative int.")
         if not 0 <= rank < world_size:
             raise ValueError(f"`rank` {rank} is not in [0, world_size={world_size}).")
@@ -446,3 +442,85 @@ class MapFlow(DataFlow):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.source.load_state_dict(state)
+
+
+class GatherFlow(DataFlow):
+    """Takes a batch of each of `flows` at a time and joins their arrays into one batch; a pass
+    ends with the shortest flow's. Its position is each flow's.
+
+    Raises:
+        ValueError: without flows.
+        TypeError: if one of `flows` is not a `DataFlow`.
+    """
+
+    def __init__(self, flows: Iterable[DataFlow]) -> None:
+        flows = tuple(flows)
+        if not flows:
+            raise ValueError("DataFlow.gather() needs at least one flow.")
+        for flow in flows:
+            if not isinstance(flow, DataFlow):
+                raise TypeError(f"DataFlow.gather() takes DataFlows (got {type(flow).__name__}); "
+                                "wrap arrays with DataFlow.arrays(...).")
+        self.flows = flows
+
+    def __len__(self) -> int:
+        return min(len(flow) for flow in self.flows)
+
+    def _iterate(self) -> Iterator[Batch]:
+        iterators = [iter(flow) for flow in self.flows]
+        try:
+            for batches in zip(*iterators):
+                yield tuple(array for batch in batches for array in batch)
+        finally:
+            for iterator in iterators:  # ends the passes of the longer flows too
+                iterator.close()  # type: ignore[attr-defined]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"flows": [flow.state_dict() for flow in self.flows]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for flow, flow_state in zip(self.flows, state["flows"]):
+            flow.load_state_dict(flow_state)
+
+
+class IteratorFactoryFlow(DataFlow):
+    """A flow whose every pass iterates what ``factory()`` returns.
+
+    Its position is the number of batches taken from the current pass: a resumed flow calls
+    `factory` again and skips that many (exact when `factory` makes the same batches again).
+    """
+
+    def __init__(self, factory: Callable[[], Iterable[Batch]]) -> None:
+        if not callable(factory):
+            raise TypeError(f"`factory` (got {type(factory).__name__}) must be a function that "
+                            "returns an iterable of batches for one pass.")
+        self.factory = factory
+        self._position = 0
+        self._in_pass = False
+        self._skip = 0
+
+    def _iterate(self) -> Iterator[Batch]:
+        skip, self._skip = self._skip, 0
+        self._position, self._in_pass = 0, True
+        for batch in self.factory():
+            self._position += 1
+            if self._position > skip:
+                yield batch
+        self._in_pass = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self._position if self._in_pass else 0}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._skip = int(state["position"])
+        self._position, self._in_pass = self._skip, self._skip > 0
+
+
+class ThreadingFlow(ThreadedPasses, DataFlow):
+    """Prepares the next batches of `source` in a background thread (``DataFlow.threaded``),
+    so that loading overlaps the training step; with a `device`, also moves them there. The
+    machinery, and what the arguments mean, is `cadence.data.threading_flow.ThreadedPasses`.
+
+    Raises:
+        ValueError: if `prefetch` is less than 1.
+    """

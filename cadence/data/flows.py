@@ -1,5 +1,6 @@
-"""More `DataFlow`s, as tfsnippet has them: `GatherFlow` (``DataFlow.gather``),
-`IteratorFactoryFlow` (``DataFlow.iterator_factory``) and `SlidingWindow`.
+"""tfsnippet's `SlidingWindow`, and -- where they were first -- `GatherFlow`
+(``DataFlow.gather``) and `IteratorFactoryFlow` (``DataFlow.iterator_factory``), which now live
+with `DataFlow` in `cadence.data.dataflow`.
 
 >>> import numpy as np
 >>> from cadence.data.dataflow import DataFlow
@@ -13,84 +14,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
-from cadence.data.dataflow import Batch, DataFlow
+from cadence.core.intervals import is_int
+from cadence.data.dataflow import DataFlow, GatherFlow, IteratorFactoryFlow
 
-
-class GatherFlow(DataFlow):
-    """Takes a batch of each of `flows` at a time and joins their arrays into one batch; a pass
-    ends with the shortest flow's. Its position is each flow's.
-
-    Raises:
-        ValueError: without flows.
-        TypeError: if one of `flows` is not a `DataFlow`.
-    """
-
-    def __init__(self, flows: Iterable[DataFlow]) -> None:
-        flows = tuple(flows)
-        if not flows:
-            raise ValueError("DataFlow.gather() needs at least one flow.")
-        for flow in flows:
-            if not isinstance(flow, DataFlow):
-                raise TypeError(f"DataFlow.gather() takes DataFlows (got {type(flow).__name__}); "
-                                "wrap arrays with DataFlow.arrays(...).")
-        self.flows = flows
-
-    def __len__(self) -> int:
-        return min(len(flow) for flow in self.flows)
-
-    def _iterate(self) -> Iterator[Batch]:
-        iterators = [iter(flow) for flow in self.flows]
-        try:
-            for batches in zip(*iterators):
-                yield tuple(array for batch in batches for array in batch)
-        finally:
-            for iterator in iterators:  # ends the passes of the longer flows too
-                iterator.close()  # type: ignore[attr-defined]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"flows": [flow.state_dict() for flow in self.flows]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for flow, flow_state in zip(self.flows, state["flows"]):
-            flow.load_state_dict(flow_state)
-
-
-class IteratorFactoryFlow(DataFlow):
-    """A flow whose every pass iterates what ``factory()`` returns.
-
-    Its position is the number of batches taken from the current pass: a resumed flow calls
-    `factory` again and skips that many (exact when `factory` makes the same batches again).
-    """
-
-    def __init__(self, factory: Callable[[], Iterable[Batch]]) -> None:
-        if not callable(factory):
-            raise TypeError(f"`factory` (got {type(factory).__name__}) must be a function that "
-                            "returns an iterable of batches for one pass.")
-        self.factory = factory
-        self._position = 0
-        self._in_pass = False
-        self._skip = 0
-
-    def _iterate(self) -> Iterator[Batch]:
-        skip, self._skip = self._skip, 0
-        self._position, self._in_pass = 0, True
-        for batch in self.factory():
-            self._position += 1
-            if self._position > skip:
-                yield batch
-        self._in_pass = False
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"position": self._position if self._in_pass else 0}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._skip = int(state["position"])
-        self._position, self._in_pass = self._skip, self._skip > 0
+__all__ = ["GatherFlow", "IteratorFactoryFlow", "SlidingWindow"]
 
 
 class SlidingWindow:
@@ -107,7 +38,7 @@ class SlidingWindow:
     """
 
     def __init__(self, data_array: Any, window_size: int) -> None:
-        if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
+        if not is_int(window_size) or window_size < 1:
             raise ValueError(f"`window_size` (got {window_size!r}) must be a positive int.")
         if window_size > len(data_array):
             raise ValueError(f"`window_size` ({window_size}) is longer than the array "

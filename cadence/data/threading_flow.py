@@ -1,10 +1,14 @@
-"""`ThreadingFlow` (``DataFlow.threaded``): the next batches of a flow, prepared in a background
-thread while the training step runs.
+"""The machinery of `cadence.data.dataflow.ThreadingFlow` (``DataFlow.threaded``): the next
+batches of a flow, prepared in a background thread while the training step runs.
 
 One worker thread reads the source pass after pass and keeps up to `prefetch` batches ready --
 also across the end of a pass, so the first batches of the next pass are loaded while the last
 ones of this pass are used (tfsnippet's ``ThreadingFlow``). The thread starts with the first
 pass and stops at `close` (or when the flow is used as a context manager, at its end).
+
+`ThreadedPasses` knows its source only as passes of batches with a position, and imports no
+`DataFlow`: ``dataflow.py`` builds ``ThreadingFlow`` from it and `DataFlow`, so the import
+arrow points one way.
 """
 
 from __future__ import annotations
@@ -12,12 +16,27 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 
-from cadence.data.dataflow import Batch, DataFlow
+from cadence.core.intervals import is_int
 from cadence.data.device import DeviceCopier
+
+Batch = tuple[Any, ...]
+_Self = TypeVar("_Self", bound="ThreadedPasses")
+
+
+class Source(Protocol):
+    """What `ThreadedPasses` reads: passes of batches, and a position (a `DataFlow`)."""
+
+    def __iter__(self) -> Iterator[Batch]: ...
+
+    def __len__(self) -> int: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 _END = object()
 """Marks the end of a pass in the queue."""
@@ -30,9 +49,11 @@ def _to_device(copier: DeviceCopier | None, batch: Batch) -> tuple[Batch, Any]:
     return tuple(moved), ready
 
 
-class ThreadingFlow(DataFlow):
+class ThreadedPasses:
     """Prepares the next batches of `source` in a background thread, so that loading overlaps
     the training step. An error in the thread is raised in the consumer, with its traceback.
+    It is the half of `cadence.data.dataflow.ThreadingFlow` that is not `DataFlow`: one pass
+    is `_iterate`, which `DataFlow.__iter__` runs.
 
     With a `device`, arrays become tensors on that device. On CUDA the thread copies each batch
     from pinned memory on its own stream, and the consumer's stream waits for that copy only
@@ -51,9 +72,9 @@ class ThreadingFlow(DataFlow):
         ValueError: if `prefetch` is less than 1.
     """
 
-    def __init__(self, source: DataFlow, prefetch: int = 2,
+    def __init__(self, source: Source, prefetch: int = 2,
                  device: torch.device | str | None = None) -> None:
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+        if not is_int(prefetch) or prefetch < 1:
             raise ValueError(f"`prefetch` (got {prefetch!r}) must be at least 1.")
         self.source = source
         self.prefetch = prefetch
@@ -68,17 +89,17 @@ class ThreadingFlow(DataFlow):
     def __len__(self) -> int:
         return len(self.source)
 
-    def __enter__(self) -> ThreadingFlow:
+    def __enter__(self: _Self) -> _Self:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
     @staticmethod
-    def _work(source: DataFlow, copier: DeviceCopier | None, items: queue.Queue[Any],
+    def _work(source: Source, copier: DeviceCopier | None, items: queue.Queue[Any],
               stop: threading.Event, first_pass: int) -> None:
         """The worker: reads `source` pass after pass into `items` until `stop` is set. (It
-        holds no reference to the ThreadingFlow, so that dropping the flow stops it.)"""
+        holds no reference to the flow, so that dropping the flow stops it.)"""
 
         def put(item: Any) -> bool:
             while not stop.is_set():

@@ -50,6 +50,7 @@ from torch import nn
 
 from cadence.core.callbacks import RunState
 from cadence.core.errors import CheckpointError, JobFailure
+from cadence.core.intervals import check_int
 from cadence.core.rank import local_rank, process_rank, world_size
 from cadence.engine.parallelize import ParallelOptions, parallelize_model, plain_name
 
@@ -75,10 +76,15 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def local_device(name: str = "auto") -> torch.device:
+def local_device(name: str = "auto", setting: str | None = None) -> torch.device:
     """This rank's device for a device name: ``auto`` is CUDA when available, else the CPU;
     under torchrun a CUDA device without an index is ``cuda:<LOCAL_RANK>``, so that every rank
     of a machine takes its own GPU.
+
+    Args:
+        name: the device name.
+        setting: where the caller's user wrote `name` (a Task config: ``"runtime.device"``), for
+            the error messages; None names this function's argument.
 
     Raises:
         ValueError: for a name that is not a device, or CUDA where there is none.
@@ -88,19 +94,21 @@ def local_device(name: str = "auto") -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError as error:
-        raise ValueError(f"runtime.device {name!r} is not a device: {error}. Use 'auto', 'cpu', "
-                         "'cuda' or 'cuda:<index>'.") from None
+        where = f"{setting} {name!r}" if setting else f"local_device: `name` (got {name!r})"
+        raise ValueError(f"{where} is not a device: {error}. Use 'auto', 'cpu', 'cuda' or "
+                         "'cuda:<index>'.") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"runtime.device is {name!r} but CUDA is not available here: set "
-                             "runtime.device=auto (or cpu).")
+            where = f"{setting} is {name!r}" if setting else f"local_device: `name` is {name!r}"
+            fix = f"set {setting}=auto (or cpu)" if setting else "pass 'auto' (or 'cpu')"
+            raise ValueError(f"{where} but CUDA is not available here: {fix}.")
         if device.index is None:
             device = torch.device("cuda", local_rank() % max(torch.cuda.device_count(), 1))
     return device
 
 
 def init_distributed(timeout: float = DEFAULT_TIMEOUT, device: torch.device | None = None,
-                     backend: str | None = None) -> bool:
+                     backend: str | None = None, setting: str | None = None) -> bool:
     """Joins the ``torchrun`` job when there are several processes (``WORLD_SIZE`` > 1) and no
     process group yet. Returns whether a group with several ranks exists now.
 
@@ -108,15 +116,23 @@ def init_distributed(timeout: float = DEFAULT_TIMEOUT, device: torch.device | No
     makes the others fail with `CollectiveTimeout` instead of waiting forever. The backend is
     NCCL for CUDA devices, else gloo. Ranks other than 0 log only warnings.
 
+    Args:
+        timeout: seconds.
+        device: this rank's device.
+        backend: the process group's backend; None picks it from `device`.
+        setting: where the caller's user wrote `timeout` (a Task config:
+            ``"runtime.collective_timeout"``), for the error messages; None names the argument.
+
     Raises:
         ValueError: for a timeout that is not positive.
+        SetupTimeout: when the ranks do not meet within `timeout` seconds.
     """
     if not timeout or timeout <= 0:
-        raise ValueError(f"runtime.collective_timeout (got {timeout!r}) must be a positive number "
-                         "of seconds.")
+        raise ValueError(f"{setting or 'init_distributed: `timeout`'} (got {timeout!r}) must be "
+                         "a positive number of seconds.")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available() and (
             not dist.is_initialized()):
-        _create_group(device, timeout, backend)
+        _create_group(device, timeout, backend, setting=setting)
     if is_distributed() and process_rank() != 0:
         cadence_logger = logging.getLogger("cadence")
         if cadence_logger.getEffectiveLevel() < logging.WARNING:
@@ -130,7 +146,7 @@ class SetupTimeout(JobFailure):
 
 
 def _create_group(device: torch.device | None, timeout: float, backend: str | None = None,
-                  **how: Any) -> None:
+                  setting: str | None = None, **how: Any) -> None:
     """Creates the default process group -- NCCL for a CUDA device, else gloo; the device set
     as this process's -- and destroys it at exit (`shutdown`). `how`: a store, rank and world
     size, where not torchrun's environment (else `_round_store`).
@@ -159,9 +175,10 @@ def _create_group(device: torch.device | None, timeout: float, backend: str | No
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise SetupTimeout(
             f"Rank {os.environ.get('RANK', '?')} of {os.environ.get('WORLD_SIZE', '?')} could "
-            f"not join the job's process group within {timeout:g} s (runtime.collective_timeout)"
-            f" through {where}: {first}. A rank did not start or cannot reach the others; "
-            "torchrun restarts the job if --max-restarts allows.") from error
+            f"not join the job's process group within {timeout:g} s "
+            f"({setting or 'init_distributed: `timeout`'}) through {where}: {first}. A rank did "
+            "not start or cannot reach the others; torchrun restarts the job if --max-restarts "
+            "allows.") from error
     _created_group = True
     atexit.register(shutdown)
 
@@ -273,8 +290,9 @@ def collective_errors(what: str) -> Iterator[None]:
             raise CollectiveTimeout(
                 f"{what}: a collective did not complete on rank {process_rank()} of "
                 f"{world_size()} ({error}). Another rank is probably dead or stuck; the job "
-                "ends. Check the other ranks' logs; raise runtime.collective_timeout if a rank "
-                "legitimately needs longer (e.g. a slow first compilation)."
+                "ends. Check the other ranks' logs; raise the process group's timeout "
+                "(init_distributed(timeout=...)) if a rank legitimately needs longer (e.g. a slow "
+                "first compilation)."
             ) from error
         raise
 
@@ -317,9 +335,7 @@ class StopAgreement:
     """
 
     def __init__(self, every: int = 10) -> None:
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"`every` (got {every!r}) must be a positive int.")
-        self.every = every
+        self.every = check_int("StopAgreement", "every", every, "Pass e.g. every=10.")
         self._steps = 0
         self._pending: tuple[Any, torch.Tensor] | None = None
 
@@ -431,7 +447,7 @@ def resolve_strategy(strategy: str, model: nn.Module) -> str:
         ValueError: for an unknown strategy.
     """
     if strategy not in STRATEGIES:
-        raise ValueError(f"runtime.strategy (got {strategy!r}) must be one of "
+        raise ValueError(f"`strategy` (got {strategy!r}) must be one of "
                          f"{', '.join(STRATEGIES)}.")
     if strategy == "auto":
         trains = any(p.requires_grad for p in model.parameters())

@@ -36,6 +36,7 @@ from cadence.core.checkpoint_dir import (
 )
 from cadence.core.errors import CheckpointError, CheckpointMismatchError, MissingMetricError
 from cadence.core.files import plain_name
+from cadence.core.intervals import check_int
 from cadence.core.logs import flatten, is_scalar
 from cadence.core.rank import process_rank
 from cadence.engine.sharded import read_sharded, sharded_names, sharded_reader
@@ -59,7 +60,7 @@ def _lookup(logs: Mapping[str, Any], name: str) -> Any:
         return flat[key]
     raise MissingMetricError(
         f"The evaluation logs have no metric {name!r}; they have: {', '.join(sorted(flat))}. "
-        "Set trainer.best_checkpoint_eval_metric to one of them."
+        "Give BestCheckpointExporter one of them as `metric_name`."
     )
 
 
@@ -83,8 +84,8 @@ class BestCheckpointExporter:
             raise ValueError(f"`metric_comp` (got {metric_comp!r}) must be 'higher' or 'lower'.")
         if not metric_name:
             raise ValueError("`metric_name` must name an evaluation metric, e.g. 'accuracy'.")
-        if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
-            raise ValueError(f"`max_to_keep` (got {max_to_keep!r}) must be a positive int.")
+        max_to_keep = check_int("BestCheckpointExporter", "max_to_keep", max_to_keep,
+                                "Pass the number of best exports to keep, e.g. max_to_keep=1.")
         self.export_dir = Path(export_dir)
         self.metric_name = metric_name
         self.metric_key = metric_name.replace("|", "/")

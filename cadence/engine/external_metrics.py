@@ -153,13 +153,12 @@ def _load(metric: Any, saved: Mapping[str, Any]) -> None:
     for name, value in states.items():
         setattr(metric, name, value.to(device) if isinstance(value, torch.Tensor)
                 else [item.to(device) for item in value])
-    metric._update_count = int(saved["update_count"])  # compute() warns while it is 0
-    metric._computed = None
+    _set_update_count(metric, int(saved["update_count"]))  # compute() warns while it is 0
 
 
 def _merge(metric: Any, saved: Mapping[str, Any]) -> None:
     """Adds another rank's saved states to `metric`'s."""
-    for name, reduction in metric._reductions.items():
+    for name, reduction in _reductions(metric).items():
         if getattr(reduction, "__name__", None) not in _SHARDABLE:
             raise ValueError(f"its state {name!r} is reduced across ranks by "
                              f"{getattr(reduction, '__name__', reduction)!r}")
@@ -167,8 +166,28 @@ def _merge(metric: Any, saved: Mapping[str, Any]) -> None:
                 else [item.to(metric.device) for item in value]
                 for name, value in saved["states"].items()}
     metric.merge_state(incoming)
-    metric._update_count += int(saved["update_count"])
+    _set_update_count(metric, metric.update_count + int(saved["update_count"]))
+
+
+# torchmetrics' public API reads the states (``metric_state``), the update count
+# (``update_count``) and merges states (``merge_state``), but has no way to set the update count
+# of restored states, nor to say how a state is reduced across ranks. The two functions below
+# are cadence's only uses of its private attributes (as of torchmetrics 1.9); nothing else here
+# reaches past its public API.
+
+def _set_update_count(metric: Any, count: int) -> None:
+    """Sets `metric`'s update count (``compute()`` warns while it is 0, and a mean's
+    ``merge_state`` weighs by it) and drops its cached ``compute()`` result, as its own
+    ``update`` does."""
+    metric._update_count = count
     metric._computed = None
+
+
+def _reductions(metric: Any) -> Mapping[str, Any]:
+    """How each of `metric`'s states is reduced across ranks (``add_state``'s
+    ``dist_reduce_fx``), by state name."""
+    reductions: Mapping[str, Any] = metric._reductions
+    return reductions
 
 
 class MetricState:

@@ -137,6 +137,12 @@ class Metric:
     def result(self) -> torch.Tensor:
         raise NotImplementedError
 
+    @property
+    def updated(self) -> bool:
+        """Whether `update` was ever called (`reset` zeroes the accumulators but keeps them).
+        Reads no tensor: no host-device synchronization."""
+        return bool(self._state)
+
     def reset(self) -> None:
         """Zeroes the accumulators in place (no new allocation, no sync)."""
         for acc in self._state.values():

@@ -48,6 +48,7 @@ import torch
 
 from cadence.core.callbacks import CallbackList, RunState
 from cadence.core.errors import StopTraining
+from cadence.core.intervals import check_int
 from cadence.core.progress import Progress
 from cadence.data.iterator import DataIterator
 from cadence.data.nested import NestedIterators, is_nested, iterate_nested
@@ -99,14 +100,11 @@ class StandardTrainerOptions:
 
     def __post_init__(self) -> None:
         check_compile_options(self.compile_mode, self.cuda_graphs)
-        value = self.steps_per_epoch
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 0):
-            raise ValueError(f"`steps_per_epoch` (got {value!r}) must be a non-negative int or "
-                             "None (an epoch is then a pass over the data).")
-        every = self.stop_check_steps
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"`stop_check_steps` (got {every!r}) must be a positive int.")
+        owner = "StandardTrainerOptions"
+        check_int(owner, "steps_per_epoch", self.steps_per_epoch,
+                  "Pass None to make an epoch a pass over the data.", minimum=0, none_ok=True)
+        check_int(owner, "stop_check_steps", self.stop_check_steps,
+                  "Pass e.g. stop_check_steps=10.")
 
 
 @dataclass(frozen=True)
@@ -144,14 +142,15 @@ def _check_options(options: Any, cls: type) -> Any:
 
 
 def _check_num_steps(num_steps: Any, allow_all: bool) -> int:
+    if type(num_steps) is int and num_steps >= 0:  # the usual case, checked once per loop
+        return num_steps
     if isinstance(num_steps, torch.Tensor):
         num_steps = int(num_steps)
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or (
-        num_steps < 0 and not (allow_all and num_steps == -1)
-    ):
-        allowed = "a non-negative int" + (", or -1 for all the data" if allow_all else "")
-        raise ValueError(f"`num_steps` (got {num_steps!r}) must be {allowed}.")
-    return num_steps
+    if allow_all:
+        return check_int("evaluate", "num_steps", num_steps,
+                         "Pass a number of steps, or -1 for all the data.", minimum=-1)
+    return check_int("train", "num_steps", num_steps, "Pass a number of steps, e.g. 100.",
+                     minimum=0)
 
 
 class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
@@ -239,6 +238,12 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
     def progress(self) -> Progress:
         """The step and epoch counters (saved in checkpoints)."""
         return self._progress
+
+    @property
+    def train_iterator(self) -> DataIterator | NestedIterators:
+        """The iterator over `train_dataset`, with its position (saved in checkpoints as
+        ``train_data``)."""
+        return self._train_data
 
     @property
     def global_step(self) -> int:
@@ -546,21 +551,22 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
         state = self.eval_begin()
         if self._eval_iterator is None or self._eval_options.recreate_iterator_for_each_eval:
             self._eval_iterator = iterate_nested(self._eval_dataset)
-        loop_fn = self.create_eval_loop_fn(has_state=state is not None)
+        loop_fn = self.create_eval_loop_fn()
         with torch.no_grad() if self._eval_options.no_grad else contextlib.nullcontext():
             state = loop_fn(self._eval_iterator, num_steps, state=state,
                             reduce_fn=self.eval_reduce)
         # A torchmetrics metric in the logs is computed here, once per evaluation.
         return compute_in_logs(self.eval_end(state) if state is not None else self.eval_end())
 
-    def create_eval_loop_fn(self, has_state: bool) -> Callable[..., Any]:
+    def create_eval_loop_fn(self) -> Callable[..., Any]:
         """The loop that `evaluate` runs: ``loop_fn(iterator, num_steps, state=None,
         reduce_fn=None)`` calls the (compiled, with ``compile_step``) `eval_step` `num_steps`
         times (-1: until the iterator is exhausted), folding each step's outputs into the state
         with ``reduce_fn``, and returns the state.
 
-        `has_state` says whether `eval_begin` returned a state. The loop calls ``reduce_fn``
-        either way, so host-side aggregation that starts from None still sees every step.
+        The loop calls ``reduce_fn`` whether or not `eval_begin` returned a state, so host-side
+        aggregation that starts from None still sees every step. (Orbit's ``has_state``
+        argument chose between two graphs; one Python loop serves both, so there is none.)
         """
         step_fn = self._eval_step_fn()
 

@@ -329,7 +329,9 @@ def _chosen_by_rank_zero(config: Any, choose: Any) -> Path:
         return Path(choose(config))
     from cadence.engine.distributed import broadcast_object, init_distributed, local_device
 
-    init_distributed(config.runtime.collective_timeout, local_device(config.runtime.device))
+    init_distributed(config.runtime.collective_timeout,
+                     local_device(config.runtime.device, "runtime.device"),
+                     setting="runtime.collective_timeout")
     return Path(broadcast_object(str(choose(config)) if process_rank() == 0 else None))
 
 

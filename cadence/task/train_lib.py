@@ -60,12 +60,13 @@ from cadence.callbacks.progress import ProgressBar
 from cadence.core.callbacks import Callback
 from cadence.core.checkpoint_dir import CheckpointDirectory
 from cadence.core.controller import Action, Controller
-from cadence.core.errors import CheckpointError, ConfigError
+from cadence.core.errors import CheckpointError, ConfigError, DivergenceError
 from cadence.core.rank import process_rank
 from cadence.core.run_dir import PARAMS_FILE, RunDirectory
 from cadence.core.summary import SummaryManager, WriterSpec, writer_factory
 from cadence.engine.checkpoint import CheckpointManager
 from cadence.engine.distributed import (
+    CollectiveTimeout,
     check_shared_directory,
     gather_objects,
     init_distributed,
@@ -111,7 +112,8 @@ def setup_runtime(config: ExperimentConfig) -> None:
         random.seed(runtime.seed)
         np.random.seed(runtime.seed)
         torch.manual_seed(runtime.seed)
-    init_distributed(runtime.collective_timeout, local_device(runtime.device))
+    init_distributed(runtime.collective_timeout, local_device(runtime.device, "runtime.device"),
+                     setting="runtime.collective_timeout")
 
 
 def agree_on_run(run: RunDirectory) -> None:
@@ -225,7 +227,7 @@ def _check_before_writing(config: ExperimentConfig, mode: str, run: RunDirectory
     if problem is not None:
         raise ConfigError(problem)
     try:
-        device = local_device(config.runtime.device)
+        device = local_device(config.runtime.device, "runtime.device")
     except ValueError as error:
         raise ConfigError(str(error)) from None
     if trainer.cuda_graphs and device.type != "cuda":
@@ -427,6 +429,23 @@ def run_experiment(
         raise
 
 
+# The engine's errors name the engine's arguments; a Task run sets them through its config.
+_CONFIG_KEYS: dict[type[BaseException], str] = {
+    DivergenceError: "In the Task config: trainer.optimizer_config.gradient_clip_norm clips the "
+                     "gradients, trainer.recovery_max_trials is LossGuard's max_trials and "
+                     "trainer.checkpoint_interval the checkpoint interval.",
+    CollectiveTimeout: "In the Task config, the process group's timeout is "
+                       "runtime.collective_timeout.",
+}
+
+
+def in_config_terms(error: BaseException) -> BaseException:
+    """`error`, or for an engine error that names engine arguments a Task config sets, the same
+    error with a sentence naming the config keys."""
+    keys = _CONFIG_KEYS.get(type(error))
+    return error if keys is None else type(error)(f"{error} {keys}")
+
+
 def _remove_unstarted(run: RunDirectory) -> None:
     """Removes the lock file and the empty directories of a run that never started."""
     with contextlib.suppress(OSError):
@@ -459,7 +478,7 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
     if trains:
         state: Any = trainer
     else:  # an evaluation job reads the weights (and the step) from training checkpoints
-        state = {"model": trainer.model, "progress": trainer._progress}
+        state = {"model": trainer.model, "progress": trainer.progress}
         if trainer.ema is not None:
             state["ema"] = trainer.ema
     manager = CheckpointManager(
@@ -522,8 +541,10 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
                 trainer_config.validation_steps, timeout=trainer_config.continuous_eval_timeout,
                 stop_at_step=trainer_config.train_steps or None)
     except BaseException as raised:
-        error = raised
-        raise
+        error = in_config_terms(raised)
+        if error is raised:
+            raise
+        raise error from raised
     finally:
         trainer.join()
         controller.close()

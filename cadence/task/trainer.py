@@ -98,6 +98,13 @@ class AsyncCoordinator:
         self._pending: list[concurrent.futures.Future[Any]] = []
         self._waitables: list[Any] = []
 
+    def renewed(self) -> AsyncCoordinator:
+        """A fresh coordinator (no thread, nothing scheduled) whose `join` waits for the same
+        waitables as this one's."""
+        fresh = AsyncCoordinator()
+        fresh._waitables = self._waitables
+        return fresh
+
     def add_waitable(self, obj: Any) -> None:
         """Makes `join` also call ``obj.wait(retention=...)`` (a `CheckpointManager` writing in
         the background)."""
@@ -174,7 +181,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
                                  f"it, or pass the dataset to Trainer().")
         trainer_config, runtime = config.trainer, config.runtime
         self._config = config
-        self._device = local_device(runtime.device)
+        self._device = local_device(runtime.device, "runtime.device")
         self._autocast_dtype = _AUTOCAST_DTYPES.get(runtime.mixed_precision or "")
         self._coordinator = AsyncCoordinator()
         self._checkpoint_exporter = checkpoint_exporter
@@ -347,9 +354,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
         """Prepares asynchronous work: waits for anything pending, then starts afresh (keeping
         what `join` waits for)."""
         self._coordinator.join()
-        waitables = self._coordinator._waitables
-        self._coordinator = AsyncCoordinator()
-        self._coordinator._waitables = waitables
+        self._coordinator = self._coordinator.renewed()
 
     def coordinator_for_async(self) -> AsyncCoordinator:
         """The `AsyncCoordinator` that runs this Trainer's background work."""

@@ -5,12 +5,8 @@ A front-end: it builds on the engine and imports no other front-end.
 """
 
 from cadence.core.errors import StopTraining
-from cadence.tensorpack.launch import (
-    TrainConfig,
-    default_callbacks,
-    default_monitors,
-    launch_train_with_config,
-)
+from cadence.tensorpack.defaults import default_callbacks, default_monitors
+from cadence.tensorpack.launch import TrainConfig, launch_train_with_config
 from cadence.tensorpack.trainer import (
     ModelDesc,
     SimpleTrainer,

@@ -8,24 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cadence.callbacks.progress import ProgressBar
 from cadence.core.callbacks import Callback
 from cadence.core.intervals import check_int
 from cadence.core.summary import DEFAULT_WRITERS, WriterSpec, check_writers
+from cadence.tensorpack.defaults import default_callbacks, default_monitors
 from cadence.tensorpack.trainer import ModelDesc, SingleCostTrainer
 
-
-def default_callbacks() -> list[Callback]:
-    """tensorpack's ``DEFAULT_CALLBACKS``, in cadence: the progress bar (on a terminal)."""
-    return [ProgressBar()]
-
-
-def default_monitors(writers: Sequence[WriterSpec] = DEFAULT_WRITERS) -> list[Callback]:
-    """tensorpack's ``DEFAULT_MONITORS``: summaries (TensorBoard and JSON lines, or the metric
-    `writers` given), ``stats.jsonl`` and a printed line."""
-    from cadence.callbacks import JSONWriter, ScalarPrinter, TensorBoardWriter
-
-    return [TensorBoardWriter(writers=writers), JSONWriter(), ScalarPrinter()]
+__all__ = ["TrainConfig", "default_callbacks", "default_monitors", "launch_train_with_config"]
 
 
 @dataclass

@@ -58,6 +58,7 @@ from cadence.engine.distributed import average_gradients, broadcast_module, is_d
 from cadence.engine.metrics import Mean
 from cadence.engine.runner import Output
 from cadence.engine.standard_runner import StandardTrainer
+from cadence.tensorpack.defaults import default_callbacks, default_monitors
 
 logger = logging.getLogger("cadence")
 
@@ -299,8 +300,6 @@ class Trainer(StandardTrainer):
                             extra_callbacks: Iterable[Callback] | None = None) -> None:
         """`train` with tensorpack's defaults: `default_callbacks` appended to `callbacks` and
         `default_monitors` (those need a `logdir`; without one only the printer is used)."""
-        from cadence.tensorpack.launch import default_callbacks, default_monitors
-
         extra = list(extra_callbacks) if extra_callbacks is not None else default_callbacks()
         if monitors is None:
             from cadence.callbacks import ScalarPrinter
@@ -476,7 +475,7 @@ class SingleCostTrainer(Trainer):
         self.cost.update(cost.detach())
 
     def epoch_logs(self) -> dict[str, Any]:
-        logs = {"cost": self.cost.result()} if self.cost._state else {}
+        logs = {"cost": self.cost.result()} if self.cost.updated else {}
         self.cost.reset()
         return logs
 

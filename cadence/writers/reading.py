@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cadence.core.intervals import is_int
 from cadence.core.run_dir import RunDirectory
 from cadence.writers.csv import CSV_NAME
 from cadence.writers.jsonl import JSONL_NAME, WALL_TIME_KEY
@@ -259,7 +260,7 @@ def _read_jsonl_series(root: Path) -> list[Series]:
         points: dict[str, list[tuple[int, float]]] = {}
         for record in _records(directory / JSONL_NAME):
             step = record.get("step")
-            if not isinstance(step, int) or isinstance(step, bool):
+            if not is_int(step):
                 continue
             for key, value in record.items():
                 if key not in _NOT_SCALARS and _is_number(value):
@@ -357,7 +358,7 @@ def _read_resumes(run: RunDirectory) -> list[Resume] | None:
     resumes = []
     for record in _records(run.resumes):
         step = record.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
+        if is_int(step):
             checkpoint = record.get("checkpoint")
             resumes.append(Resume(step, str(record.get("reason", "resume")),
                                   checkpoint if isinstance(checkpoint, str) else None))

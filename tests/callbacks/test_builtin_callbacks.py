@@ -27,7 +27,7 @@ from cadence.callbacks import (
     ScalarPrinter,
     ScheduledHyperParamSetter,
     StopAtTimeLimit,
-    TensorBoardWriter,
+    TFEventWriter,
     ThroughputTracker,
     cosine_schedule,
 )
@@ -500,7 +500,7 @@ def test_eta_throughput_and_peak_memory_are_recorded_per_epoch():
 def test_monitors_write_json_lines_tensorboard_and_a_printed_line(tmp_path, caplog):
     trainer, _ = make_trainer(tmp_path)
     with caplog.at_level("INFO", logger="cadence"):
-        trainer.train(monitors=[TensorBoardWriter(), JSONWriter(), ScalarPrinter()],
+        trainer.train(monitors=[TFEventWriter(), JSONWriter(), ScalarPrinter()],
                       steps_per_epoch=2, max_epoch=2)
     lines = (tmp_path / "stats.jsonl").read_text().splitlines()
     assert [json.loads(line)["global_step"] for line in lines] == [2, 4]

@@ -1,6 +1,12 @@
 import pytest
 
-from cadence.core.intervals import Interval, check_int, check_interval, steps_until_boundary
+from cadence.core.intervals import (
+    Interval,
+    check_int,
+    check_interval,
+    is_int,
+    steps_until_boundary,
+)
 
 
 @pytest.mark.parametrize(
@@ -52,3 +58,10 @@ def test_check_int_returns_plain_ints_and_none_where_allowed():
     assert type(check_int("Loop", "every", np.int64(3), "")) is int
     assert check_int("Loop", "every", 0, "", minimum=0) == 0
     assert check_int("Loop", "every", None, "", none_ok=True) is None
+
+
+def test_is_int_is_the_one_integer_test_ints_and_numpy_ints_not_bools_floats_or_strings():
+    import numpy as np
+
+    assert [is_int(v) for v in (3, -1, np.int64(3))] == [True, True, True]
+    assert [is_int(v) for v in (True, 3.0, "3", None)] == [False, False, False, False]

@@ -22,6 +22,15 @@ def test_mean_is_nan_before_an_update_and_after_a_reset():
     assert math.isnan(float(mean.result()))
 
 
+def test_updated_says_whether_a_metric_was_ever_updated_reset_or_not():
+    mean = cadence.Mean()
+    assert not mean.updated
+    mean.update(torch.tensor(2.0))
+    assert mean.updated
+    mean.reset()
+    assert mean.updated  # the accumulators are kept, zeroed
+
+
 def test_updates_do_not_synchronize_with_the_host(monkeypatch):
     mean, total, last = cadence.Mean(), cadence.Sum(), cadence.Last()
     syncs = []

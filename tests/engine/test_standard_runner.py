@@ -109,6 +109,17 @@ def test_bad_num_steps_are_rejected(bad):
         Recorder([1]).evaluate(bad)
 
 
+def test_train_iterator_is_the_iterator_whose_position_a_checkpoint_saves():
+    runner = Recorder([1, 2, 3])
+    runner.train(2)
+    assert runner.train_iterator is runner.checkpoint_items()["train_data"]
+    position = runner.train_iterator.state_dict()
+    runner.train(1)
+    runner.train_iterator.load_state_dict(position)
+    runner.train(1)
+    assert runner.calls[-2] == 3  # the third batch again, from the restored position
+
+
 def test_options_must_be_the_options_class():
     with pytest.raises(TypeError, match="StandardTrainerOptions"):
         Recorder([1], options={"compile_step": True})

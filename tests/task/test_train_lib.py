@@ -12,7 +12,7 @@ from cadence.engine.exporter import read_weights
 from cadence.task.config_files import load_config
 from cadence.task.experiments.digits import DigitsTask, DigitsTaskConfig
 from cadence.task.registry import register_task
-from cadence.task.train_lib import run_experiment
+from cadence.task.train_lib import in_config_terms, run_experiment
 
 FAST = ["trainer.train_steps=40", "trainer.steps_per_loop=10", "trainer.checkpoint_interval=20",
         "trainer.validation_interval=20", "task.model.hidden_sizes=[32]",
@@ -191,6 +191,20 @@ def test_tfm_divergence_raises_a_runtime_error(tmp_path):
         run_experiment(exploding(), "train", tmp_path)
     assert isinstance(error.value, FloatingPointError)
     assert isinstance(error.value, cadence.DivergenceError)
+    # LossGuard names its own argument; the Task layer adds the config key that sets it.
+    assert "LossGuard max_trials=k" in str(error.value)
+    assert "trainer.recovery_max_trials is LossGuard's max_trials" in str(error.value)
+
+
+def test_a_collective_timeout_in_a_task_run_names_the_config_key_and_other_errors_stay():
+    from cadence.engine.distributed import CollectiveTimeout
+
+    error = in_config_terms(CollectiveTimeout("training: a collective did not complete."))
+    assert type(error) is CollectiveTimeout
+    assert str(error) == ("training: a collective did not complete. In the Task config, the "
+                          "process group's timeout is runtime.collective_timeout.")
+    other = ValueError("x")
+    assert in_config_terms(other) is other
 
 
 def test_recovery_restores_the_last_checkpoint_and_skips_the_bad_batches(tmp_path, caplog):

@@ -435,12 +435,28 @@ def test_join_waits_for_background_work_and_reraises_its_error():
         trainer.join()
 
 
+def test_init_async_starts_a_fresh_coordinator_that_still_joins_the_waitables():
+    trainer = make_trainer()
+    waited = []
+
+    class Writer:
+        def wait(self, retention):
+            waited.append(retention)
+
+    trainer.coordinator_for_async().add_waitable(Writer())
+    first = trainer.coordinator_for_async()
+    trainer.init_async()  # joins what is pending first
+    assert trainer.coordinator_for_async() is not first and waited == [True]
+    trainer.join()
+    assert waited == [True, True]
+
+
 def test_loop_functions_are_available_as_in_seed_002():
     trainer = make_trainer()
     loop = trainer.create_train_loop_fn()
     loop(trainer._train_data, 3)
     assert trainer.global_step == 3
-    eval_loop = trainer.create_eval_loop_fn(has_state=False)
+    eval_loop = trainer.create_eval_loop_fn()
     state = eval_loop(iter(trainer.eval_dataset), 2, state=[],
                       reduce_fn=lambda state, outputs: [*state, outputs])
     assert len(state) == 2 and "loss" in state[0]

@@ -155,14 +155,14 @@ def test_a_process_other_than_rank_zero_writes_nothing(tmp_path, monkeypatch):
 
 
 def test_every_front_end_refuses_a_writer_it_does_not_know_the_same_way(tmp_path, monkeypatch):
-    from cadence.callbacks import TensorBoardWriter
+    from cadence.callbacks import TFEventWriter
 
     builders = [lambda writers: SummaryManager(tmp_path, writers=writers),
                 lambda writers: Controller(trainer=CountingTrainer(), steps_per_loop=1,
                                            summary_dir=str(tmp_path), writers=writers),
                 lambda writers: TrainLoop(nn.Linear(2, 1), summary_dir=tmp_path,
                                           writers=writers),
-                lambda writers: TensorBoardWriter(writers=writers)]
+                lambda writers: TFEventWriter(writers=writers)]
     for build in builders:
         with pytest.raises(ValueError, match="Unknown metric writer 'tb'; known: tensorboard"):
             build(["tb"])
