@@ -19,7 +19,10 @@ callback                               what it does (default: at each epoch's en
 `ScalarPrinter`                        TensorBoard, a log line)
 `EarlyStopping`                        stop when a metric stops improving; restore the best
 `StopAtTimeLimit`                      stop after a wall-clock budget
-`Profiler`                             ``torch.profiler`` trace of a step range
+`Profiler`                             ``torch.profiler`` traces on a schedule (wait, warmup,
+                                       active, repeat) or of a step range
+`ModelSummary`                         at the start of training: parameters, trainable, bytes,
+                                       a row per top-level module
 `cadence.LossGuard`                    NaN/Inf guard: stop (or restore) when the loss diverges
 `cadence.ProgressBar`                  tqdm bar with ETA and the latest metrics
 =====================================  =========================================================
@@ -41,6 +44,7 @@ from cadence.callbacks.hyperparams import (
     cosine_schedule,
 )
 from cadence.callbacks.inference import InferenceRunner
+from cadence.callbacks.model_summary import ModelSummary
 from cadence.callbacks.monitors import (
     JSONWriter,
     ScalarPrinter,
@@ -63,6 +67,7 @@ __all__ = [
     "MaxSaver",
     "MinSaver",
     "ModelSaver",
+    "ModelSummary",
     "PeakMemoryTracker",
     "PeriodicCallback",
     "PeriodicTrigger",
