@@ -97,13 +97,16 @@ def _state_file_lines(file: Path) -> list[str]:
     except (SafetensorError, OSError):
         return [f"  {file.name}: not a safetensors file (a state file of an earlier cadence, "
                 "or not cadence's); restore it to read it"]
-    element = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2,
-               "BF16": 2, "I16": 2, "U16": 2}
-    total = sum(element.get(dtype, 1) * _numel(shape) for _, dtype, shape in rows)
+    from cadence.engine.state_file import FROM_SAFETENSORS
+
+    def element(dtype: str) -> int:
+        known = FROM_SAFETENSORS.get(dtype)
+        return known.itemsize if known is not None else 1
+    total = sum(element(dtype) * _numel(shape) for _, dtype, shape in rows)
     lines = [f"  {file.name}: {len(rows)} tensors, {_size(total)}"]
     for name, dtype, shape in sorted(rows):
         lines.append(f"    {name}  {dtype}  {list(shape)}  "
-                     f"{_size(element.get(dtype, 1) * _numel(shape))}")
+                     f"{_size(element(dtype) * _numel(shape))}")
     values = _leaves(json.loads(metadata["tree"]), "") if "tree" in metadata else []
     random = [path for path, _ in values if path.startswith("rng.")]
     values = [(path, value) for path, value in values if not path.startswith("rng.")]

@@ -341,8 +341,9 @@ _SAFETENSORS_DTYPES = {
 """safetensors' names of the dtypes it holds. Complex tensors are stored as their real view (a
 trailing dimension of 2: the same bytes), their dtype in the metadata's ``complex``."""
 _COMPLEX_PARTS = {"complex64": "F32", "complex128": "F64"}
-_FROM_SAFETENSORS = {name: _DTYPES[dtype] for dtype, name in _SAFETENSORS_DTYPES.items()
+FROM_SAFETENSORS = {name: _DTYPES[dtype] for dtype, name in _SAFETENSORS_DTYPES.items()
                      if dtype in _DTYPES}
+"""The torch dtype of each safetensors dtype name a state file uses."""
 
 
 def _key_text(node: Any) -> str:
@@ -481,7 +482,7 @@ def _read_safetensors(header: dict[str, Any], take_into: Any) -> Any:
                 raise StateFileError("its header describes a complex tensor inconsistently")
             shape = shape[:-1]
         else:
-            dtype = _FROM_SAFETENSORS[info["dtype"]]
+            dtype = FROM_SAFETENSORS[info["dtype"]]
         tensor = torch.empty(shape, dtype=dtype)
         if (begin != position or min(shape, default=0) < 0
                 or end - begin != tensor.numel() * tensor.element_size()):

@@ -17,6 +17,7 @@ from typing import Any
 
 from cadence.core.errors import ConfigError
 from cadence.core.run_dir import RunDirectory
+from cadence.engine.exporter import LEDGER_FILE
 
 LATEST = "latest"
 BEST = "best"
@@ -32,7 +33,7 @@ def chosen_weights(choice: str | None, run: RunDirectory) -> Path | None:
     if choice is None or choice == LATEST:
         return None
     if choice == BEST:
-        if not (run.best / "info.json").is_file():
+        if not (run.best / LEDGER_FILE).is_file():
             raise ConfigError(
                 f"{str(run.root)!r} has no best export ({str(run.best)!r} holds none): a run "
                 "exports its best weights when it evaluates during training with "
@@ -50,7 +51,7 @@ def _export_step(path: Path) -> int | None:
     """The step of the weights a best-export directory or a ``.safetensors`` file holds."""
     if path.is_dir():
         try:
-            ledger = json.loads((path / "info.json").read_text(encoding="utf-8"))
+            ledger = json.loads((path / LEDGER_FILE).read_text(encoding="utf-8"))
             return int(ledger["exports"][0]["step"])  # best first
         except (OSError, ValueError, KeyError, IndexError, TypeError):
             return None
