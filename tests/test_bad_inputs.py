@@ -207,7 +207,7 @@ COMMAND_LINE = [
                                                 "trainer.best_checkpoint_metric_comp=bigger"],
      r"best_checkpoint_metric_comp: must be 'higher' or 'lower' \(got 'bigger'\)"),
     ("zero summary interval", nothing, ["train", *FAST, "--set", "trainer.summary_interval=0"],
-     r"summary_interval: must be a positive integer or null \(null: every loop\)"),
+     r"summary_interval: must be a positive integer or null \(null: every step\)"),
     ("a negative checkpoint interval", nothing, ["train", *FAST, "--set",
                                                  "trainer.checkpoint_interval=-10"],
      r"checkpoint_interval: must be a positive integer or null \(null: only at the end\)"),

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterable
+import difflib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -56,12 +57,24 @@ class Config:
         return bool(self.__dict__.get("_locked", False))
 
     def replace(self: C, **changes: Any) -> C:
-        """An unlocked deep copy, with `changes` to its top-level fields (TF Model Garden's
-        ``Config.replace``)."""
+        """An unlocked deep copy with `changes` to its top-level fields (Model Garden's `replace`);
+        a mapping for a sub-config merges into it (the keys it names change, the others stay).
+
+        Raises:
+            ConfigError: for a key that is not a field, naming the valid ones.
+        """
         clone = copy.deepcopy(self)
         _unlock(clone)
-        for name, value in changes.items():
-            setattr(clone, name, value)
+        fields = {item.name for item in dataclasses.fields(clone)}  # type: ignore[arg-type]
+        merged: dict[str, Any] = {name: value for name, value in changes.items() if isinstance(
+            value, Mapping) and isinstance(getattr(clone, name, None), Config)}
+        merged.update(dict.fromkeys(changes.keys() - fields))  # unknown: merge_config raises
+        if merged:  # OmegaConf's merge, as load_config's
+            from omegaconf import OmegaConf
+            base = OmegaConf.structured(clone)
+            clone = OmegaConf.to_object(merge_config(base, merged, "replace"))  # type: ignore[assignment]
+        for name in changes.keys() - merged.keys():
+            setattr(clone, name, changes[name])
         return clone
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -70,8 +83,7 @@ class Config:
             raise ConfigError(
                 f"Cannot set {path}.{name} (got {value!r}): the config is locked (run_experiment "
                 "locks the config it runs). Change it before running, or make a changed copy "
-                f"with config.replace(...)."
-            )
+                f"with config.replace(...).")
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:
@@ -88,6 +100,32 @@ _PATHS = {"ExperimentConfig": "config", "TrainerConfig": "trainer", "RuntimeConf
           "WandbConfig": "runtime.wandb", "EarlyStoppingConfig": "trainer.early_stopping",
           "ProfilerConfig": "runtime.profiler"}
 """Where the built-in config classes sit in an `ExperimentConfig`, for error messages."""
+
+
+def config_error(error: Exception, source: str, base: Any) -> ConfigError:
+    """Turns an OmegaConf error into a `ConfigError` that names the key and the valid ones."""
+    from omegaconf import OmegaConf, errors
+    full_key = str(getattr(error, "full_key", "") or "")
+    parent_key, _, leaf = full_key.rpartition(".")
+    if isinstance(error, errors.ConfigKeyError) and full_key:
+        parent = OmegaConf.select(base, parent_key) if parent_key else base
+        valid = [str(k) for k in parent] if hasattr(parent, "keys") else []
+        hint = "".join(f" Did you mean {'.'.join(filter(None, [parent_key, close]))!r}?"
+                       for close in difflib.get_close_matches(leaf, valid, n=1))
+        where = f"'{parent_key}'" if parent_key else "the config"
+        return ConfigError(f"{source}: unknown key {full_key!r}.{hint} Valid keys of {where}: "
+                           f"{', '.join(valid)}.")
+    first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return ConfigError(f"{source}: {f'{full_key!r}: ' if full_key else ''}{first_line}.")
+
+
+def merge_config(base: Any, update: Any, source: str) -> Any:
+    """OmegaConf's merge of `update` into `base`, its errors as `ConfigError` (`config_error`)."""
+    from omegaconf import OmegaConf, errors
+    try:
+        return OmegaConf.merge(base, update)
+    except errors.OmegaConfBaseException as error:
+        raise config_error(error, source, base) from None
 
 
 def _nested_configs(config: Config) -> Iterable[Config]:
@@ -253,7 +291,7 @@ class TrainerConfig(Config):
     Attributes:
         train_steps: the global step to train to (an absolute target).
         steps_per_loop: steps per inner loop; train metrics are means over one loop.
-        summary_interval: write train summaries every this many steps (None: every loop).
+        summary_interval: record in-step summaries every this many steps (None: every step).
         checkpoint_interval: save every this many steps (None: only at the end).
         max_to_keep: checkpoints to keep.
         validation_steps: steps per evaluation; -1 evaluates the whole validation set.

@@ -102,7 +102,7 @@ RANGES: dict[str, tuple[Rule, str]] = {
     # key: (its range, why -- when the key alone does not say it)
     "trainer.train_steps": (NON_NEGATIVE_INT, ""),
     "trainer.steps_per_loop": (POSITIVE_INT, ""),
-    "trainer.summary_interval": (optional(POSITIVE_INT), "null: every loop"),
+    "trainer.summary_interval": (optional(POSITIVE_INT), "null: every step"),
     "trainer.checkpoint_interval": (optional(POSITIVE_INT), "null: only at the end"),
     "trainer.max_to_keep": (POSITIVE_INT, ""),
     "trainer.validation_steps": (VALIDATION_STEPS, ""),

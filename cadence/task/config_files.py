@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from cadence.core.errors import ConfigError
-from cadence.task.config import ExperimentConfig
+from cadence.task.config import ExperimentConfig, config_error, merge_config
 from cadence.task.registry import DEFAULT_EXPERIMENT, get_experiment_config, task_config_class
 
 TASK_CLASS_KEY = "task_config_class"
@@ -44,38 +43,6 @@ def _omegaconf() -> Any:
     import omegaconf
 
     return omegaconf
-
-
-def _valid_keys(node: Any) -> list[str]:
-    return [str(k) for k in node] if hasattr(node, "keys") else []
-
-
-def _translate(error: Exception, source: str, base: Any) -> ConfigError:
-    """Turns an OmegaConf error into a `ConfigError` that names the key and the valid ones."""
-    oc = _omegaconf()
-    full_key = str(getattr(error, "full_key", "") or "")
-    parent_key, _, leaf = full_key.rpartition(".")
-    if isinstance(error, oc.errors.ConfigKeyError) and full_key:
-        parent = oc.OmegaConf.select(base, parent_key) if parent_key else base
-        valid = _valid_keys(parent)
-        close = difflib.get_close_matches(leaf, valid, n=1)
-        hint = f" Did you mean {'.'.join(filter(None, [parent_key, close[0]]))!r}?" if close else ""
-        where = f"'{parent_key}'" if parent_key else "the config"
-        return ConfigError(
-            f"{source}: unknown key {full_key!r}.{hint} Valid keys of {where}: "
-            f"{', '.join(valid)}."
-        )
-    first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-    where = f"{full_key!r}: " if full_key else ""
-    return ConfigError(f"{source}: {where}{first_line}.")
-
-
-def _merge(base: Any, update: Any, source: str) -> Any:
-    oc = _omegaconf()
-    try:
-        return oc.OmegaConf.merge(base, update)
-    except oc.errors.OmegaConfBaseException as error:
-        raise _translate(error, source, base) from None
 
 
 def _read_yaml(path: Path) -> Any:
@@ -199,16 +166,16 @@ def load_config(
                 f"Config file {str(path)!r} is for experiment {named!r}, not "
                 f"{start.experiment!r}: drop --experiment or pick the matching file."
             )
-        merged = _merge(merged, data, f"config file {str(path)!r}")
+        merged = merge_config(merged, data, f"config file {str(path)!r}")
     if isinstance(overrides, Mapping):
-        merged = _merge(merged, oc.OmegaConf.create(dict(overrides)), "overrides")
+        merged = merge_config(merged, oc.OmegaConf.create(dict(overrides)), "overrides")
     else:
         for text in overrides:
-            merged = _merge(merged, _parse_override(text), f"--set {text}")
+            merged = merge_config(merged, _parse_override(text), f"--set {text}")
     try:
         config = oc.OmegaConf.to_object(merged)
     except oc.errors.OmegaConfBaseException as error:
-        raise _translate(error, "config", merged) from None
+        raise config_error(error, "config", merged) from None
     assert isinstance(config, ExperimentConfig)
     config.validate()
     return config
