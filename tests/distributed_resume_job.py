@@ -12,6 +12,9 @@ on what they save, and on where the rest of a pass goes after a resume.
     job.py rundir DIR                                run_experiment in DIR/node-<rank>
     job.py flow DIR [STEP]                           TrainLoop on a sharded DataFlow, 2 epochs
                                                      (SIGTERM to rank 1 at STEP, then resumed)
+    job.py modes DIR MODE ...                        independent modes (no arguments of their
+                                                     own) one after the other, in DIR/<mode>:
+                                                     one launch instead of one each
 
 Every rank writes what it saw to DIR/<mode>-<rank>.json.
 """
@@ -150,10 +153,23 @@ def main() -> None:
     mode, directory = sys.argv[1], Path(sys.argv[2])
     timeout = 5.0 if mode == "stuck" else 60.0
     init_distributed(timeout)
+    if mode == "modes":  # independent modes in one job (one launch), each in DIR/<mode>
+        for each in sys.argv[3:]:
+            (directory / each).mkdir(parents=True, exist_ok=True)
+            run(each, directory / each, [])
+            if is_distributed():
+                dist.barrier()
+    else:
+        run(mode, directory, sys.argv[3:])
+    if is_distributed():
+        dist.barrier()
+
+
+def run(mode: str, directory: Path, args: list[str]) -> None:
     rank = dist.get_rank() if is_distributed() else 0
     if mode == "train":
-        steps = int(sys.argv[3])
-        kills = dict(item.split(":") for item in sys.argv[4:])
+        steps = int(args[0])
+        kills = dict(item.split(":") for item in args[1:])
         callbacks = [Kill(int(kills[str(rank)]))] if str(rank) in kills else []
         trainer, run = controller(directory, callbacks)
         code = 0
@@ -212,7 +228,7 @@ def main() -> None:
         record(directory, "epoch", step=trainer.global_step, seen=trainer.seen)
     elif mode == "trials":
         results = []
-        for trial in range(int(sys.argv[3])):
+        for trial in range(int(args[0])):
             rng = random.Random(trial * 10 + rank)
             trainer, run = controller(directory / f"trial-{trial}", [Kill(rng.randint(2, 9))])
             try:
@@ -245,7 +261,7 @@ def main() -> None:
                      else [Kill(5)] if rank == 1 else [])
         record(directory, mode, **train_loop_until_stopped(directory, callbacks))
     elif mode == "flow":  # each rank its share of a shuffled DataFlow, resumed mid-epoch
-        kill = int(sys.argv[3]) if len(sys.argv) > 3 else None
+        kill = int(args[0]) if args else None
         flow = cadence.DataFlow.arrays([torch.arange(21)], batch_size=3, shuffle=True,
                                        random_state=5).shard()
         seen: list[list[int]] = []
@@ -303,6 +319,7 @@ def main() -> None:
         while_pruning = sorted(p.name for p in (directory / "kept").iterdir())
         gate.set()
         kept.wait()
+        CheckpointDirectory.prune = prune  # type: ignore[method-assign]  # for the next mode
         record(directory, mode, pending=pending, pruners=pruners, while_pruning=while_pruning,
                kept=sorted(p.name for p in (directory / "kept").iterdir()),
                committed_early=committed_early, committed=path.is_dir(), restored=restored,
@@ -338,8 +355,6 @@ def main() -> None:
         config = cadence.load_config("digits", overrides=["trainer.train_steps=4",
                                                           "trainer.steps_per_loop=2"])
         cadence.run_experiment(config, "train", directory / f"node-{rank}")
-    if is_distributed():
-        dist.barrier()
 
 
 if __name__ == "__main__":

@@ -99,6 +99,21 @@ def records(directory, mode, ranks=2):
     return [json.loads((directory / f"{mode}-{rank}.json").read_text()) for rank in range(ranks)]
 
 
+SHARED_MODES = ("torchsaveio", "tensorpack", "trainloop", "late", "trainloop-late", "ddpasync",
+                "dcpasync")
+"""Independent 2-rank modes run by one launch (``job.py modes``), each in its own folder: a
+torchrun job takes seconds to start on 2 cores, most of these modes about a second (a mode
+that fails fails every test of this launch, each with the job's output)."""
+
+
+@pytest.fixture(scope="module")
+def shared_job(tmp_path_factory):
+    """The folder of `SHARED_MODES`' launch; ``shared_job / mode`` holds what that mode wrote."""
+    directory = tmp_path_factory.mktemp("modes")
+    launch(directory, "modes", *SHARED_MODES)
+    return directory
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_sigterm_to_one_rank_mid_pass_stops_every_rank_and_resumes_bitwise(tmp_path):
@@ -124,12 +139,12 @@ def test_a_sigterm_to_one_rank_mid_pass_stops_every_rank_and_resumes_bitwise(tmp
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_a_sigterm_handled_as_the_ranks_agree_to_go_on_waits_for_the_next_agreement(tmp_path):
+def test_a_sigterm_handled_as_the_ranks_agree_to_go_on_waits_for_the_next_agreement(shared_job):
     """SIGTERM reaches rank 1 while it waits for rank 0 in the agreement after a loop; its
     handler runs the moment the collective returns "no rank asked to stop". Rank 1 must not stop
     alone -- rank 0 trains on, and the two would pair unrelated collectives -- so both take the
     next loop, agree on the stop at its end, and save the same step."""
-    launch(tmp_path, "late")
+    tmp_path = shared_job / "late"
     late = records(tmp_path, "late")
     assert [r["code"] for r in late] == [143, 143]
     assert late[0]["step"] == late[1]["step"] == 5  # the next loop ends at the interval (5)
@@ -138,11 +153,12 @@ def test_a_sigterm_handled_as_the_ranks_agree_to_go_on_waits_for_the_next_agreem
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_a_trainloop_rank_signalled_as_the_ranks_agree_to_go_on_stops_with_the_others(tmp_path):
+def test_a_trainloop_rank_signalled_as_the_ranks_agree_to_go_on_stops_with_the_others(
+        shared_job):
     """The same race in a TrainLoop, at the agreement after an epoch's end callbacks: the ranks
     go on together into the next epoch, stop together at its first agreement (the end of its
     6 steps), and both save."""
-    launch(tmp_path, "trainloop-late")
+    tmp_path = shared_job / "trainloop-late"
     late = records(tmp_path, "trainloop-late")
     assert [r["code"] for r in late] == [143, 143]
     assert late[0]["step"] == late[1]["step"] == 12
@@ -353,8 +369,8 @@ def test_two_nodes_given_different_run_directories_fail_clearly(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_tensorpack_simple_trainer_is_data_parallel_under_torchrun(tmp_path):
-    launch(tmp_path, "tensorpack")
+def test_tensorpack_simple_trainer_is_data_parallel_under_torchrun(shared_job):
+    tmp_path = shared_job / "tensorpack"
     zero, one = (torch.load(tmp_path / f"tensorpack-{r}.pt", weights_only=True) for r in (0, 1))
     for key in zero:  # rank 0's start and averaged gradients: the replicas never diverge
         assert torch.equal(zero[key], one[key]), key
@@ -362,8 +378,8 @@ def test_tensorpack_simple_trainer_is_data_parallel_under_torchrun(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_a_train_loop_stops_every_rank_at_the_same_step_on_a_sigterm_to_one(tmp_path):
-    launch(tmp_path, "trainloop")
+def test_a_train_loop_stops_every_rank_at_the_same_step_on_a_sigterm_to_one(shared_job):
+    tmp_path = shared_job / "trainloop"
     zero, one = records(tmp_path, "trainloop")
     assert zero["code"] == one["code"] == 143
     assert zero["step"] == one["step"]
@@ -390,10 +406,10 @@ def test_a_train_loop_on_a_sharded_data_flow_gives_each_rank_its_share_and_resum
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_an_async_save_of_fsdp2_shards_commits_once_every_rank_has_written(tmp_path):
+def test_an_async_save_of_fsdp2_shards_commits_once_every_rank_has_written(shared_job):
     """DCP's async_save writes the shards in the background; nothing is committed until every
     rank's write is done (`wait`, the next save, the end of training)."""
-    launch(tmp_path, "dcpasync")
+    tmp_path = shared_job / "dcpasync"
     for record in records(tmp_path, "dcpasync"):
         assert record["pending"] and not record["committed_early"] and record["committed"]
         assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(record["shards"])
@@ -402,11 +418,11 @@ def test_an_async_save_of_fsdp2_shards_commits_once_every_rank_has_written(tmp_p
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_a_checkpoint_io_that_returns_no_digests_is_still_listed_and_verified(tmp_path):
+def test_a_checkpoint_io_that_returns_no_digests_is_still_listed_and_verified(shared_job):
     """`TorchSaveIO` returns no digests; rank 0, which wrote its file, hashes it: the commit
     lists no file itself, and a file it was not told of would be left out of the manifest --
     neither fsynced nor ever verified."""
-    launch(tmp_path, "torchsaveio")
+    tmp_path = shared_job / "torchsaveio"
     record = records(tmp_path, "torchsaveio")[0]
     assert record["restored"] == 3
     checkpoint = tmp_path / "ckpt" / "ckpt-3"
@@ -418,12 +434,12 @@ def test_a_checkpoint_io_that_returns_no_digests_is_still_listed_and_verified(tm
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_an_async_ddp_save_leaves_the_training_thread_and_commits_what_was_saved(tmp_path):
+def test_an_async_ddp_save_leaves_the_training_thread_and_commits_what_was_saved(shared_job):
     """Under DDP the training thread only copies the state into host memory (rank 0 the whole
     model and optimizer: before, it wrote them itself while every rank waited); the files are
     written by a thread of each rank and committed at `wait`. Weights changed after the save do
     not leak into it. Rank 0 deletes old checkpoints in a thread too."""
-    launch(tmp_path, "ddpasync")
+    tmp_path = shared_job / "ddpasync"
     for record in records(tmp_path, "ddpasync"):
         assert record["pending"] and not record["committed_early"] and record["committed"]
         assert {"rank-0.cadence", "rank-1.cadence", "state.cadence", "manifest.json"} <= set(

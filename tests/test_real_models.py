@@ -270,13 +270,11 @@ def _launcher_traceback_removed(output):
                   r"SignalException[^\n]*\n", "", output, flags=re.S)
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_twenty_sigterms_to_the_launcher_each_stop_every_rank_cleanly_and_resume(tmp_path):
-    """``kill <torchrun>`` at a random moment of training, 20 times in one run directory, half
-    of them with another process keeping a core busy: each time both ranks save the same step,
-    exit without a traceback, and the run says once that it stopped; each run resumes from the
-    previous one's checkpoint."""
+def sigterms_to_the_launcher(tmp_path, trials):
+    """``kill <torchrun>`` at a random moment of training, `trials` times in one run directory,
+    every other time with another process keeping a core busy: each time both ranks save the
+    same step, exit without a traceback, and the run says once that it stopped; each run resumes
+    from the previous one's checkpoint."""
     import random
     import signal
     import threading
@@ -290,7 +288,7 @@ def test_twenty_sigterms_to_the_launcher_each_stop_every_rank_cleanly_and_resume
     checkpoints = tmp_path / "run" / "checkpoints"
     rng = random.Random(0)
     stopped_at = None
-    for trial in range(20):
+    for trial in range(trials):
         busy = (subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 if trial % 2 else None)
         try:
@@ -323,3 +321,19 @@ def test_twenty_sigterms_to_the_launcher_each_stop_every_rank_cleanly_and_resume
                          .split(".")[0])
         files = set(os.listdir(checkpoints / f"ckpt-{stopped_at}"))
         assert {"manifest.json", "state.cadence", "rank-0.cadence", "rank-1.cadence"} <= files
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(900)  # six launches of up to 120 + 120 s
+def test_sigterms_to_the_launcher_each_stop_every_rank_cleanly_and_resume(tmp_path):
+    """Six trials, three of them beside a busy core: each trial is a torchrun job of its own
+    (about 15 s on 2 loaded cores); the twenty of the soak test below took over 5 minutes."""
+    sigterms_to_the_launcher(tmp_path, 6)
+
+
+@pytest.mark.soak
+@pytest.mark.distributed
+@pytest.mark.timeout(3000)  # twenty launches of up to 120 + 120 s
+def test_twenty_sigterms_to_the_launcher_each_stop_every_rank_cleanly_and_resume(tmp_path):
+    sigterms_to_the_launcher(tmp_path, 20)

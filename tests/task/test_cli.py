@@ -71,7 +71,9 @@ def test_ctrl_c_saves_a_checkpoint_and_the_same_command_resumes(tmp_path):
                "--set", "trainer.train_steps=4000", "--set", "trainer.checkpoint_interval=200",
                "--set", "trainer.validation_interval=1000",
                "--set", "task.model.hidden_sizes=[16]"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # One intra-op thread: a tiny model's steps, with torch's threads contending with the
+    # other processes of a loaded 2-core machine, ran at 6 a second instead of 300.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
