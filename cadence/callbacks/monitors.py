@@ -99,7 +99,7 @@ class TFEventWriter(Callback):
 
     def on_train_end(self, state: RunState) -> None:
         if self._summaries is not None:
-            self._summaries.close()
+            self._summaries.close(state.error)  # MLflow's status, W&B's exit code
             self._summaries = None
 
 

@@ -21,7 +21,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cadence.core.callbacks import Callback, RunState, overridden_hooks
+from cadence.core.callbacks import (  # triggers_only is importable from here too
+    Callback,
+    RunState,
+    overridden_hooks,
+    triggers_only,
+)
 from cadence.core.intervals import check_int
 
 
@@ -33,16 +38,6 @@ def _check_periods(owner: str, every_k_steps: Any, every_k_epochs: Any) -> tuple
                       fix.format("steps", "every_k_steps"), none_ok=True),
             check_int(owner, "every_k_epochs", every_k_epochs,
                       fix.format("epochs", "every_k_epochs"), none_ok=True))
-
-
-def triggers_only(callback: Callback) -> bool:
-    """Whether `callback` does its work in `trigger` alone: its class overrides `trigger` and
-    no ``on_epoch_end``. tensorpack calls such a callback's ``trigger`` at each epoch's end
-    (``Callback._trigger_epoch`` calls ``trigger()`` by default); the tensorpack trainers and
-    the wrappers here do the same."""
-    return (callback.active_hooks is None
-            and type(callback).trigger is not Callback.trigger
-            and "on_epoch_end" not in overridden_hooks(callback))
 
 
 class _Wrapper(Callback):
@@ -219,8 +214,7 @@ class EnableCallbackIf(_Wrapper):
     def __init__(self, callback: Callback, predicate: Callable[[RunState], bool]) -> None:
         super().__init__(callback)
         self.predicate = predicate
-        self._wrapped_hooks = overridden_hooks(callback) | (
-            {"on_epoch_end"} if self._epoch_trigger else set())
+        self._wrapped_hooks = overridden_hooks(callback)  # with on_epoch_end if triggers_only
         self.active_hooks = self._wrapped_hooks
         self._decided = {begin: end for begin, end in self._PAIRS.items()
                          if begin in self._wrapped_hooks and end in self._wrapped_hooks}

@@ -21,7 +21,7 @@ when no callback overrides them, runners use a loop with no per-step callback co
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +65,9 @@ class RunState:
             has one: where built-in callbacks write by default.
         stop_requested: set by `request_stop`; runners end the loop at the next step boundary.
         stop_reason: why the stop was requested.
+        error: in ``on_train_end``, the exception the run ends with -- None when it completed,
+            `cadence.Preempted` when a signal stopped it: what a writer closed there reports
+            as the run's outcome (MLflow's status, W&B's exit code).
         metrics: the latest value of every scalar the run produced so far (loop logs, evaluation
             logs as ``eval/<name>``, callbacks' results), on the host: what savers, early
             stopping and schedules read.
@@ -81,6 +84,7 @@ class RunState:
     run_dir: Any = None
     stop_requested: bool = False
     stop_reason: str | None = None
+    error: BaseException | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
 
@@ -107,9 +111,14 @@ class Callback:
     the checkpoint manager saves it with the model.
 
     Periodic work goes in `trigger` (tensorpack's ``_trigger``); a scheduling wrapper such as
-    `cadence.callbacks.PeriodicTrigger` decides when it runs. Callbacks that read a metric
-    another callback produces declare it: `requires` names what they read, `provides` what they
-    write into ``state.metrics``; a `CallbackList` refuses a consumer placed before its producer.
+    `cadence.callbacks.PeriodicTrigger` decides when it runs. Unwrapped, a callback whose class
+    overrides `trigger` but not `on_epoch_end` (`triggers_only`) is triggered at each epoch's
+    end, as tensorpack's ``Callback._trigger_epoch`` does by default: in every `CallbackList`,
+    so under a Controller, a `TrainLoop` and the tensorpack trainers alike.
+
+    Callbacks that read a metric another callback produces declare it: `requires` names what
+    they read, `provides` what they write into ``state.metrics``; a `CallbackList` refuses a
+    consumer placed before its producer.
 
     Attributes:
         requires: metric names this callback reads from ``state.metrics``.
@@ -123,7 +132,9 @@ class Callback:
     active_hooks: frozenset[str] | None = None
 
     def trigger(self, state: RunState) -> None:
-        """Does the callback's periodic work; called by scheduling wrappers."""
+        """Does the callback's periodic work: at each epoch's end when the class overrides no
+        `on_epoch_end` (`triggers_only`), else where a scheduling wrapper or `on_epoch_end`
+        calls it."""
 
     def on_train_begin(self, state: RunState) -> None:
         """Runs when `Controller.train` (or `train_and_evaluate`) starts."""
@@ -167,23 +178,45 @@ class Callback:
         """Restores what `state_dict` returned."""
 
 
+def triggers_only(callback: Callback) -> bool:
+    """Whether `callback` does its periodic work in `trigger` alone: its class overrides
+    `trigger` and not `on_epoch_end`, and no wrapper set its `active_hooks`. Such a callback's
+    ``on_epoch_end`` is its `trigger` (tensorpack's ``Callback._trigger_epoch`` calls
+    ``trigger()`` by default); a scheduling wrapper around it decides instead."""
+    cls = type(callback)
+    return (callback.active_hooks is None and cls.trigger is not Callback.trigger
+            and cls.on_epoch_end is Callback.on_epoch_end)
+
+
 def _overrides(callback: Callback, hook: str) -> bool:
     if callback.active_hooks is not None:
         return hook in callback.active_hooks
-    return getattr(type(callback), hook) is not getattr(Callback, hook)
+    return getattr(type(callback), hook) is not getattr(Callback, hook) or (
+        hook == "on_epoch_end" and triggers_only(callback))
 
 
 def overridden_hooks(callback: Callback) -> frozenset[str]:
-    """The hooks a callback handles (what `CallbackList` dispatches to it)."""
+    """The hooks a callback handles (what `CallbackList` dispatches to it); ``on_epoch_end``
+    for one that `triggers_only`."""
     return frozenset(hook for hook in HOOKS if _overrides(callback, hook))
 
 
+def _handler(callback: Callback, hook: str) -> Callable[..., None]:
+    """What `hook` calls on `callback`: its `trigger` for the epoch end of one that
+    `triggers_only`, else its method of that name."""
+    if hook == "on_epoch_end" and triggers_only(callback):
+        return callback.trigger
+    return getattr(callback, hook)
+
+
 class CallbackList:
-    """Dispatches hooks to the callbacks that override them, in the order given."""
+    """Dispatches hooks to the callbacks that override them, in the order given (and
+    ``on_epoch_end`` to the `trigger` of a callback that `triggers_only`)."""
 
     def __init__(self, callbacks: Iterable[Callback] = ()) -> None:
         self._callbacks: list[Callback] = []
         self._by_hook: dict[str, list[Callback]] = {hook: [] for hook in HOOKS}
+        self._handlers: dict[str, list[Callable[..., None]]] = {hook: [] for hook in HOOKS}
         for callback in callbacks:
             self.append(callback)
 
@@ -210,6 +243,7 @@ class CallbackList:
         for hook in HOOKS:
             if _overrides(callback, hook):
                 self._by_hook[hook].append(callback)
+                self._handlers[hook].append(_handler(callback, hook))
 
     def __iter__(self) -> Iterator[Callback]:
         return iter(self._callbacks)
@@ -230,18 +264,19 @@ class CallbackList:
         """Calls `hook` on each callback that overrides it. A callback that raises
         `cadence.StopTraining` requests a stop (the run then ends cleanly) and the others still
         run."""
-        for callback in self._by_hook[hook]:
+        for handler in self._handlers[hook]:
             try:
-                getattr(callback, hook)(state, *args)
+                handler(state, *args)
             except StopTraining as stop:
-                state.request_stop(str(stop) or f"StopTraining from {type(callback).__name__}")
+                owner = type(getattr(handler, "__self__", handler)).__name__
+                state.request_stop(str(stop) or f"StopTraining from {owner}")
 
     def fire_teardown(self, hook: str, state: RunState, *args: Any) -> None:
         """Like `fire`, but every callback runs even if an earlier one fails; a failure is
         logged with its traceback (teardown must not skip the other callbacks' teardown)."""
-        for callback in self._by_hook[hook]:
+        for callback, handler in zip(self._by_hook[hook], self._handlers[hook]):
             try:
-                getattr(callback, hook)(state, *args)
+                handler(state, *args)
             except Exception:
                 logger.exception("%s.%s failed.", type(callback).__name__, hook)
 

@@ -4,14 +4,17 @@ Every front-end trains through it: the Task `Trainer` (``run_experiment``), Orbi
 runners, and the tensorpack trainers (an epoch there is a loop of ``steps_per_epoch`` steps).
 The Controller decides how many steps the trainer runs next, and between those inner loops it
 saves checkpoints, writes summaries, logs, evaluates and calls callbacks and actions. It never
-counts steps itself: it reads the trainer's global step (and, when the trainer keeps a
-`cadence.core.progress.Progress`, its epochs) before and after each loop.
+counts steps itself: it reads the trainer's global step before and after each loop, and with a
+trainer that counts on a `cadence.core.clock.RunClock` (a `cadence.StandardTrainer`: the
+`ClockedTrainer` of `cadence.core.protocols`), it builds that clock -- the Controller's
+callbacks and run state around the trainer's `Progress` -- and hands it over with ``bind``:
+then it trains to a number of epochs, ends loops at epochs' ends and agrees on stops through it.
 
 The order of ``train`` (``train_and_evaluate`` adds evaluations between loops)::
 
     on_train_begin
     while the target step (or epoch) is not reached and no stop was requested:
-        n = min(steps_per_loop, steps to the next checkpoint / summary boundary,
+        n = min(steps_per_loop, steps to the next checkpoint boundary,
                 steps to the end of the epoch when epochs have a fixed number of steps)
         on_loop_begin
         logs = trainer.train(n)          # the runner fires on_epoch_begin at an epoch's first
@@ -21,7 +24,7 @@ The order of ``train`` (``train_and_evaluate`` adds evaluations between loops)::
         [on_epoch_end]                   # an epoch that ended at the loop's last step (or was
                                          # ended by a stop request): its end hooks see the loop's
                                          # logs in state.metrics
-        summaries; on_loop_end(logs)
+        summaries (every loop, as Orbit); on_loop_end(logs)
         [checkpoint; on_checkpoint_saved]
     [checkpoint at completion]
     on_train_end
@@ -43,7 +46,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from cadence.core.callbacks import Callback, CallbackList, RunState
-from cadence.core.evaluation import ControllerEvaluation
+from cadence.core.clock import RunClock
+from cadence.core.evaluation import Evaluations, evaluate_new_checkpoints
 from cadence.core.intervals import (
     Interval,
     check_count,
@@ -57,11 +61,13 @@ from cadence.core.preemption import Preemption
 from cadence.core.progress import Progress
 from cadence.core.protocols import (
     CheckpointManagerLike,
+    ClockedTrainer,
     Evaluable,
     SummaryManagerLike,
     Trainable,
 )
 from cadence.core.rank import world_size
+from cadence.core.run_checkpoints import RunCheckpoints
 from cadence.core.summary import DEFAULT_WRITERS, RunSummaries, WriterSpec
 
 logger = logging.getLogger("cadence")
@@ -73,7 +79,7 @@ Action = Callable[[Mapping[str, Any]], None]
 """An Orbit action: called with a loop's (or an evaluation's) raw output."""
 
 
-class Controller(ControllerEvaluation):
+class Controller:
     """Drives a trainer and/or an evaluator: the outer loop of training.
 
     Args:
@@ -87,8 +93,9 @@ class Controller(ControllerEvaluation):
             newest complete checkpoint, or runs the manager's ``init_fn`` when there is none.
         summary_dir: where train logs are written as summaries (by `writers`); None writes
             none.
-        summary_interval: write train summaries (and record `cadence.summary.scalar` calls
-            made inside steps) every this many steps, exactly on multiples; None: every loop.
+        summary_interval: record the `cadence.summary.scalar` calls made inside steps only on
+            the steps that are multiples of it (None: on every step). A loop's outputs are
+            written after every loop, as Orbit writes them.
         eval_summary_dir: where evaluation logs go; defaults to `summary_dir`.
         summary_manager: where train logs go instead of `summary_dir` (Orbit's argument): a
             `cadence.SummaryManager` with other writers, or anything with its methods. The
@@ -134,12 +141,12 @@ class Controller(ControllerEvaluation):
     ) -> None:
         if trainer is None and evaluator is None:
             raise ValueError("Controller needs a `trainer`, an `evaluator`, or both.")
-        if trainer is not None and not callable(getattr(trainer, "train", None)):
+        if trainer is not None and not isinstance(trainer, Trainable):
             raise TypeError(
                 f"`trainer` (got {type(trainer).__name__}) must have a train(num_steps) method; "
                 "subclass cadence.StandardTrainer or cadence.AbstractTrainer."
             )
-        if evaluator is not None and not callable(getattr(evaluator, "evaluate", None)):
+        if evaluator is not None and not isinstance(evaluator, Evaluable):
             raise TypeError(
                 f"`evaluator` (got {type(evaluator).__name__}) must have an evaluate(num_steps) "
                 "method; subclass cadence.StandardEvaluator or cadence.AbstractEvaluator."
@@ -156,15 +163,9 @@ class Controller(ControllerEvaluation):
         self._global_step = global_step or self._find_global_step()
         self.summary_interval = check_interval("summary_interval", summary_interval)
         self.checkpoint_manager = checkpoint_manager
-        checkpoint_interval = None
-        if checkpoint_manager is not None:
-            checkpoint_interval = check_interval(
-                "checkpoint_manager.checkpoint_interval", checkpoint_manager.checkpoint_interval
-            )
         self.callbacks = callbacks if isinstance(callbacks, CallbackList) else CallbackList(
             callbacks)
         self.train_actions = tuple(train_actions)
-        self.eval_actions = tuple(eval_actions)
         self.handle_signals = handle_signals
         self.log_loops = True
         """Log a line after each training loop (``cadence.loop``); a front-end whose monitors
@@ -178,20 +179,16 @@ class Controller(ControllerEvaluation):
         self.eval_summary_manager = self._summaries.eval
 
         self.state = RunState(trainer=trainer, evaluator=evaluator, controller=self)
-        for runner in {id(r): r for r in (trainer, evaluator) if r is not None}.values():
-            bind = getattr(runner, "bind", None)
-            if callable(bind):
-                bind(self.callbacks, self.state)
-
-        step = self._global_step()
-        self._checkpoint_interval = Interval(checkpoint_interval, last=step)
-        self._summary_interval = Interval(self.summary_interval, last=step)
-        self._last_eval_step = -1
-        self._last_eval_logs: dict[str, Any] | None = None
-        self._weights_checkpoint: str | None = None
+        self._evaluations = Evaluations(evaluator, self.eval_summary_manager, self.callbacks,
+                                        self.state, eval_actions)
+        self._clocked = trainer if isinstance(trainer, ClockedTrainer) else None
+        self._clock = RunClock(self._clocked.progress if self._clocked is not None else None,
+                               self.state, self.callbacks)
+        if self._clocked is not None:
+            self._clocked.bind(self._clock)  # it adds its epochs' length and the agreement
+        self._checkpoints = RunCheckpoints(checkpoint_manager, self._global_step,
+                                           self.callbacks, self.state)
         self._preemption = Preemption(handle_signals)
-        self._stop_agreed = False
-        self._restores = 0  # counts restores, so that a rewind during a loop is recognized
         if checkpoint_manager is not None:
             checkpoint_manager.track("controller", self)
             checkpoint_manager.track("callbacks", self.callbacks)
@@ -218,8 +215,7 @@ class Controller(ControllerEvaluation):
     @property
     def progress(self) -> Progress | None:
         """The trainer's step and epoch counters, when it keeps them (a `StandardTrainer`)."""
-        progress = getattr(self.trainer, "progress", None)
-        return progress if isinstance(progress, Progress) else None
+        return self._clock.progress if self._clocked is not None else None
 
     @property
     def steps_per_loop(self) -> int | None:
@@ -246,22 +242,8 @@ class Controller(ControllerEvaluation):
             ValueError: if the Controller has no checkpoint manager.
             CheckpointError: if the checkpoint is incomplete, corrupt, foreign or mismatched.
         """
-        manager = self._require_manager("restore_checkpoint()")
-        if checkpoint_path is None:
-            path = manager.restore_or_initialize()
-        else:
-            manager.restore(checkpoint_path)
-            path = checkpoint_path
-        step = self._global_step()
-        self._restores += 1
-        self._checkpoint_interval.mark(step)
-        self._summary_interval.mark(step)
-        self._weights_checkpoint = path
+        path = self._checkpoints.restore(checkpoint_path)
         self._sync_state()
-        if path is None:
-            logger.info("No checkpoint to restore: starting from step %d.", step)
-        else:
-            logger.info("Restored %s (step %d).", path, step)
         return path
 
     def save_checkpoint(self) -> str:
@@ -270,32 +252,7 @@ class Controller(ControllerEvaluation):
         Raises:
             ValueError: if the Controller has no checkpoint manager.
         """
-        self._require_manager("save_checkpoint()")
-        return self._save()
-
-    def _require_manager(self, what: str) -> CheckpointManagerLike:
-        if self.checkpoint_manager is None:
-            raise ValueError(f"{what} needs a checkpoint manager: "
-                             "Controller(checkpoint_manager=CheckpointManager(...)).")
-        return self.checkpoint_manager
-
-    def _save(self) -> str:
-        assert self.checkpoint_manager is not None
-        step = self._global_step()
-        path = self.checkpoint_manager.save(step)
-        self._checkpoint_interval.mark(step)
-        self._weights_checkpoint = path
-        if not getattr(self.checkpoint_manager, "logs_saves", False):
-            # A manager that logs its own saves does so after the commit (a background write
-            # may still be running here).
-            logger.info("Saved checkpoint %s.", path)
-        self.callbacks.fire("on_checkpoint_saved", self.state, path)
-        return path
-
-    def _saved_now(self) -> bool:
-        """Whether the weights in memory are those of the newest save."""
-        return (self._weights_checkpoint is not None
-                and self._checkpoint_interval.last == self._global_step())
+        return self._checkpoints.save()
 
     # ------------------------------------------------------------------ training
 
@@ -368,13 +325,14 @@ class Controller(ControllerEvaluation):
                 if self._stopping() or current >= train_steps:
                     break
                 output = self.evaluate(eval_steps)
-                if self._checkpoint_interval.crossed(current) and self.checkpoint_manager:
-                    self._save()
-            preempted = self._agree_on_preemption()
-            if not preempted and self._last_eval_step != current:
+                if self._checkpoints.due(current):
+                    self._checkpoints.save()
+            preempted = self._preemption.agree(self._clock.agree)
+            last = self._evaluations
+            if not preempted and last.last_step != current:
                 output = self.evaluate(eval_steps)
-            elif not preempted and output is None and self._last_eval_logs is not None:
-                output = copy.deepcopy(self._last_eval_logs)  # a restarted, finished run's
+            elif not preempted and output is None and last.last_logs is not None:
+                output = copy.deepcopy(last.last_logs)  # a restarted, finished run's
             # Saved after the final evaluation, so that a restarted run knows it happened.
             self._finish_training(True)
         return output
@@ -394,10 +352,9 @@ class Controller(ControllerEvaluation):
 
     def _target_for(self, epochs: int | None) -> int | None:
         """The global step at which `epochs` epochs will be completed, when the trainer knows."""
-        steps_to = getattr(self.trainer, "steps_to_epochs", None)
-        if epochs is None or not callable(steps_to):
+        if epochs is None or self._clocked is None:
             return None
-        remaining = steps_to(epochs)
+        remaining = self._clock.steps_to_epochs(epochs)
         return None if remaining is None else self._global_step() + remaining
 
     def _reached(self, steps: int | None, epochs: int | None) -> bool:
@@ -416,53 +373,38 @@ class Controller(ControllerEvaluation):
     @contextlib.contextmanager
     def _training(self) -> Iterator[None]:
         with self._session():
-            self.state.stop_requested = False
-            self.state.stop_reason = None
-            self._stop_agreed = False
+            self._clock.clear_stop()
             self._sync_state()
             self.callbacks.fire("on_train_begin", self.state)
             try:
                 self._preemption = Preemption(self.handle_signals)
                 with self._preemption.watch(self.state):
                     yield
-            except BaseException:
-                self._wait_for_checkpoints(quiet=True, failing=True)  # keep the error
+            except BaseException as error:
+                self.state.error = error  # on_train_end's writers report it
+                self._checkpoints.wait(quiet=True, failing=True)  # keep the error
                 raise
             finally:
                 self.callbacks.fire_teardown("on_train_end", self.state)
+                self.state.error = None
                 self.summary_manager.flush()
 
     def _finish_training(self, save: bool) -> None:
-        manager = self.checkpoint_manager
-        self._agree_on_preemption()  # a signal to any rank preempts all: all save the same step
-        if manager is not None:
+        checkpoints = self._checkpoints
+        # a signal to any rank preempts all: all save the same step
+        self._preemption.agree(self._clock.agree)
+        if checkpoints.manager is not None:
             def save_now() -> str | None:
-                path = self._weights_checkpoint if self._saved_now() else self._save()
-                self._wait_for_checkpoints()
+                path = checkpoints.weights if checkpoints.saved_now() else checkpoints.save()
+                checkpoints.wait()
                 return path
 
             self._preemption.finish(save_now)
         else:
             self._preemption.finish(lambda: None)
-        if save and manager is not None and not self._saved_now():
-            self._save()
-        self._wait_for_checkpoints()
-
-    def _wait_for_checkpoints(self, quiet: bool = False, failing: bool = False) -> None:
-        """Waits until what was saved is committed (``wait()``; Orbit's sync before `train`
-        returns), raising a failed write's error (`quiet`: logged); a `failing` rank of several
-        commits nothing (``abandon()``: a commit's collectives would meet the others')."""
-        wait = getattr(self.checkpoint_manager, "wait", None)
-        if failing and world_size() > 1:
-            wait = getattr(self.checkpoint_manager, "abandon", wait)
-        if not callable(wait):
-            return
-        try:
-            wait()
-        except Exception:
-            if not quiet:
-                raise
-            logger.exception("A checkpoint write failed while training was ending on an error.")
+        if save and checkpoints.manager is not None and not checkpoints.saved_now():
+            checkpoints.save()
+        checkpoints.wait()
 
     def _train_until(self, steps: int | None, epochs: int | None,
                      defer_save_at: int | None = None) -> None:
@@ -472,17 +414,18 @@ class Controller(ControllerEvaluation):
             steps_per_loop = self.steps_per_loop
             assert steps_per_loop is not None
             num_steps = min(steps_per_loop, steps_until_boundary(
-                current, target, self._checkpoint_interval, self._summary_interval))
-            to_epoch_end = getattr(self.trainer, "max_steps_to_epoch_end" if epochs is not None
-                                   else "steps_to_epoch_end", lambda: None)()
+                current, target, self._checkpoints.interval))
+            to_epoch_end = (None if self._clocked is None
+                            else self._clocked.max_steps_to_epoch_end() if epochs is not None
+                            else self._clock.steps_to_epoch_end())
             if to_epoch_end is not None:
                 num_steps = min(num_steps, to_epoch_end)
             progress = self.progress
             epochs_before = progress.epochs_completed if progress is not None else 0
-            restores = self._restores
+            restores = self._checkpoints.restores
             self._train_n_steps(num_steps)
             after = self._global_step()
-            if self._restores != restores:  # a callback restored a checkpoint (recovery)
+            if self._checkpoints.restores != restores:  # a callback restored one (recovery)
                 logger.warning("A checkpoint of step %d was restored during the loop: training "
                                "again from there.", after)
                 continue
@@ -494,45 +437,18 @@ class Controller(ControllerEvaluation):
                     f"{after}), so training would never reach its target. Make train() count "
                     "its steps, e.g. by subclassing cadence.StandardTrainer."
                 )
-            if (self._checkpoint_interval.crossed(after) and after != defer_save_at
-                    and self.checkpoint_manager is not None):
-                self._save()
-            self._agree_on_stop()
-
-    def _agree_on_stop(self) -> None:
-        """Under torchrun, a stop requested on any rank -- by a callback after the loop, say --
-        is every rank's, so that all take the next loop or none does."""
-        agree = getattr(self.trainer, "agree_to_stop", None)
-        if not callable(agree):
-            self._stop_agreed = self.state.stop_requested
-            return
-        # The decision is what the collective returned, never this rank's flag read after it:
-        # a signal handled the moment the collective returns (it arrived during the wait)
-        # would make this rank alone stop; the next agreement takes it.
-        agreed = bool(agree(self.state.stop_requested))
-        if agreed and not self.state.stop_requested:
-            self.state.request_stop("a stop was requested on another rank")
-        self._stop_agreed = agreed
-        if agreed:  # the same on every rank: so is a preemption
-            self._preemption.agree(agree)
+            if self._checkpoints.due(after) and after != defer_save_at:
+                self._checkpoints.save()
+            # Under torchrun a stop requested on any rank -- by a callback after the loop, say
+            # -- is every rank's, so that all take the next loop or none does; so is a signal.
+            if self._clock.agree_to_stop():
+                self._preemption.agree(self._clock.agree)
 
     def _stopping(self) -> bool:
-        """Whether training stops before the next loop. In one process: whether a stop was
-        requested. Across ranks: whether the ranks agreed to stop at the last agreement -- a
-        signal that arrives after it, on one rank, must not end that rank's training alone
-        (the others would start the next loop and wait for it in their first collective);
-        the next loop's agreement takes it."""
-        if world_size() > 1:
-            return self._stop_agreed
-        return self.state.stop_requested
-
-    def _agree_on_preemption(self) -> bool:
-        """Whether a signal stopped training, the same answer on every rank (a collective
-        under torchrun, when the trainer can agree)."""
-        agree = getattr(self.trainer, "agree_to_stop", None)
-        if callable(agree):
-            return self._preemption.agree(agree)
-        return self._preemption.received is not None
+        """Whether training stops before the next loop: across ranks, what the ranks agreed
+        at the last agreement -- a signal that arrives after it on one rank must not end that
+        rank's training alone; the next loop's agreement takes it (`RunClock.stopping`)."""
+        return self._clock.stopping
 
     def _record_if(self, step: int) -> bool:
         return self.summary_interval is None or step % self.summary_interval == 0
@@ -557,9 +473,9 @@ class Controller(ControllerEvaluation):
                 "updates, but the global step must count steps.", num_steps, done,
             )
         if done > 0:
-            self._weights_checkpoint = None
+            self._checkpoints.weights = None
         rates: dict[str, float] = {"steps_per_second": max(done, 0) / elapsed if elapsed else 0.0}
-        examples = getattr(self.trainer, "examples_per_step", None)
+        examples = self._clocked.examples_per_step if self._clocked is not None else None
         if examples:  # every replica's: a step of a distributed job is one step of each rank
             rates["examples_per_second"] = rates["steps_per_second"] * examples * world_size()
         if self.log_loops and loop_logger.isEnabledFor(logging.INFO):  # only when shown
@@ -569,17 +485,100 @@ class Controller(ControllerEvaluation):
         logs = {**logs, **rates}
         self.state.put_metrics(logs)
         self.state.global_step = after
-        end_epoch = getattr(self.trainer, "end_pending_epoch", None)
-        if callable(end_epoch):  # an epoch that ended with the loop: its hooks see these logs
-            end_epoch()
-        if self.summary_interval is None or self._summary_interval.crossed(after):
-            self.summary_manager.write_summaries(logs, step=after)
-            self._summary_interval.mark(after)
+        self._clock.end_pending_epoch()  # an epoch that ended with the loop: sees these logs
+        self.summary_manager.write_summaries(logs, step=after)
         self.summary_manager.flush()
         self._sync_state()
         self.callbacks.fire("on_loop_end", self.state, logs)
 
+    # ------------------------------------------------------------------ evaluation
+
+    @property
+    def eval_actions(self) -> tuple[Action, ...]:
+        """Orbit's eval actions, called with each evaluation's raw output."""
+        return self._evaluations.actions
+
+    def evaluate(self, steps: int = -1) -> dict[str, Any]:
+        """Runs one evaluation of `steps` steps (-1: until the data is exhausted).
+
+        The evaluation is recorded with the step and the checkpoint whose weights it used
+        (None when the weights in memory were not checkpointed): in the log line, in the
+        ``metrics.jsonl`` record, and in ``state.extra["last_eval"]``.
+
+        Returns:
+            The evaluator's logs on the host, plus ``steps_per_second`` when `steps` > 0.
+
+        Raises:
+            ValueError: without an evaluator, or if `steps` is neither positive nor -1.
+        """
+        self._require("evaluator")
+        check_eval_steps(steps)
+        with self._session():
+            return self._evaluate(steps)
+
+    def _evaluate(self, steps: int) -> dict[str, Any]:
+        self._sync_state()
+        return self._evaluations.run(steps, self._global_step(), self._checkpoints.weights)
+
+    def evaluate_continuously(
+        self,
+        steps: int = -1,
+        timeout: float | None = None,
+        timeout_fn: Callable[[], bool] | None = None,
+        *,
+        stop_at_step: int | None = None,
+        poll_interval: float = 1.0,
+    ) -> dict[str, Any] | None:
+        """Evaluates every new checkpoint in the manager's directory, oldest first.
+
+        Unlike Orbit, which looks only at the newest checkpoint, every complete checkpoint that
+        appears is evaluated, and one deleted by retention before it was read is skipped.
+
+        Args:
+            steps: evaluation steps per checkpoint (-1: until the data is exhausted).
+            timeout: seconds without a new checkpoint after which `timeout_fn` is asked whether
+                to end; None waits forever.
+            timeout_fn: called when `timeout` expires (Orbit's argument): True ends the
+                evaluation loop, False waits another `timeout`. None: the loop ends at the
+                first timeout.
+            stop_at_step: return once a checkpoint at this step or later was evaluated.
+            poll_interval: seconds between looks at the directory.
+
+        Returns:
+            The logs of the last evaluation, or None if none ran.
+
+        Raises:
+            ValueError: without an evaluator or a checkpoint manager.
+            TypeError: if `timeout_fn` is not callable.
+        """
+        self._require("evaluator")
+        check_eval_steps(steps)
+        manager = self._checkpoints.require("evaluate_continuously()")
+        if timeout_fn is not None and not callable(timeout_fn):
+            raise TypeError(f"`timeout_fn` (got {type(timeout_fn).__name__}) must be a function "
+                            "with no arguments that returns True to stop, or None.")
+
+        def restore_and_evaluate(path: str) -> dict[str, Any]:
+            self.restore_checkpoint(path)
+            return self._evaluate(steps)
+
+        with self._session():
+            return evaluate_new_checkpoints(lambda: manager.checkpoints, restore_and_evaluate,
+                                            timeout, timeout_fn, stop_at_step, poll_interval)
+
     # ------------------------------------------------------------------ helpers
+
+    def _require(self, role: str) -> None:
+        if getattr(self, role) is None:
+            raise ValueError(f"This Controller has no {role}: pass Controller({role}=...).")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The Controller's own state: which step was last evaluated, and that evaluation's
+        logs (`cadence.core.logs.plain_logs`), which a finished run returns when restarted."""
+        return self._evaluations.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._evaluations.load_state_dict(state_dict)
 
     def close(self) -> None:
         """Closes the summary writers the Controller opened and flushes injected ones. Every

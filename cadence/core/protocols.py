@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from cadence.core.checkpoint_dir import CheckpointInfo
+from cadence.core.progress import Progress
+
+if TYPE_CHECKING:
+    from cadence.core.clock import RunClock
 
 
 @runtime_checkable
@@ -22,6 +26,14 @@ class Evaluable(Protocol):
     """An evaluator: runs `num_steps` steps (-1: until the data is exhausted), returns logs."""
 
     def evaluate(self, num_steps: int) -> Mapping[str, Any] | None: ...
+
+
+@runtime_checkable
+class CountsEvalSteps(Protocol):
+    """An evaluator that says how many steps its last evaluation ran (`StandardEvaluator`: the
+    data may end first), so that its steps per second are right."""
+
+    last_eval_steps: int | None
 
 
 @runtime_checkable
@@ -43,6 +55,43 @@ def is_stateful(obj: Any) -> bool:
     )
 
 
+class StopAgreementLike(Protocol):
+    """How ranks agree on a stop (`cadence.engine.distributed.StopAgreement` under torchrun):
+    what a `cadence.core.clock.RunClock` is given across ranks."""
+
+    def after_step(self, state: Any) -> bool:
+        """Called after every step with the `RunState`; True when the ranks agreed to stop,
+        at this same step on every rank (then every rank's state has a stop request)."""
+
+    def at_loop_end(self, state: Any) -> bool:
+        """At a loop's end: the ranks agree at once and return the decision (the same on every
+        rank; a stop request is then on every rank's state)."""
+
+    def agree(self, local: bool) -> bool:
+        """Whether any rank says `local`."""
+
+
+@runtime_checkable
+class ClockedTrainer(Trainable, Protocol):
+    """A trainer that counts steps and epochs on the run clock the Controller hands it
+    (`cadence.StandardTrainer`, and so every front-end's trainer). The Controller trains to a
+    number of epochs, ends loops at epochs' ends and agrees on stops through that clock."""
+
+    @property
+    def progress(self) -> Progress:
+        """The step and epoch counters the clock counts on (saved in checkpoints)."""
+
+    @property
+    def examples_per_step(self) -> int | None:
+        """Examples in a step, when the data says (for examples/sec)."""
+
+    def bind(self, clock: RunClock) -> None:
+        """Takes the clock to count on: the Controller's callbacks and run state."""
+
+    def max_steps_to_epoch_end(self) -> int | None:
+        """At most how many steps until the running epoch ends (None: unknown)."""
+
+
 class CheckpointManagerLike(Protocol):
     """What the Controller needs of a checkpoint manager (`cadence.CheckpointManager` has it)."""
 
@@ -58,6 +107,23 @@ class CheckpointManagerLike(Protocol):
     def restore(self, path: str) -> int: ...
 
     def restore_or_initialize(self) -> str | None: ...
+
+
+@runtime_checkable
+class SavesInBackground(Protocol):
+    """A checkpoint manager whose saves finish in the background and that logs them itself
+    once committed (`cadence.CheckpointManager`). The Controller waits for its saves before
+    an entry point returns; a manager without these methods saves synchronously, and the
+    Controller logs its saves."""
+
+    logs_saves: bool
+
+    def wait(self) -> None:
+        """Returns once every save made so far is committed; raises a failed write's error."""
+
+    def abandon(self) -> None:
+        """Drops saves still running without committing them: a rank failing among several
+        must not enter a commit's collectives alone."""
 
 
 class RunDriver(Protocol):
@@ -123,6 +189,20 @@ class OutcomeWriter(Protocol):
     """
 
     def set_outcome(self, error: BaseException | None) -> None: ...
+
+
+@runtime_checkable
+class StepReplacingWriter(Protocol):
+    """A `MetricWriter` whose records of a step can be replaced: JSON lines, CSV, TensorBoard.
+
+    A `SummaryManager` built with ``replace_steps=True`` (an evaluation directory) calls
+    ``forget_step`` just before each ``write`` of `write_summaries`, with the same ``step`` and
+    ``group``: the writer drops the records of that step and group that were in its files
+    before it opened them (an earlier evaluation of the same checkpoint), and keeps the records
+    it wrote itself, so that the step then has the new evaluation's records alone.
+    """
+
+    def forget_step(self, step: int, group: tuple[str, ...] = ()) -> None: ...
 
 
 class SummaryManagerLike(Protocol):

@@ -35,6 +35,7 @@ from cadence.core.protocols import (
     HParamsWriter,
     MetricWriter,
     OutcomeWriter,
+    StepReplacingWriter,
     SummaryManagerLike,
 )
 from cadence.core.rank import process_rank
@@ -147,6 +148,14 @@ class SummaryManager:
         run_dir: the run's root, for the writers of a whole run (MLflow, W&B): they keep the
             run there and name values by the path of `summary_dir` below it. Defaults to
             `summary_dir`.
+        replace_steps: for an evaluation directory: logs written at a step replace the records
+            that earlier writers (an earlier evaluation of the same checkpoint, in this process
+            or another) left at that step, in the writers that can (`StepReplacingWriter`:
+            JSON lines, CSV and TensorBoard rewrite their files of that directory without
+            them), so that evaluating a step again does not repeat it. MLflow and W&B keep
+            both values; MLflow's latest value of the metric is the new one. Never for a
+            training directory: its files are large, and a resumed run's repeats are the
+            readers' to handle.
 
     Raises:
         ValueError: for an unknown writer name.
@@ -163,9 +172,11 @@ class SummaryManager:
         writers: Sequence[WriterSpec] = DEFAULT_WRITERS,
         enabled: bool | None = None,
         run_dir: str | os.PathLike[str] | None = None,
+        replace_steps: bool = False,
     ) -> None:
         self.summary_dir = Path(summary_dir) if summary_dir is not None else None
         self.run_dir = Path(run_dir) if run_dir is not None else self.summary_dir
+        self.replace_steps = replace_steps
         self._global_step = global_step
         self.enabled = (process_rank() == 0) if enabled is None else enabled
         self._specs = check_writers(writers)  # on every rank, so a typo fails everywhere
@@ -206,6 +217,7 @@ class SummaryManager:
         self, logs: Logs, step: int | None = None, *, extra: dict[str, Any] | None = None
     ) -> None:
         """Writes `logs` at `step`; each nested mapping is a group (a sub-directory) of its key.
+        With `replace_steps`, they replace the records earlier writers left at `step`.
 
         Args:
             logs: nested mapping of names to tensors, arrays or numbers.
@@ -220,6 +232,8 @@ class SummaryManager:
         writers = self.writers
         for group, leaves in iter_groups(to_host(logs)):
             for writer in writers:
+                if self.replace_steps and isinstance(writer, StepReplacingWriter):
+                    writer.forget_step(step, group)
                 writer.write(step, leaves, group, extra if not group else None)
 
     def write_hparams(self, params: Mapping[str, Any]) -> None:
@@ -296,7 +310,8 @@ class RunSummaries:
             the train one when no eval directory is given).
         global_step: the default step of the managers built here.
         writers: the writers of the managers built here; writers of a whole run (MLflow, W&B)
-            keep it in `shared_run_dir`.
+            keep it in `shared_run_dir`. The eval manager built for its own directory
+            replaces the records of a step evaluated again (``replace_steps``).
     """
 
     def __init__(self, summary_dir: str | None, eval_summary_dir: str | None,
@@ -315,7 +330,8 @@ class RunSummaries:
                 eval_summary_manager = summary_manager
             else:
                 eval_summary_manager = SummaryManager(eval_summary_dir, global_step,
-                                                      writers=writers, run_dir=run_dir)
+                                                      writers=writers, run_dir=run_dir,
+                                                      replace_steps=True)
                 self._owned.append(eval_summary_manager)
         self.train: SummaryManagerLike = summary_manager
         self.eval: SummaryManagerLike = eval_summary_manager

@@ -373,6 +373,10 @@ class StopAgreement:
             return True
         return False
 
+    def agree(self, local: bool) -> bool:
+        """Whether any rank says `local`, at once (a loop's end: see `any_rank`)."""
+        return any_rank(local)
+
     def at_loop_end(self, state: RunState) -> bool:
         """`reset`, then agree at once (`agree_on_stop`): the ranks leave a loop with the same
         stop decision, which this returns -- act on it, not on `state`'s flag, which a signal

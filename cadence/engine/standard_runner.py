@@ -47,18 +47,14 @@ from typing import Any
 import torch
 
 from cadence.core.callbacks import CallbackList, RunState
+from cadence.core.clock import RunClock
 from cadence.core.errors import StopTraining
 from cadence.core.intervals import check_int
 from cadence.core.progress import Progress
 from cadence.data.iterator import DataIterator
 from cadence.data.nested import NestedIterators, is_nested, iterate_nested
 from cadence.engine.compile import check_compile_options, compile_step, feed_from_outside
-from cadence.engine.distributed import (
-    StopAgreement,
-    any_rank,
-    collective_errors,
-    is_distributed,
-)
+from cadence.engine.distributed import StopAgreement, collective_errors, is_distributed
 from cadence.engine.external_metrics import compute_in_logs
 from cadence.engine.module import Module
 from cadence.engine.runner import AbstractEvaluator, AbstractTrainer, Output
@@ -156,9 +152,10 @@ def _check_num_steps(num_steps: Any, allow_all: bool) -> int:
 class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
     """Implements `train(num_steps)` with `train_loop_begin`, `train_step`, `train_loop_end`.
 
-    It counts steps and epochs in a `Progress` (see `cadence.core.progress` for what they mean
-    in every front-end) and fires the step and epoch hooks of the callbacks a `Controller`
-    binds to it. An epoch is a pass over the training data, or `steps_per_epoch` steps.
+    It counts steps and epochs on a `cadence.core.clock.RunClock` -- its own, or the one a
+    `Controller` binds to it with the Controller's callbacks, whose step and epoch hooks it
+    then fires (see `cadence.core.progress` for what the numbers mean in every front-end). An
+    epoch is a pass over the training data, or `steps_per_epoch` steps.
 
     Args:
         train_dataset: what the iterator passed to `train_step` iterates: a DataLoader, a list
@@ -170,15 +167,10 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
 
     Raises:
         ValueError: for ``stop_at_end_of_data`` with a mapping of datasets (which one's end?).
-
-    Attributes:
-        steps_per_epoch: None: an epoch is a pass over the training data; N: an epoch is N
-            steps (the data repeats as needed), and a Controller ends loops at epoch ends.
     """
 
     _TRACKING_IGNORED = frozenset(
-        {"_callbacks", "_run_state", "_own_state", "_compiled_train_step", "_train_options",
-         "_epoch_end_pending", "_agreement"}
+        {"_clock", "_own_clock", "_compiled_train_step", "_train_options"}
     )
 
     def __init__(
@@ -191,13 +183,12 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         self._train_options = _check_options(options, StandardTrainerOptions)
         self._train_data = self._data_iterator(train_dataset)
         self._progress = Progress()
-        self._callbacks = CallbackList()
-        self._own_state = RunState(trainer=self)
-        self._run_state = self._own_state
+        # Its own clock until a Controller binds one (with the Controller's callbacks and state).
+        self._own_clock = RunClock(self._progress, RunState(trainer=self), CallbackList())
+        self._clock = self._own_clock
         self._compiled_train_step: Callable[[Iterator[Any]], Any] | None = None
-        self._epoch_end_pending = False
-        self._agreement: StopAgreement | None = None
-        self.steps_per_epoch: int | None = self._train_options.steps_per_epoch
+        self._steps_per_epoch: int | None = self._train_options.steps_per_epoch
+        self._bind_clock(self._own_clock)
 
     def checkpoint_items(self) -> dict[str, Any]:
         """The parts a checkpoint holds: the public stateful attributes (see
@@ -256,48 +247,58 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
 
     @property
     def epoch(self) -> int:
-        """Completed epochs (passes over the training data, or `steps_per_epoch` steps)."""
+        """The epoch running, from 1; between epochs, the last one (0 before the first): the
+        number callbacks see as ``state.epoch`` (see `cadence.core.progress`)."""
+        return self._progress.epoch
+
+    @property
+    def epochs_completed(self) -> int:
+        """Epochs that ran to their end (passes over the training data, or `steps_per_epoch`
+        steps)."""
         return self._progress.epochs_completed
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """None: an epoch is a pass over the training data; N: an epoch is N steps (the data
+        repeats as needed), and a Controller ends loops at epoch ends."""
+        return self._steps_per_epoch
+
+    @steps_per_epoch.setter
+    def steps_per_epoch(self, value: int | None) -> None:
+        self._steps_per_epoch = value
+        self._clock.steps_per_epoch = value
 
     @property
     def examples_per_step(self) -> int | None:
         """The batch size of the training data when it says (used for examples/sec)."""
         return self._train_data.batch_size
 
-    def steps_to_epoch_end(self) -> int | None:
-        """Steps until the running (or next) epoch ends, when epochs have `steps_per_epoch`
-        steps; None when an epoch is a pass over the data. The Controller ends loops there."""
-        per_epoch, progress = self.steps_per_epoch, self._progress
-        if per_epoch is None:
-            return None
-        return per_epoch if progress.epoch_finished else max(per_epoch - progress.epoch_step, 0)
-
     def max_steps_to_epoch_end(self) -> int | None:
-        """At most how many steps until the running epoch ends: `steps_to_epoch_end`, or for an
-        epoch that is a pass over sized data, the batches left in it (a step takes at least one).
-        A Controller training to a number of epochs ends its loops there."""
-        exact = self.steps_to_epoch_end()
-        if exact is not None:
-            return exact
-        left = self._train_data.batches_left
-        return None if left is None else max(left, 1)
+        """At most how many steps until the running epoch ends: the steps left of
+        `steps_per_epoch`, or, for an epoch that is a pass over sized data, the batches left in
+        it. A Controller training to a number of epochs ends its loops there."""
+        return self._clock.max_steps_to_epoch_end(self._train_data.batches_left)
 
-    def steps_to_epochs(self, epochs: int) -> int | None:
-        """Steps until `epochs` epochs are completed, when epochs have `steps_per_epoch` steps;
-        None otherwise."""
-        per_epoch, progress = self.steps_per_epoch, self._progress
-        if per_epoch is None:
-            return None
-        left = epochs - progress.epochs_completed
-        if left <= 0:
-            return 0
-        return left * per_epoch - (0 if progress.epoch_finished else progress.epoch_step)
+    @property
+    def clock(self) -> RunClock:
+        """The clock this trainer counts on: its own, or the one a Controller bound."""
+        return self._clock
 
-    def bind(self, callbacks: CallbackList, state: RunState) -> None:
-        """Called by the Controller: the callbacks whose step and epoch hooks this loop fires,
-        and the run state it reports into and takes stop requests from."""
-        self._callbacks = callbacks
-        self._run_state = state
+    def bind(self, clock: RunClock) -> None:
+        """Called by the Controller: the clock to count on, with the Controller's callbacks --
+        whose step and epoch hooks this loop fires -- and run state, which it reports into and
+        takes stop requests from. It counts on this trainer's `progress`."""
+        if clock.progress is not self._progress:
+            raise ValueError("bind() takes a clock that counts on this trainer's progress: "
+                             "RunClock(trainer.progress, ...).")
+        self._bind_clock(clock)
+
+    def _bind_clock(self, clock: RunClock) -> None:
+        clock.steps_per_epoch = self._steps_per_epoch
+        clock.stop_at_end_of_data = self._train_options.stop_at_end_of_data
+        if clock.agreement is None and is_distributed():
+            clock.agreement = StopAgreement(self._train_options.stop_check_steps)
+        self._clock = clock
 
     def train_loop_begin(self) -> None:
         """Runs at the start of every `train` call, before the first step (and before the
@@ -325,10 +326,13 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
             ValueError: if `num_steps` is negative, or the data yields nothing in a pass.
         """
         num_steps = _check_num_steps(num_steps, allow_all=False)
-        state = self._run_state
-        driven = state is not self._own_state  # a Controller: it ends pending epochs
+        clock = self._clock
+        state = clock.state
+        driven = clock is not self._own_clock  # a Controller: it ends pending epochs
         if not driven:  # each call is a fresh start
-            state.stop_requested, state.stop_reason = False, None
+            clock.clear_stop()
+        if clock.agreement is None and is_distributed():  # the process group came later
+            self._bind_clock(clock)
         self.train_loop_begin()
         with collective_errors("training") if is_distributed() else contextlib.nullcontext():
             self.create_train_loop_fn()(self._train_data, num_steps)
@@ -336,18 +340,9 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         # A torchmetrics metric in the logs is computed here, once per loop (its compute()
         # gathers every rank's states); the runner resets it, as its own, in train_loop_begin.
         output = compute_in_logs(self.train_loop_end())
-        if not driven:
-            self.end_pending_epoch()
+        if not driven:  # else the Controller does, once the loop's logs are on the host
+            clock.end_pending_epoch()
         return output
-
-    def end_pending_epoch(self) -> None:
-        """Runs the end hooks of an epoch that ended with the last loop -- its last step was the
-        loop's, or a stop ended it. The Controller calls it once the loop's logs are on the
-        host, so that epoch-end callbacks see them; `train` calls it itself when no Controller
-        drives this trainer."""
-        if self._epoch_end_pending:
-            self._epoch_end_pending = False
-            self._fire_epoch("on_epoch_end")
 
     def create_train_loop_fn(self) -> Callable[[Any, int], None]:
         """The inner loop that `train` runs: ``loop_fn(iterator, num_steps)`` calls the (compiled,
@@ -362,27 +357,13 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
 
     def _run_steps(self, step_fn: Callable[[Any], Any], data: DataIterator | NestedIterators,
                    num_steps: int) -> None:
-        state, progress = self._run_state, self._progress
-        per_epoch, pass_length = self.steps_per_epoch, data.pass_length
-        hooks = self._callbacks if self._callbacks.has_step_hooks else None
-        if self.steps_to_epoch_end() == 0:  # an epoch with no steps (left): callbacks only
-            if not progress.epoch_open:
-                self._fire_epoch("on_epoch_begin")
-            progress.finish_epoch()
-            self._epoch_end_pending = True
+        clock = self._clock
+        if not clock.begin_loop():
             return
-        # Several ranks stop together: a local request counts once the ranks agreed on it.
-        agreement = self._stop_agreement() if is_distributed() else None
+        pass_length = data.pass_length
         done = 0
         empty_pass = False
-        while done < num_steps and not (state.stop_requested and agreement is None):
-            if not progress.epoch_open:
-                self._fire_epoch("on_epoch_begin")
-            if hooks is not None:
-                state.global_step = progress.global_step
-                hooks.fire("on_step_begin", state)
-            if state.stop_requested and agreement is None:
-                break  # asked before the step started: it does not start (across ranks: agreed)
+        while done < num_steps and clock.begin_step():
             try:
                 step_fn(data)
             except StopIteration:
@@ -397,81 +378,20 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
                     ) from None
                 empty_pass = data.at_pass_start
                 data.end_pass()
-                if per_epoch is None and self._pass_ended(
-                        at_loop_end=False, stop_ends_loop=agreement is None):
+                if clock.data_ran_out():
                     break  # the end of the data ends training: on every rank at this step
                 continue
             except StopTraining as stop:
-                state.request_stop(str(stop) or "StopTraining")
+                clock.state.request_stop(str(stop) or "StopTraining")
                 break
             empty_pass = False
-            progress.global_step += 1  # Progress.count_step, inlined: this is the hot loop
-            progress.epoch_step += 1
             done += 1
-            # Counted before the step hooks run, so that a checkpoint taken there is exact.
             pass_done = data.batches == pass_length  # the last batch of a sized source
             if pass_done:
                 data.end_pass()
-            epoch_done = pass_done if per_epoch is None else progress.epoch_step >= per_epoch
-            if epoch_done:
-                progress.finish_epoch()
-            if hooks is not None:
-                state.global_step = progress.global_step
-                hooks.fire("on_step_end", state)
-            if epoch_done and per_epoch is None:
-                if self._pass_ended(at_loop_end=done == num_steps,
-                                    stop_ends_loop=agreement is None):
-                    break
-            elif epoch_done:
-                self._close_epoch(at_loop_end=done == num_steps)
-            if agreement is not None and agreement.after_step(state):
+            if clock.end_step(pass_done, last=done == num_steps):
                 break
-        # Across ranks, the agreed decision -- not this rank's flag, which a signal may have
-        # set here alone after the agreement (the next loop's agreement takes it).
-        stopped = agreement.at_loop_end(state) if agreement is not None else state.stop_requested
-        if stopped and progress.epoch_open:
-            self._epoch_end_pending = True  # a stop ends the epoch; its hooks run after the loop
-
-    def _stop_agreement(self) -> StopAgreement:
-        if self._agreement is None:
-            self._agreement = StopAgreement(self._train_options.stop_check_steps)
-        return self._agreement
-
-    def agree_to_stop(self, local: bool) -> bool:
-        """Whether any rank wants to stop (`local` in a single process); the Controller asks at
-        loop boundaries, so that every rank stops at the same step."""
-        return any_rank(local)
-
-    def _pass_ended(self, at_loop_end: bool, stop_ends_loop: bool) -> bool:
-        """The training data ran out: the epoch (a pass) is finished. Returns whether training
-        stops here (``stop_at_end_of_data``: on every rank at once, as their data is as long).
-        `stop_ends_loop`: a stop requested before ends the loop now too (one process; across
-        ranks a requested stop waits for the ranks' agreement, and the epoch ends mid-loop)."""
-        self._progress.finish_epoch()
-        end_of_data = self._train_options.stop_at_end_of_data
-        if end_of_data:
-            self._run_state.request_stop("end of training data")
-        stops = end_of_data or (stop_ends_loop and self._run_state.stop_requested)
-        self._close_epoch(at_loop_end or stops)
-        return end_of_data
-
-    def _close_epoch(self, at_loop_end: bool) -> None:
-        """Ends the running epoch: now in mid-loop, or -- when the loop ends with it -- after the
-        loop, once its logs are on the host (`end_pending_epoch`)."""
-        if at_loop_end:
-            self._epoch_end_pending = True
-        else:
-            self._fire_epoch("on_epoch_end")
-
-    def _fire_epoch(self, hook: str) -> None:
-        progress, state = self._progress, self._run_state
-        if hook == "on_epoch_begin":
-            progress.begin_epoch()
-        else:
-            progress.end_epoch()
-        state.epoch = progress.epoch
-        state.global_step = progress.global_step
-        self._callbacks.fire(hook, state)
+        clock.end_loop()
 
     def _train_step_fn(self) -> Callable[[Iterator[Any]], Any]:
         options = self._train_options

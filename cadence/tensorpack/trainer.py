@@ -44,7 +44,6 @@ from torch import nn
 
 from cadence.callbacks.logdir import resolve_directory
 from cadence.callbacks.savers import ModelSaver
-from cadence.callbacks.scheduling import PeriodicTrigger, triggers_only
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.checkpoint_dir import DEFAULT_MAX_TO_KEEP
 from cadence.core.controller import Controller
@@ -123,12 +122,12 @@ class Trainer(StandardTrainer):
     @property
     def callbacks(self) -> CallbackList:
         """The registered callbacks (the Controller's, once training starts)."""
-        return self._callbacks
+        return self._clock.callbacks
 
     @property
     def state(self) -> RunState:
         """The run state callbacks see (the Controller's, once one drives this trainer)."""
-        return self._run_state
+        return self._clock.state
 
     @property
     def controller(self) -> Controller | None:
@@ -141,8 +140,8 @@ class Trainer(StandardTrainer):
         """Adds callbacks (before `setup_callbacks`). Returns True.
 
         A callback that implements only `trigger` is triggered at each epoch's end, as
-        tensorpack's ``Callback._trigger_epoch`` does by default (it is registered inside a
-        ``PeriodicTrigger(callback, every_k_epochs=1)``).
+        tensorpack's ``Callback._trigger_epoch`` does by default (`CallbackList`'s rule, the
+        same under every front-end: `cadence.core.callbacks.triggers_only`).
 
         Raises:
             RuntimeError: after the callbacks were set up.
@@ -151,9 +150,7 @@ class Trainer(StandardTrainer):
         if self._setup_done:
             raise RuntimeError("register_callback() must come before setup_callbacks().")
         for cb in [callback] if isinstance(callback, Callback) else list(callback):
-            if triggers_only(cb):
-                cb = PeriodicTrigger(cb, every_k_epochs=1)
-            self._callbacks.append(cb)
+            self._clock.callbacks.append(cb)
         return True
 
     def setup_callbacks(self, callbacks: Iterable[Callback],
@@ -207,7 +204,7 @@ class Trainer(StandardTrainer):
             ValueError: if ModelSavers name different directories, or a ModelSaver has no
                 directory and there is no logdir.
         """
-        savers = _model_savers(self._callbacks)
+        savers = _model_savers(self._clock.callbacks)
         directories = {resolve_directory(self.state, saver.checkpoint_dir, "ModelSaver",
                                          "checkpoints") for saver in savers}
         if len(directories) > 1:
@@ -233,13 +230,13 @@ class Trainer(StandardTrainer):
         directory = self.checkpoint_dir()
         manager = None
         if directory is not None:
-            savers = _model_savers(self._callbacks)
+            savers = _model_savers(self._clock.callbacks)
             keep = savers[0].max_to_keep if savers else DEFAULT_MAX_TO_KEEP
             manager = CheckpointManager(self, directory, max_to_keep=keep,
                                         init_fn=lambda: self._initialize(session_init))
         self._controller = Controller(
             trainer=self, steps_per_loop=lambda step: max(self.steps_per_epoch or 1, 1),
-            checkpoint_manager=manager, callbacks=self._callbacks)
+            checkpoint_manager=manager, callbacks=self._clock.callbacks)
         if self.logdir is not None:
             self._controller.state.run_dir = RunDirectory(self.logdir)
         if manager is None:

@@ -1,25 +1,26 @@
-"""What a `TrainLoop` reports: collected metrics, log lines with an ETA, summaries, the best
-validation metric and early stopping's parameters.
+"""`LoopReport`: what a `TrainLoop` reports -- collected metrics, log lines with an ETA,
+summaries, the best validation metric and early stopping's parameters.
 
-`LoopReporting` is the half of `TrainLoop` that watches the loops (the other half runs them:
-counters, epochs and steps, checkpoints); it is not used on its own.
+The `TrainLoop` runs the loops (counters, epochs and steps, data, checkpoints) and holds one
+`LoopReport`, which watches them: the loop tells it when the ``with`` block, an epoch or a step
+begins and ends, and the loop's public reporting methods (`collect_metrics`, `print_logs`,
+`timeit`, `get_eta`, ...) are the report's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from cadence.core.best import BestTracker
-from cadence.core.callbacks import CallbackList, RunState
+from cadence.core.clock import RunClock
 from cadence.core.eta import ETA
 from cadence.core.logs import humanize_duration
-from cadence.core.progress import Progress
 from cadence.core.summary import SummaryManager
 from cadence.engine.external_metrics import compute_metric, is_torchmetric
 from cadence.tfsnippet.events import EventKeys, EventSource
@@ -35,72 +36,142 @@ from cadence.tfsnippet.statistics import StatisticsCollector
 logger = logging.getLogger("cadence")
 
 
-class LoopReporting:
-    """Metrics, log lines, ETA, summaries and the best validation metric of a `TrainLoop`."""
+class LoopReport:
+    """Collects a loop's metrics and prints them as ``mean (±std)`` after an ``[Epoch, Step,
+    ETA]`` tag, writes them as summaries, times epochs and steps (``epoch_time``,
+    ``step_time``), estimates the progress and the time left, keeps the best validation metric
+    and -- with early stopping -- the parameters that reached it.
 
-    # Set by TrainLoop.__init__.
-    _entered: bool
-    _exited: bool
-    max_epoch: int | None
-    max_step: int | None
-    _progress: Progress
-    _within_epoch: bool
-    _within_step: bool
-    _epoch_closed: bool
-    _step_closed: bool
-    _epoch_start: float
-    _step_start: float
-    _steps_in_epochs: int
-    _committed: set[str]
-    _clock: Callable[[], float]
-    _print_func: Callable[[str], Any]
-    _show_eta: bool
-    _eta: ETA
-    _log: MetricLog
-    _best: BestTracker
-    _best_params: dict[str, torch.Tensor] | None
-    _best_flag: bool
-    _early_stopping: bool
-    _params: TrainedParameters
-    _var_groups: list[str] | None
-    _events: EventSource
-    _callbacks: CallbackList
-    _state: RunState
-    _summary_writer: SummaryManager | None
+    It reads the counters of `run_clock` and is told the rest by its owner: `start` and
+    `finish` bound the run, `begin_epoch` / `end_epoch` and `begin_step` / `end_step` each epoch
+    and step, `end_step_loop` / `end_epoch_loop` the loops (which forget what is unprinted).
+    Its reporting methods work between `start` and `finish`, inside an epoch or a step.
 
-    @property
-    def epoch(self) -> int:
-        """The epoch counter, from 1 (0 before the first epoch)."""
-        return self._progress.epoch
+    Args:
+        run_clock: the loop's clock: its ``progress`` holds the counters (and whether an
+            epoch is open), its ``step_open`` whether a step is; a print puts its metrics in the
+            clock's ``state`` and fires its ``callbacks``' ``on_loop_end``.
+        log: collects the metrics, and formats and writes them when printed.
+        best: the validation metric (its ``monitor``) and its best value.
+        params: the trained parameters: listed by `print_training_summary`, kept at their best
+            with early stopping.
+        events: fires the metric events (``METRICS_COLLECTED``, ...).
+        source: what the events' handlers receive first (the `TrainLoop`).
+        summary_writer: returns where summaries go now (None: nowhere).
+        print_func: where lines go.
+        clock: the time source, in seconds.
+        show_eta: put the ETA in the tag.
+        var_groups: name prefixes that split the parameter table into groups.
+        early_stopping: keep the best parameters, and restore them at `finish`.
+        max_epoch: the last epoch (None: unlimited), as the progress counts it. Settable.
+        max_step: the last global step (None: unlimited). Settable.
+    """
 
-    @property
-    def step(self) -> int:
-        """The global step counter, from 1 (0 before the first step): inside a step, the
-        number of the step running."""
-        return self._progress.global_step
+    def __init__(self, run_clock: RunClock, log: MetricLog, best: BestTracker,
+                 params: TrainedParameters, events: EventSource, source: Any,
+                 summary_writer: Callable[[], SummaryManager | None],
+                 print_func: Callable[[str], Any], clock: Callable[[], float], *,
+                 show_eta: bool = True, var_groups: Sequence[str] | None = None,
+                 early_stopping: bool = False, max_epoch: int | None = None,
+                 max_step: int | None = None) -> None:
+        self.max_epoch = max_epoch
+        self.max_step = max_step
+        self.best = best
+        self.early_stopping = early_stopping
+        self.steps_in_epochs = 0
+        """Steps taken inside epochs (saved: the steps of an epoch in `get_progress`)."""
+        self._run_clock = run_clock
+        self._progress = run_clock.progress
+        self._log = log
+        self._params = params
+        self._events = events
+        self._source = source
+        self._summary_writer = summary_writer
+        self._print_func = print_func
+        self._clock = clock
+        self._show_eta = show_eta
+        self._var_groups = list(var_groups) if var_groups is not None else None
+        self._eta = ETA()
+        self._running = False
+        self._best_params: dict[str, torch.Tensor] | None = None
+        self._best_flag = False  # a new best since the last print: the line gets "(*)"
+        self._epoch_start = self._step_start = 0.0
+        # Closed by print_logs: its time is collected, and get_progress counts it as done.
+        self._epoch_closed = self._step_closed = False
 
-    def _require_entered(self) -> None:
-        if not self._entered or self._exited:
-            raise RuntimeError("Use the TrainLoop inside its `with` block.")
+    # ------------------------------------------------------------------ what the loop tells
 
-    def _require_context(self, what: str) -> None:
-        self._require_entered()
-        if not (self._within_epoch or self._within_step):
-            raise RuntimeError(f"{what} must be called inside an epoch or a step (in the body "
-                               "of `for epoch in loop.iter_epochs()`).")
+    def start(self) -> None:
+        """The run starts (or resumes): reporting is allowed, and the ETA counts from now."""
+        self._running = True
+        progress = self.get_progress()
+        if progress is not None:
+            self._eta.start(progress, self._clock())
 
-    def _sync_state(self) -> None:
-        """Puts the counters where callbacks read them."""
-        self._state.global_step = self._progress.global_step
-        self._state.epoch = self._progress.epoch
+    def finish(self, exc_type: type[BaseException] | None = None) -> None:
+        """The run ends (`exc_type`: how): with early stopping, the best parameters are
+        restored."""
+        self._running = False
+        if self.early_stopping:
+            self._restore_best_params(exc_type)
+
+    def begin_epoch(self) -> None:
+        """An epoch is about to open: its time starts."""
+        self._epoch_closed = False
+        self._epoch_start = self._clock()
+
+    def end_epoch(self) -> None:
+        """The open epoch ends: its ``epoch_time`` is collected, unless a print closed it."""
+        if not self._epoch_closed:
+            self._collect_time("epoch_time", self._clock() - self._epoch_start)
+
+    def begin_step(self) -> None:
+        """A step was counted and opened: its time starts."""
+        self.steps_in_epochs += 1
+        self._step_closed = False
+        self._step_start = self._clock()
+
+    def end_step(self) -> None:
+        """The open step ends: its ``step_time`` is collected, unless a print closed it."""
+        if not self._step_closed:
+            self._collect_time("step_time", self._clock() - self._step_start)
+
+    def end_step_loop(self) -> None:
+        """A step loop ended: what its last step collected and did not print is forgotten."""
+        self._log.clear_step()
+
+    def end_epoch_loop(self) -> None:
+        """The epoch loop ended: everything unprinted is forgotten."""
+        self._log.clear()
+        self._best_flag = False
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """The steps in epochs, the best metric and the early-stopping parameters."""
+        return {"steps_in_epochs": self.steps_in_epochs, "best": self.best.state_dict(),
+                "best_params": self._best_params}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.steps_in_epochs = int(state.get("steps_in_epochs", 0))
+        self.best.load_state_dict(state["best"])
+        self._best_params = state["best_params"]
 
     # ------------------------------------------------------------------ metrics
 
+    def _require_context(self, what: str) -> None:
+        if not self._running:
+            raise RuntimeError("Use the TrainLoop inside its `with` block.")
+        if not (self._progress.epoch_open or self._run_clock.step_open):
+            raise RuntimeError(f"{what} must be called inside an epoch or a step (in the body "
+                               "of `for epoch in loop.iter_epochs()`).")
+
     def _collect_time(self, name: str, seconds: float) -> None:
-        if self._within_epoch or self._within_step:
-            self._log.collect(name, seconds, self._within_step)
+        within_step = self._run_clock.step_open
+        if within_step or self._progress.epoch_open:
+            self._log.collect(name, seconds, within_step)
         if self._events.has_handlers(EventKeys.TIME_METRICS_COLLECTED):
-            self._events.fire(EventKeys.TIME_METRICS_COLLECTED, self, {name: seconds})
+            self._events.fire(EventKeys.TIME_METRICS_COLLECTED, self._source, {name: seconds})
 
     def collect_metrics(self, metrics: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         """Adds metric values (numbers, arrays, or tensors: tensors stay on the device until the
@@ -120,37 +191,38 @@ class LoopReporting:
             raise TypeError(f"`metrics` (got {type(metrics).__name__}) must be a dict.")
         self._require_context("collect_metrics()")
         merged = {**(metrics or {}), **kwargs}
+        within_step, collect = self._run_clock.step_open, self._log.collect
         for name, value in merged.items():
-            self._log.collect(name, value, self._within_step)
+            collect(name, value, within_step)
         if self._events.has_handlers(EventKeys.METRICS_COLLECTED):
-            self._events.fire(EventKeys.METRICS_COLLECTED, self, merged)
-        if self._best.monitor in merged:
-            self._update_valid_metric(merged[self._best.monitor])
+            self._events.fire(EventKeys.METRICS_COLLECTED, self._source, merged)
+        if self.best.monitor in merged:
+            self._update_valid_metric(merged[self.best.monitor])
 
     def _update_valid_metric(self, value: Any) -> None:
         if is_torchmetric(value):  # computed now (and again, from its cache, when printed)
             value = compute_metric(value)
         if isinstance(value, Mapping):
-            raise TypeError(f"The validation metric {self._best.monitor!r} computes several "
+            raise TypeError(f"The validation metric {self.best.monitor!r} computes several "
                             f"values ({sorted(value)}); collect one of them under that name.")
         if isinstance(value, torch.Tensor):  # the one host read of the metric
             value = float(value.detach().double().mean())
-        if not self._best.update(float(np.mean(value)), self.step):
+        if not self.best.update(float(np.mean(value)), self._progress.global_step):
             return
         self._best_flag = True
-        if self._early_stopping:
+        if self.early_stopping:
             self._best_params = self._params.snapshot()
 
-    def _restore_best_params(self, exc_type: Any) -> None:
+    def _restore_best_params(self, exc_type: type[BaseException] | None) -> None:
         how = "" if exc_type is None else f" (leaving on {exc_type.__name__})"
-        name = self._best.monitor
+        name = self.best.monitor
         if self._best_params is None:
             logger.warning("Early stopping: no best %s was recorded, so the parameters keep their "
                            "last values%s.", name, how)
             return
         self._params.restore(self._best_params)
-        self.println(f"Restored the early-stopping parameters of step {self._best.best_step} "
-                     f"({name} = {self._best.best:.6g}){how}.")
+        self.println(f"Restored the early-stopping parameters of step {self.best.best_step} "
+                     f"({name} = {self.best.best:.6g}){how}.")
 
     @contextlib.contextmanager
     def timeit(self, metric_name: str) -> Iterator[None]:
@@ -184,13 +256,14 @@ class LoopReporting:
         """Writes ``{tag: value}`` summaries at the current step.
 
         Raises:
-            RuntimeError: if the loop has no summary writer.
+            RuntimeError: without a summary writer.
         """
-        if self._summary_writer is None:
+        writer = self._summary_writer()
+        if writer is None:
             raise RuntimeError("add_summary() needs a summary writer: pass summary_dir= or "
                                "summary_writer= to the TrainLoop.")
-        self._summary_writer.write_summaries(dict(summary), step=self.step)
-        self._events.fire(EventKeys.SUMMARY_ADDED, self, summary)
+        writer.write_summaries(dict(summary), step=self._progress.global_step)
+        self._events.fire(EventKeys.SUMMARY_ADDED, self._source, summary)
 
     # ------------------------------------------------------------------ progress
 
@@ -202,21 +275,21 @@ class LoopReporting:
         finished epochs / `max_epoch`. The running step (or epoch) counts as finished once
         `print_logs` closed it, so a log line's ETA includes what it reports.
         """
-        step_done = not self._within_step or self._step_closed
-        done = self.step if step_done else self.step - 1
-        if self.max_step is not None:
-            return min(max(done / self.max_step, 0.0), 1.0) if self.max_step else None
-        if self.max_epoch is not None:
-            if not self.max_epoch:
+        progress, max_epoch, max_step = self._progress, self.max_epoch, self.max_step
+        step_done = not self._run_clock.step_open or self._step_closed
+        done = progress.global_step if step_done else progress.global_step - 1
+        if max_step is not None:
+            return min(max(done / max_step, 0.0), 1.0) if max_step else None
+        if max_epoch is not None:
+            if not max_epoch:
                 return None
-            epoch_done = not self._within_epoch or self._epoch_closed
-            finished = self.epoch if epoch_done else self.epoch - 1
-            steps_finished = self._steps_in_epochs - (
-                0 if epoch_done else self._progress.epoch_step)
+            epoch_done = not progress.epoch_open or self._epoch_closed
+            finished = progress.epoch if epoch_done else progress.epoch - 1
+            steps_finished = self.steps_in_epochs - (0 if epoch_done else progress.epoch_step)
             if finished > 0 and steps_finished > 0:
                 per_epoch = steps_finished / finished
-                return min(max(done / (self.max_epoch * per_epoch), 0.0), 1.0)
-            return min(finished / self.max_epoch, 1.0)
+                return min(max(done / (max_epoch * per_epoch), 0.0), 1.0)
+            return min(finished / max_epoch, 1.0)
         return None
 
     def get_eta(self) -> float | None:
@@ -243,10 +316,11 @@ class LoopReporting:
         self._print_func(f"{self._tag()} {message}" if with_tag else message)
 
     def _tag(self) -> str:
+        progress, max_epoch, max_step = self._progress, self.max_epoch, self.max_step
         parts = []
-        if self.max_epoch != 1:
-            parts.append(f"Epoch {self.epoch}" + (f"/{self.max_epoch}" if self.max_epoch else ""))
-        parts.append(f"Step {self.step}" + (f"/{self.max_step}" if self.max_step else ""))
+        if max_epoch != 1:
+            parts.append(f"Epoch {progress.epoch}" + (f"/{max_epoch}" if max_epoch else ""))
+        parts.append(f"Step {progress.global_step}" + (f"/{max_step}" if max_step else ""))
         if self._show_eta:
             eta = self.get_eta()
             if eta is not None:
@@ -261,33 +335,33 @@ class LoopReporting:
             RuntimeError: outside an epoch or a step.
         """
         self._require_context("print_logs()")
-        # The print closes the step (or the epoch): its time is committed now, and the ETA of
+        # The print closes the step (or the epoch): its time is collected now, and the ETA of
         # this line counts it as finished.
-        if self._within_step:
+        within_step = self._run_clock.step_open
+        if within_step:
             self._collect_time("step_time", self._clock() - self._step_start)
-            self._committed.add("step_time")
             self._step_closed = True
         else:
             self._collect_time("epoch_time", self._clock() - self._epoch_start)
-            self._committed.add("epoch_time")
             self._epoch_closed = True
-        stats = self._log.take(self._within_step)
+        stats = self._log.take(within_step)
         line = f"{self._tag()} {self._log.line(stats)}"
         if self._best_flag:
             line += " (*)"
             self._best_flag = False
         self._print_func(line)
         means = {n: m for n, (m, _) in stats.items()}
-        self._log.write_summaries(self._summary_writer, means, self.step)
+        self._log.write_summaries(self._summary_writer(), means, self._progress.global_step)
         metric_stats = {n: s for n, s in stats.items() if not is_time_metric(n)}
         time_stats = {n: s for n, s in stats.items() if is_time_metric(n)}
         if metric_stats:
-            self._events.fire(EventKeys.METRIC_STATS_PRINTED, self, metric_stats)
+            self._events.fire(EventKeys.METRIC_STATS_PRINTED, self._source, metric_stats)
         if time_stats:
-            self._events.fire(EventKeys.TIME_METRIC_STATS_PRINTED, self, time_stats)
-        self._sync_state()
-        self._state.put_metrics(means)
-        self._callbacks.fire("on_loop_end", self._state, means)
+            self._events.fire(EventKeys.TIME_METRIC_STATS_PRINTED, self._source, time_stats)
+        run_clock = self._run_clock
+        run_clock.sync()
+        run_clock.state.put_metrics(means)
+        run_clock.callbacks.fire("on_loop_end", run_clock.state, means)
 
     def print_training_summary(self) -> None:
         """Prints the environment and a table of the trained parameters (name, shape, count) in

@@ -16,12 +16,12 @@ metric, and restores the best parameters when early stopping is on::
                 loop.collect_metrics(valid_loss=evaluate())
             loop.print_logs()
 
-It is the engine's parts behind tfsnippet's API: the counters are a
-`cadence.core.progress.Progress` (the numbers every front-end's callbacks see), the statistics
-`cadence.Moments`, the best metric a `cadence.core.best.BestTracker`, the ETA a
-`cadence.core.eta.ETA`, checkpoints a `cadence.CheckpointManager`, summaries a
-`cadence.SummaryManager`, signals a `cadence.core.preemption.Preemption`; `cadence.Callback`
-objects work as in every front-end (``on_loop_end`` is a print). Where it differs from tfsnippet
+It is the engine's parts behind tfsnippet's API: the counters are a `cadence.core.clock.RunClock`
+(the numbers every front-end's callbacks see), the reporting a
+`cadence.tfsnippet.reporting.LoopReport`, checkpoints a
+`cadence.tfsnippet.checkpoints.LoopCheckpoints`, summaries a `cadence.SummaryManager`, signals a
+`cadence.core.preemption.Preemption`; `cadence.Callback` objects work as in every front-end
+(``on_loop_end`` is a print). Where it differs from tfsnippet
 on purpose (events that fire, checkpoints that resume mid-epoch, best parameters restored on
 every exit, summaries written when printed, 5 checkpoints kept by default), ``docs/callbacks.md``
 says why.
@@ -30,19 +30,16 @@ says why.
 from __future__ import annotations
 
 import contextlib
-import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from cadence.core.best import BestTracker
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.checkpoint_dir import DEFAULT_MAX_TO_KEEP
-from cadence.core.eta import ETA
+from cadence.core.clock import RunClock
 from cadence.core.intervals import check_int
 from cadence.core.preemption import Preemption
 from cadence.core.progress import Progress
@@ -56,22 +53,21 @@ from cadence.core.summary import (
 )
 from cadence.data.iterator import DataIterator
 from cadence.engine.checkpoint import CheckpointManager
-from cadence.engine.distributed import StopAgreement, agree_on_stop, any_rank, is_distributed
+from cadence.engine.distributed import StopAgreement, any_rank, is_distributed
+from cadence.tfsnippet.checkpoints import LoopCheckpoints
 from cadence.tfsnippet.events import EventKeys, EventSource
-from cadence.tfsnippet.formatting import (
-    DefaultMetricFormatter,
-)
+from cadence.tfsnippet.formatting import DefaultMetricFormatter
 from cadence.tfsnippet.metric_log import MetricLog
 from cadence.tfsnippet.params import TrainedParameters
-from cadence.tfsnippet.reporting import LoopReporting
-
-logger = logging.getLogger("cadence")
-
-_RESERVED_OBJECTS = frozenset({"loop", "params", "callbacks"})
+from cadence.tfsnippet.reporting import LoopReport
+from cadence.tfsnippet.statistics import StatisticsCollector
 
 
-class TrainLoop(LoopReporting):
+class TrainLoop:
     """A context manager that keeps the bookkeeping of a hand-written training loop.
+
+    It runs the loops (counters, epochs, steps, data, checkpoints); its metrics, log lines, ETA,
+    summaries and best validation metric are its `cadence.tfsnippet.reporting.LoopReport`'s.
 
     Args:
         param_vars: what is trained: parameters, ``nn.Module`` objects or a `cadence.Module`
@@ -169,62 +165,77 @@ class TrainLoop(LoopReporting):
         if checkpoint_dir is None and (checkpoint_epoch_freq or checkpoint_save_objects):
             raise ValueError("`checkpoint_epoch_freq` and `checkpoint_save_objects` need a "
                              "`checkpoint_dir`.")
-        objects = dict(checkpoint_save_objects or {})
-        taken = _RESERVED_OBJECTS.intersection(objects)
-        if taken:
-            raise KeyError(f"checkpoint_save_objects uses reserved names {sorted(taken)}; rename "
-                           "them.")
+        self._checkpoints = LoopCheckpoints(checkpoint_dir, checkpoint_max_to_keep,
+                                            checkpoint_save_objects, restore_checkpoint)
+        self._checkpoint_epoch_freq = checkpoint_epoch_freq
         self._param_vars = param_vars
         self._params = TrainedParameters(param_vars)
         self._var_groups = list(var_groups) if var_groups is not None else None
-        self._show_eta = show_eta
-        self._print_func = print_func
-        self.max_epoch = max_epoch
-        self.max_step = max_step
-        self._checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-        self._checkpoint_epoch_freq = checkpoint_epoch_freq
-        self._checkpoint_max_to_keep = checkpoint_max_to_keep or None
-        self._save_objects = objects
-        self._restore_checkpoint = restore_checkpoint
         self._summary_dir = summary_dir
         self._summary_writer = summary_writer
         self._own_writer = summary_writer is None and summary_dir is not None
         self._writers = check_writers(writers)
         if self._own_writer and is_chief():
             import_writer(self._writers)  # at construction: not inside the first epoch
-        skip = (re.compile(summary_skip_pattern) if isinstance(summary_skip_pattern, str)
-                else summary_skip_pattern)
-        self._log = MetricLog(metric_formatter or DefaultMetricFormatter(),
-                              summary_metric_prefix, skip, summary_commit_freqs or {})
-        mode = (None if valid_metric_smaller_is_better is None
-                else "min" if valid_metric_smaller_is_better else "max")
-        self._best = BestTracker(valid_metric_name, mode)
-        self._best_params: dict[str, torch.Tensor] | None = None
-        self._best_flag = False
-        self._early_stopping = early_stopping
         self._callbacks = CallbackList(callbacks)
-        self._clock = clock
         self._events = EventSource(EventKeys.all())
 
         self._progress = Progress()
         self._entered = self._exited = False
-        self._stop_agreed = False
-        self._within_epoch = self._within_step = False
         self._pass_over = False  # the running epoch's pass of the data ended
-        self._epoch_closed = self._step_closed = False  # by print_logs (see get_progress)
         self._step_data: Any = None
-        self._committed: set[str] = set()
-        self._epoch_start = self._step_start = 0.0
-        self._steps_in_epochs = 0
-        self._eta = ETA()
         self._data: DataIterator | None = None
         self._pending_data_state: dict[str, Any] | None = None
-        self._manager: CheckpointManager | None = None
         self._state = RunState(trainer=self, controller=self)
+        # Counts steps and epochs and fires their hooks, as in every front-end.
+        self._run_clock = RunClock(self._progress, self._state, self._callbacks)
         self._preemption = Preemption(handle_signals)
         self._signals = contextlib.ExitStack()
 
+        skip = (re.compile(summary_skip_pattern) if isinstance(summary_skip_pattern, str)
+                else summary_skip_pattern)
+        mode = (None if valid_metric_smaller_is_better is None
+                else "min" if valid_metric_smaller_is_better else "max")
+        # The summary writer is read when used: the loop opens its own on entering.
+        self._report = LoopReport(
+            self._run_clock,
+            MetricLog(metric_formatter or DefaultMetricFormatter(), summary_metric_prefix, skip,
+                      summary_commit_freqs or {}),
+            BestTracker(valid_metric_name, mode), self._params, self._events, self,
+            lambda: self._summary_writer, print_func, clock, show_eta=show_eta,
+            var_groups=self._var_groups, early_stopping=early_stopping, max_epoch=max_epoch,
+            max_step=max_step)
+
     # ------------------------------------------------------------------ properties
+
+    @property
+    def max_epoch(self) -> int | None:
+        """The last epoch (None: unlimited). Settable while running."""
+        return self._report.max_epoch
+
+    @max_epoch.setter
+    def max_epoch(self, value: int | None) -> None:
+        self._report.max_epoch = value
+
+    @property
+    def max_step(self) -> int | None:
+        """The last global step (None: unlimited). Settable while running."""
+        return self._report.max_step
+
+    @max_step.setter
+    def max_step(self, value: int | None) -> None:
+        self._report.max_step = value
+
+    @property
+    def epoch(self) -> int:
+        """The epoch counter, from 1 (0 before the first epoch)."""
+        return self._progress.epoch
+
+    @property
+    def step(self) -> int:
+        """The global step counter, from 1 (0 before the first step): inside a step, the
+        number of the step running."""
+        return self._progress.global_step
 
     @property
     def param_vars(self) -> Any:
@@ -259,32 +270,32 @@ class TrainLoop(LoopReporting):
     @property
     def use_early_stopping(self) -> bool:
         """Whether the best parameters are restored on exit."""
-        return self._early_stopping
+        return self._report.early_stopping
 
     @property
     def valid_metric_name(self) -> str:
         """The validation metric that decides "best"."""
-        return self._best.monitor
+        return self._report.best.monitor
 
     @property
     def valid_metric_smaller_is_better(self) -> bool:
         """Its direction."""
-        return self._best.mode == "min"
+        return self._report.best.mode == "min"
 
     @property
     def best_valid_metric(self) -> float | None:
         """The best validation metric so far."""
-        return self._best.best
+        return self._report.best.best
 
     @property
     def within_epoch(self) -> bool:
-        """Whether an epoch is open."""
-        return self._within_epoch
+        """Whether an epoch is open (from its ``BEFORE_EPOCH`` to its ``on_epoch_end``)."""
+        return self._progress.epoch_open
 
     @property
     def within_step(self) -> bool:
         """Whether a step is open."""
-        return self._within_step
+        return self._run_clock.step_open
 
     @property
     def callbacks(self) -> CallbackList:
@@ -294,9 +305,90 @@ class TrainLoop(LoopReporting):
     @property
     def checkpoint_manager(self) -> CheckpointManager | None:
         """The manager of `checkpoint_dir` (inside the ``with`` block)."""
-        return self._manager
+        return self._checkpoints.manager
+
+    # ------------------------------------------------------------------ reporting (the report's)
+
+    def collect_metrics(self, metrics: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        """Adds metric values (numbers, arrays, or tensors: tensors stay on the device until the
+        next `print_logs`). Collecting the validation metric updates the best value (one host
+        read) and, with early stopping, remembers the parameters.
+
+        A torchmetrics ``Metric`` (or ``MetricCollection``) is collected as itself: the print
+        reads it with ``compute()`` (across ranks, by torchmetrics' own gathering) and, at the
+        end of the epoch, resets it. Pass it in ``checkpoint_save_objects`` too for a
+        checkpoint taken inside an epoch to hold its states.
+
+        Raises:
+            TypeError: if `metrics` is not a mapping.
+            RuntimeError: outside an epoch or a step.
+        """
+        self._report.collect_metrics(metrics, **kwargs)
+
+    def timeit(self, metric_name: str) -> contextlib.AbstractContextManager[None]:
+        """Times the block and collects the duration as `metric_name` (which should end in
+        ``time`` or ``timer`` to be shown as a duration).
+
+        Raises:
+            RuntimeError: outside an epoch or a step.
+        """
+        return self._report.timeit(metric_name)
+
+    def metric_collector(
+            self, metric_name: str) -> contextlib.AbstractContextManager[StatisticsCollector]:
+        """Yields a `StatisticsCollector`; its mean is collected as `metric_name` at the end.
+
+        Raises:
+            RuntimeError: outside an epoch or a step.
+        """
+        return self._report.metric_collector(metric_name)
+
+    def add_summary(self, summary: Mapping[str, Any]) -> None:
+        """Writes ``{tag: value}`` summaries at the current step.
+
+        Raises:
+            RuntimeError: if the loop has no summary writer.
+        """
+        self._report.add_summary(summary)
+
+    def get_progress(self) -> float | None:
+        """The fraction of training done, or None when no limit says: finished steps /
+        `max_step`, or else / (`max_epoch` x the mean steps of an epoch); a step (or epoch) that
+        `print_logs` closed counts as finished (`LoopReport.get_progress` says more)."""
+        return self._report.get_progress()
+
+    def get_eta(self) -> float | None:
+        """Seconds left, from the average rate since the loop started (or resumed); None when
+        it cannot be estimated yet."""
+        return self._report.get_eta()
+
+    def println(self, message: str, with_tag: bool = False) -> None:
+        """Prints `message` with `print_func`, after the ``[Epoch, Step, ETA]`` tag if asked.
+
+        Raises:
+            RuntimeError: for `with_tag` outside an epoch or a step (the tag names them).
+        """
+        self._report.println(message, with_tag)
+
+    def print_logs(self) -> None:
+        """Prints the metrics since the last print (the step's inside a step, else the epoch's)
+        as ``mean (±std)``, writes their means as summaries, and clears them.
+
+        Raises:
+            RuntimeError: outside an epoch or a step.
+        """
+        self._report.print_logs()
+
+    def print_training_summary(self) -> None:
+        """Prints the environment and a table of the trained parameters (name, shape, count),
+        one per group of `var_groups` (tfsnippet's ``summarize_variables``)."""
+        self._report.print_training_summary()
 
     # ------------------------------------------------------------------ context
+
+    def _require_entered(self) -> None:
+        if not self._entered or self._exited:
+            raise RuntimeError("Use the TrainLoop inside its `with` block.")
 
     def __enter__(self) -> TrainLoop:
         if self._entered:
@@ -305,52 +397,54 @@ class TrainLoop(LoopReporting):
         if self._own_writer:
             self._summary_writer = SummaryManager(str(self._summary_dir), lambda: self.step,
                                                   writers=self._writers)
-        if self._checkpoint_dir is not None:
-            objects: dict[str, Any] = {"loop": self, "callbacks": self._callbacks,
-                                       **self._params.stateful(), **self._save_objects}
-            self._manager = CheckpointManager(objects, self._checkpoint_dir,
-                                              max_to_keep=self._checkpoint_max_to_keep)
-            path: str | None = None
-            if isinstance(self._restore_checkpoint, (str, Path)):
-                path = str(self._restore_checkpoint)
-                self._manager.restore(path)
-            elif self._restore_checkpoint:
-                path = self._manager.restore_or_initialize()
-            if path is not None:
-                self.println(f"Resume training: epoch {self.epoch}, step {self.step}, from "
-                             f"checkpoint {path}")
-        progress = self.get_progress()
-        if progress is not None:
-            self._eta.start(progress, self._clock())
-        self._sync_state()
+        path = self._checkpoints.open({"loop": self, "callbacks": self._callbacks,
+                                       **self._params.stateful()})
+        if path is not None:
+            self.println(f"Resume training: epoch {self.epoch}, step {self.step}, from "
+                         f"checkpoint {path}")
+        self._report.start()
+        if is_distributed():  # a stop requested on one rank is taken by all at the same step
+            self._run_clock.agreement = StopAgreement()
+        self._run_clock.sync()
         self._signals.enter_context(self._preemption.watch(self._state))
         self._events.fire(EventKeys.ENTER_LOOP, self)
         self._callbacks.fire("on_train_begin", self._state)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        saved = None
+        # How the run ends -- the exception leaving the block, or one raised here (`Preempted`
+        # after a signal, a failed save) -- reaches the summary writers the loop owns when they
+        # close: MLflow's run status, W&B's exit code (`SummaryManager.close`).
+        error: BaseException | None = exc
         try:
-            self._events.reverse_fire(EventKeys.EXIT_LOOP, self)
-            self._callbacks.fire_teardown("on_train_end", self._state)
-            # A signal to any rank preempts all: every rank saves, as the ranks agreed.
-            preempted = self._preemption.agree(any_rank) if exc_type is None else False
-            if preempted and self._manager is not None:
-                saved = self.make_checkpoint()
+            saved = None
+            try:
+                self._events.reverse_fire(EventKeys.EXIT_LOOP, self)
+                self._state.error = exc
+                self._callbacks.fire_teardown("on_train_end", self._state)
+                self._state.error = None
+                # A signal to any rank preempts all: every rank saves, as the ranks agreed.
+                preempted = self._preemption.agree(any_rank) if exc_type is None else False
+                if preempted and self._checkpoints.manager is not None:
+                    saved = self.make_checkpoint()
+            finally:
+                self._signals.close()
+                self._exited = True
+                self._progress.epoch_open = self._run_clock.step_open = False
+                self._data = None  # ends the data's running pass: a DataFlow is not reentrant
+                self._report.finish(exc_type)
+            if exc_type is None:
+                self._preemption.finish(lambda: saved)
+        except BaseException as raised:
+            error = raised
+            raise
         finally:
-            self._signals.close()
-            self._exited = True
-            self._within_epoch = self._within_step = False
-            self._data = None  # ends the data's running pass: a DataFlow is not reentrant
-            if self._early_stopping:
-                self._restore_best_params(exc_type)
             if self._summary_writer is not None:
                 if self._own_writer:
-                    self._summary_writer.close()
+                    self._summary_writer.close(error)
                 else:
                     self._summary_writer.flush()
-        if exc_type is None:
-            self._preemption.finish(lambda: saved)
+            del error  # its traceback holds the frames of the user's loop
 
     # ------------------------------------------------------------------ state
 
@@ -360,17 +454,13 @@ class TrainLoop(LoopReporting):
         Saved inside a step, the step counts as done; inside an epoch, the epoch is resumed."""
         return {
             "progress": self._progress.state_dict(),
-            "steps_in_epochs": self._steps_in_epochs,
-            "best": self._best.state_dict(),
-            "best_params": self._best_params,
+            **self._report.state_dict(),  # steps_in_epochs, best, best_params
             "data": self._data.state_dict() if self._data is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._progress.load_state_dict(state["progress"])
-        self._steps_in_epochs = int(state.get("steps_in_epochs", 0))
-        self._best.load_state_dict(state["best"])
-        self._best_params = state["best_params"]
+        self._report.load_state_dict(state)
         self._pending_data_state = state["data"]
         self._data = None
 
@@ -384,54 +474,42 @@ class TrainLoop(LoopReporting):
             RuntimeError: outside the ``with`` block, or inside another epoch loop.
         """
         self._require_entered()
-        if self._within_epoch:
+        progress, clock, report = self._progress, self._run_clock, self._report
+        if progress.epoch_open:
             raise RuntimeError("iter_epochs() is already running; epoch loops do not nest.")
-        progress, state = self._progress, self._state
         try:
-            while not self._stopping():
+            while not clock.stopping:
                 if progress.epoch_finished:  # else: reopen the epoch a checkpoint was taken in
-                    if self.max_epoch is not None and progress.epoch >= self.max_epoch:
+                    if report.max_epoch is not None and progress.epoch >= report.max_epoch:
                         break
-                    if self.max_step is not None and progress.global_step >= self.max_step:
+                    if report.max_step is not None and progress.global_step >= report.max_step:
                         break
-                progress.begin_epoch()
                 self._pass_over = False
-                self._within_epoch, self._epoch_closed = True, False
-                self._epoch_start = self._clock()
-                self._committed.discard("epoch_time")
-                self._sync_state()
-                self._events.fire(EventKeys.BEFORE_EPOCH, self)
-                self._callbacks.fire("on_epoch_begin", state)
+                report.begin_epoch()
+                clock.open_epoch(announce=self._epoch_beginning)
                 yield progress.epoch
                 # A stop ends the epoch without finishing it -- unless its pass was over: then
                 # a resumed run goes on with the next epoch, not an empty rerun of this one.
-                if not self._stopping() or self._pass_over:
+                if not clock.stopping or self._pass_over:
                     progress.finish_epoch()
-                self._sync_state()
-                self._events.reverse_fire(EventKeys.AFTER_EPOCH, self)
-                self._callbacks.fire("on_epoch_end", state)
-                progress.end_epoch()
-                if is_distributed():
-                    # an epoch-end callback's stop, on every rank (the decision, not the
-                    # flag: a signal may set it on this rank alone after the agreement)
-                    self._stop_agreed = agree_on_stop(state)
-                if "epoch_time" not in self._committed:
-                    self._collect_time("epoch_time", self._clock() - self._epoch_start)
-                self._within_epoch = False
+                clock.close_epoch(announce=self._epoch_ending)
+                # an epoch-end callback's stop, on every rank (the decision, not the flag: a
+                # signal may set it on this rank alone after the agreement)
+                clock.agree_to_stop()
                 if (self._checkpoint_epoch_freq is not None and progress.epoch_finished
                         and progress.epoch % self._checkpoint_epoch_freq == 0):
                     self.make_checkpoint()
         finally:
-            self._within_epoch = False
-            self._log.clear()
-            self._best_flag = False
+            progress.epoch_open = False  # a body that breaks or raises: no end hooks
+            report.end_epoch_loop()
 
-    def _stopping(self) -> bool:
-        """Whether the loop stops. In one process: whether a stop was requested. Across ranks:
-        whether the ranks agreed to stop at the last agreement (the end of a step loop or of an
-        epoch), so that a signal arriving on one rank after it cannot end that rank's loop
-        alone; the next agreement takes it."""
-        return self._stop_agreed if is_distributed() else self._state.stop_requested
+    def _epoch_beginning(self) -> None:
+        self._events.fire(EventKeys.BEFORE_EPOCH, self)
+
+    def _epoch_ending(self) -> None:
+        """tfsnippet's epoch end: ``AFTER_EPOCH`` (reversed), then ``epoch_time``."""
+        self._events.reverse_fire(EventKeys.AFTER_EPOCH, self)
+        self._report.end_epoch()
 
     def _data_iterator(self, data: Any) -> DataIterator:
         if self._data is None or self._data.source is not data:
@@ -451,21 +529,21 @@ class TrainLoop(LoopReporting):
                 the data yields no batches at the start of a pass.
         """
         self._require_entered()
-        if not self._within_epoch:
+        progress, clock, report, events = (self._progress, self._run_clock, self._report,
+                                           self._events)
+        if not progress.epoch_open:
             raise RuntimeError("iter_steps() must run inside iter_epochs().")
-        if self._within_step:
+        if clock.step_open:
             raise RuntimeError("iter_steps() is already running; step loops do not nest.")
         if data_generator is None and self.max_step is None:
             raise ValueError("iter_steps() needs data or a max_step; otherwise the step loop "
                              "would never end.")
         data = self._data_iterator(data_generator) if data_generator is not None else None
-        progress, state = self._progress, self._state
-        step_hooks = self._callbacks if self._callbacks.has_step_hooks else None
-        # Several ranks stop together: a local request counts once the ranks agreed on it.
-        agreement = StopAgreement() if is_distributed() else None
+        begin_step, end_step = report.begin_step, report.end_step  # bound once: per step below
+        clock.begin_loop()
         try:
-            while not (state.stop_requested and agreement is None):
-                if self.max_step is not None and progress.global_step >= self.max_step:
+            while not clock.stop_now:
+                if report.max_step is not None and progress.global_step >= report.max_step:
                     break
                 batch = None
                 if data is not None:
@@ -474,38 +552,30 @@ class TrainLoop(LoopReporting):
                     except StopIteration:
                         self._pass_over = True
                         break
-                if step_hooks is not None:
-                    self._sync_state()  # completed steps, before this one
-                    step_hooks.fire("on_step_begin", state)
+                # The batch is taken: a stop asked by on_step_begin ends the loop after it.
+                clock.begin_step()
                 # The body of the loop is the step: it counts from here, so that a checkpoint
                 # made in it holds it.
-                progress.count_step()
-                self._steps_in_epochs += 1
-                self._within_step, self._step_closed = True, False
+                clock.count_step()
+                begin_step()
                 self._step_data = batch
-                self._committed.discard("step_time")
-                self._step_start = self._clock()
-                self._events.fire(EventKeys.BEFORE_STEP, self)
+                events.fire(EventKeys.BEFORE_STEP, self)
                 yield progress.global_step if data is None else (progress.global_step, batch)
-                self._events.reverse_fire(EventKeys.AFTER_STEP, self)
-                if step_hooks is not None:
-                    self._sync_state()
-                    step_hooks.fire("on_step_end", state)
-                if "step_time" not in self._committed:
-                    self._collect_time("step_time", self._clock() - self._step_start)
-                self._within_step = False
+                # tfsnippet's step end: AFTER_STEP (reversed), then step_time, then the hooks.
+                events.reverse_fire(EventKeys.AFTER_STEP, self)
+                end_step()
+                clock.close_step()
                 if data is not None and data.batches == data.pass_length:
                     data.end_pass()  # the last batch of a sized source: the pass ends now
                     self._pass_over = True
                     break
-                if agreement is not None and agreement.after_step(state):
+                if clock.agreement is not None and clock.agreement.after_step(self._state):
                     break
-            if agreement is not None:
-                self._stop_agreed = agreement.at_loop_end(state)
+            clock.end_loop()
         finally:
-            self._within_step = False
+            clock.step_open = False
             self._step_data = None
-            self._log.clear_step()
+            report.end_step_loop()
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -518,10 +588,8 @@ class TrainLoop(LoopReporting):
             RuntimeError: without a `checkpoint_dir`.
         """
         self._require_entered()
-        if self._manager is None:
-            raise RuntimeError("make_checkpoint() needs a checkpoint_dir.")
-        path = self._manager.save(self.step)
-        self._sync_state()
+        path = self._checkpoints.save(self.step)
+        self._run_clock.sync()
         self._callbacks.fire("on_checkpoint_saved", self._state, path)
         return path
 

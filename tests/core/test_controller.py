@@ -173,12 +173,29 @@ def test_actions_get_the_raw_output_and_logs_get_rates():
     assert set(ends[0]) == {"loss", "nested", "steps_per_second"}
 
 
-def test_summary_interval_writes_train_summaries_on_its_multiples(tmp_path):
-    controller, _, _ = make(3, summary_dir=str(tmp_path), summary_interval=5)
+def test_orbit_summary_interval_records_in_step_summaries_and_every_loop_is_written(tmp_path):
+    """Orbit: `summary_interval` decides which steps record the summaries made inside steps;
+    the Controller writes each loop's outputs after every loop, and loops are not cut."""
+    from cadence.core.summary import scalar
+
+    class InStepSummaries(CountingTrainer):
+        def train(self, num_steps):
+            self.loops.append(num_steps)
+            for _ in range(num_steps):
+                self.global_step += 1
+                scalar("in_step", float(self.global_step))
+            return {"loss": 1.0 / self.global_step}
+
+    trainer = InStepSummaries()
+    controller = Controller(trainer=trainer, steps_per_loop=3, summary_dir=str(tmp_path),
+                            summary_interval=5, writers=["jsonl"])
     controller.train(20)
     controller.close()
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert [int(line.split(",")[0].split(":")[1]) for line in lines] == [5, 10, 15, 20]
+    assert trainer.loops == [3, 3, 3, 3, 3, 3, 2]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [3, 6, 9, 12, 15, 18, 20]
+    assert [(r["step"], r["in_step"]) for r in records if "in_step" in r] == [
+        (5, 5.0), (10, 10.0), (15, 15.0), (20, 20.0)]
 
 
 def test_evaluate_continuously_evaluates_every_checkpoint_not_only_the_newest():

@@ -52,7 +52,8 @@ def test_exhausted_data_starts_a_new_epoch():
     runner = Recorder([1, 2, 3])
     runner.train(7)
     assert runner.calls[1:-1] == [1, 2, 3, 1, 2, 3, 1]
-    assert runner.epoch == 2 and runner.global_step == 7
+    # two passes done, the third running: `epoch` is the running one, as in every front-end
+    assert runner.epochs_completed == 2 and runner.epoch == 3 and runner.global_step == 7
 
 
 def test_stop_at_end_of_data_ends_training_cleanly():
@@ -139,6 +140,22 @@ def test_step_and_epoch_callbacks_fire_through_the_controller():
     controller = cadence.Controller(trainer=runner, steps_per_loop=3, callbacks=[Hooks()])
     controller.train(3)
     assert calls == [("step", 1), ("step", 2), ("epoch", 1), ("step", 3)]
+
+
+def test_a_trainers_epoch_is_the_one_its_callbacks_see_as_in_every_front_end():
+    """`epoch` means the running epoch everywhere: `StandardTrainer.epoch`, `RunState.epoch`,
+    tensorpack's `epoch_num`, `TrainLoop.epoch`; `epochs_completed` counts finished ones."""
+    seen = []
+
+    class Hooks(cadence.Callback):
+        def on_step_end(self, state):
+            seen.append((state.epoch, runner.epoch, runner.epochs_completed))
+
+    runner = Recorder([1, 2])
+    controller = cadence.Controller(trainer=runner, steps_per_loop=3, callbacks=[Hooks()])
+    controller.train(3)
+    assert seen == [(1, 1, 0), (1, 1, 1), (2, 2, 1)]
+    assert controller.progress is runner.progress and runner.clock.progress is runner.progress
 
 
 def test_data_exhaustion_ends_controller_training_cleanly():

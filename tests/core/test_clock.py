@@ -1,0 +1,249 @@
+"""The epoch rules, once, on the `RunClock` every front-end counts on (cadence.core.clock).
+
+These tests import nothing but cadence.core: `test_the_rules_hold_with_torch_blocked` runs this
+file again in a process where importing torch fails.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from cadence.core.callbacks import Callback, CallbackList, RunState
+from cadence.core.clock import RunClock
+from cadence.core.progress import Progress
+
+
+class Recorder(Callback):
+    """Records each hook with the (epoch, global_step) the state shows."""
+
+    def __init__(self, stop_at=None):
+        self.events = []
+        self.stop_at = stop_at
+
+    def _note(self, hook, state):
+        self.events.append((hook, state.epoch, state.global_step))
+
+    def on_epoch_begin(self, state):
+        self._note("epoch_begin", state)
+
+    def on_epoch_end(self, state):
+        self._note("epoch_end", state)
+
+    def on_step_end(self, state):
+        self._note("step_end", state)
+        if state.global_step == self.stop_at:
+            state.request_stop("enough")
+
+
+def make(steps_per_epoch=None, stop_at=None, **kwargs):
+    recorder = Recorder(stop_at)
+    clock = RunClock(Progress(), RunState(), CallbackList([recorder]),
+                     steps_per_epoch=steps_per_epoch, **kwargs)
+    return clock, recorder
+
+
+def run_loop(clock, num_steps, pass_length=None, batches=None):
+    """A runner's loop, as `StandardTrainer` writes it: `batches` is the data's position in its
+    pass (a one-item list, so that passes carry over loops)."""
+    batches = batches if batches is not None else [0]
+    if not clock.begin_loop():
+        return
+    done = 0
+    while done < num_steps and clock.begin_step():
+        done += 1
+        batches[0] += 1
+        pass_done = batches[0] == pass_length
+        if pass_done:
+            batches[0] = 0
+        if clock.end_step(pass_done, last=done == num_steps):
+            break
+    clock.end_loop()
+
+
+def test_an_epoch_opens_at_its_first_step_and_its_hooks_see_its_number():
+    clock, recorder = make(steps_per_epoch=2)
+    run_loop(clock, 1)
+    assert recorder.events == [("epoch_begin", 1, 0), ("step_end", 1, 1)]
+    assert clock.progress.epoch_open and not clock.progress.epoch_finished
+
+
+def test_an_epoch_of_n_steps_that_ends_in_mid_loop_closes_there():
+    clock, recorder = make(steps_per_epoch=2)
+    run_loop(clock, 3)
+    assert [e for e in recorder.events if e[0] != "step_end"] == [
+        ("epoch_begin", 1, 0), ("epoch_end", 1, 2), ("epoch_begin", 2, 2)]
+    assert clock.progress.epochs_completed == 1
+
+
+def test_an_epoch_that_ends_with_the_loop_closes_after_it_once_its_logs_are_there():
+    clock, recorder = make(steps_per_epoch=2)
+    run_loop(clock, 2)
+    assert ("epoch_end", 1, 2) not in recorder.events  # waits for the loop's logs
+    assert clock.epoch_end_pending and clock.progress.epoch_finished
+    clock.end_pending_epoch()
+    assert recorder.events[-1] == ("epoch_end", 1, 2)
+    assert not clock.progress.epoch_open
+    clock.end_pending_epoch()  # once
+    assert recorder.events.count(("epoch_end", 1, 2)) == 1
+
+
+def test_an_epoch_is_a_pass_over_the_data_when_it_has_no_number_of_steps():
+    clock, recorder = make()
+    batches = [0]
+    run_loop(clock, 4, pass_length=3, batches=batches)
+    assert ("epoch_end", 1, 3) in recorder.events and ("epoch_begin", 2, 3) in recorder.events
+    assert clock.progress.epoch == 2 and clock.progress.epoch_step == 1
+
+
+def test_a_stop_ends_the_epoch_without_finishing_it_and_a_new_process_reopens_it():
+    clock, recorder = make(steps_per_epoch=4, stop_at=3)
+    run_loop(clock, 10)
+    assert clock.progress.global_step == 3
+    assert clock.stopping and clock.epoch_end_pending
+    clock.end_pending_epoch()
+    assert recorder.events[-1] == ("epoch_end", 1, 3)
+    assert not clock.progress.epoch_finished and clock.progress.epochs_completed == 0
+
+    saved = clock.progress.state_dict()
+    resumed, recorder = make(steps_per_epoch=4)
+    resumed.progress.load_state_dict(saved)
+    assert resumed.steps_to_epoch_end() == 1
+    run_loop(resumed, 1)
+    assert recorder.events[0] == ("epoch_begin", 1, 3)  # the same epoch, its hooks again
+    resumed.end_pending_epoch()
+    assert resumed.progress.epochs_completed == 1
+
+
+def test_a_stop_asked_before_a_step_means_the_step_does_not_start():
+    clock, _ = make(steps_per_epoch=4)
+    clock.state.request_stop("before")
+    assert not clock.begin_step()
+    assert clock.progress.global_step == 0 and not clock.progress.epoch_open
+
+
+def test_the_end_of_the_data_ends_training_with_stop_at_end_of_data():
+    clock, recorder = make(stop_at_end_of_data=True)
+    run_loop(clock, 10, pass_length=3)
+    assert clock.progress.global_step == 3
+    assert clock.state.stop_reason == "end of training data"
+    clock.end_pending_epoch()
+    assert recorder.events[-1] == ("epoch_end", 1, 3)
+    assert clock.progress.epochs_completed == 1
+
+
+def test_data_that_runs_out_before_a_step_finishes_a_pass_but_not_an_epoch_of_n_steps():
+    by_pass, _ = make()
+    by_pass.begin_loop()
+    assert by_pass.begin_step()
+    assert by_pass.data_ran_out() is False  # the pass ends; training goes on
+    assert by_pass.progress.epoch_finished and not by_pass.progress.epoch_open
+
+    by_steps, _ = make(steps_per_epoch=5)
+    by_steps.begin_loop()
+    by_steps.begin_step()
+    assert by_steps.data_ran_out() is False
+    assert by_steps.progress.epoch_open  # the data repeats within the epoch
+
+
+def test_a_loop_with_no_steps_left_in_its_epoch_runs_only_the_epochs_hooks():
+    clock, recorder = make(steps_per_epoch=2)
+    clock.progress.load_state_dict({"global_step": 2, "epoch": 1, "epoch_step": 2,
+                                    "epoch_finished": False})
+    assert clock.begin_loop() is False
+    clock.end_pending_epoch()
+    assert recorder.events == [("epoch_begin", 1, 2), ("epoch_end", 1, 2)]
+    assert clock.progress.epochs_completed == 1
+
+
+def test_steps_to_the_epochs_end_and_to_a_number_of_epochs():
+    clock, _ = make(steps_per_epoch=4)
+    assert clock.steps_to_epoch_end() == 4 and clock.steps_to_epochs(3) == 12
+    run_loop(clock, 5)
+    assert clock.steps_to_epoch_end() == 3 and clock.steps_to_epochs(3) == 7
+    assert clock.steps_to_epochs(1) == 0
+    by_pass, _ = make()
+    assert by_pass.steps_to_epoch_end() is None and by_pass.steps_to_epochs(2) is None
+    assert by_pass.max_steps_to_epoch_end(batches_left=0) == 1  # a step takes a batch
+    assert by_pass.max_steps_to_epoch_end(batches_left=None) is None
+
+
+class Agreement:
+    """Two ranks, played by one: the other rank asks to stop after `other_stops_at` steps."""
+
+    def __init__(self, clock, other_stops_at):
+        self.clock, self.other_stops_at = clock, other_stops_at
+
+    def _other(self):
+        return self.clock.progress.global_step >= self.other_stops_at
+
+    def after_step(self, state):
+        if self._other() or state.stop_requested:
+            state.request_stop("agreed")
+            return True
+        return False
+
+    def at_loop_end(self, state):
+        return self.agree(state.stop_requested)
+
+    def agree(self, local):
+        return local or self._other()
+
+
+def test_across_ranks_a_local_stop_waits_for_the_agreement_and_the_decision_is_its():
+    clock, _ = make(steps_per_epoch=10)
+    clock.agreement = Agreement(clock, other_stops_at=99)
+    clock.state.request_stop("this rank only")
+    assert clock.begin_step()  # not before the ranks agree
+    assert clock.end_step(pass_done=False, last=False)  # they agree after this step
+    assert clock.end_loop() and clock.stopping
+
+    other, _ = make(steps_per_epoch=10)
+    other.agreement = Agreement(other, other_stops_at=2)
+    run_loop(other, 5)
+    assert other.progress.global_step == 2 and other.state.stop_requested
+    assert other.stopping and other.epoch_end_pending
+
+
+def test_agree_to_stop_makes_another_ranks_stop_this_ranks_and_clear_stop_forgets_it():
+    clock, _ = make()
+    clock.agreement = Agreement(clock, other_stops_at=0)
+    assert clock.agree_to_stop() and clock.state.stop_reason == (
+        "a stop was requested on another rank")
+    clock.clear_stop()
+    assert not clock.state.stop_requested
+    alone, _ = make()
+    assert alone.agree(True) is True and alone.agree(False) is False
+
+
+def test_a_step_counted_before_its_body_is_open_until_closed():
+    """TrainLoop's step: counted before its body runs (a checkpoint made in it holds it)."""
+    clock, recorder = make()
+    clock.begin_loop()
+    clock.begin_step()
+    clock.count_step()
+    assert clock.step_open and clock.progress.global_step == 1
+    order = []
+    clock.close_step(announce=lambda: order.append("announced"))
+    assert not clock.step_open and order == ["announced"]
+    assert recorder.events[-1] == ("step_end", 1, 1)
+
+
+def test_the_rules_hold_with_torch_blocked():
+    code = f"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == 'torch' or name.startswith('torch.'):
+            raise ImportError('torch is blocked')
+sys.meta_path.insert(0, Block())
+import pytest
+code = pytest.main([{__file__!r}, '-q', '-p', 'no:cacheprovider', '--noconftest',
+                    '-k', 'not torch_blocked', '-o', 'addopts='])
+print('torch' in sys.modules)
+sys.exit(code)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).parents[2])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.split()[-1] == "False"
+    assert " passed" in out.stdout and "failed" not in out.stdout
