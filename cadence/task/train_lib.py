@@ -320,7 +320,9 @@ def create_summaries(config: ExperimentConfig, run: RunDirectory,
         train = SummaryManager(run.train, global_step, writers=writers, run_dir=run.root)
         if run.eval == run.train:
             return train, train
-        return train, SummaryManager(run.eval, global_step, writers=writers, run_dir=run.root)
+        # An evaluation of a step evaluated before replaces its records (`cadence eval`).
+        return train, SummaryManager(run.eval, global_step, writers=writers, run_dir=run.root,
+                                     replace_steps=True)
     except ImportError as error:
         raise ConfigError(f"runtime.writers: {error}") from None
 

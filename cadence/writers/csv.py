@@ -14,6 +14,8 @@ it resumed from stay, so a step may appear twice (``df.drop_duplicates("step", k
 keeps the resumed run's). A last line cut short by a crash is dropped on reopening (the rule of
 every file cadence appends lines to: `cadence.core.files.drop_torn_line`); a row cut short
 could otherwise read as a row of wrong numbers.
+In an evaluation directory, a step evaluated again replaces its earlier rows
+(`CSVWriter.forget_step`: the table is rewritten without them, as when it widens).
 Non-scalar values (lists, strings) are left out, as TensorBoard leaves them.
 """
 
@@ -44,6 +46,8 @@ class _Table:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.columns: list[str] = []
+        self.appended = 0  # rows written through this table, at the end of the file
+        self._earlier_steps: set[str] | None = None  # the steps of the rows before them
         self._handle: IO[str] | None = None
         if path.is_file() and path.stat().st_size > 0:
             drop_torn_line(path)  # before the header is read: it may be the line cut short
@@ -58,14 +62,35 @@ class _Table:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._handle = open_append(self.path, newline="")
         csv.DictWriter(self._handle, self.columns, restval="").writerow(row)
+        self.appended += 1
+
+    def drop_earlier_rows(self, step_key: str, step: int) -> None:
+        """Rewrites the table without the rows at `step` that were there before this table
+        appended any (its own rows stay). The file is read once; afterwards a step it did not
+        hold costs nothing."""
+        if self._earlier_steps is not None and str(step) not in self._earlier_steps:
+            return
+        rows = self._rows()
+        cut = max(len(rows) - self.appended, 0)
+        kept = [row for row in rows[:cut] if row.get(step_key) != str(step)]
+        self._earlier_steps = {row.get(step_key) or "" for row in kept}
+        if len(kept) < cut:
+            self._rewrite(self.columns, kept + rows[cut:])
+
+    def _rows(self) -> list[dict[str, str]]:
+        self.close()
+        if not (self.path.is_file() and self.columns):
+            return []
+        with open(self.path, newline="", encoding="utf-8") as handle:
+            return list(csv.DictReader(handle))
 
     def _widen(self, columns: list[str]) -> None:
         """Rewrites the table with `columns` as its header (the earlier rows keep their cells)."""
+        self._rewrite(columns, self._rows())
+
+    def _rewrite(self, columns: list[str], rows: list[dict[str, str]]) -> None:
+        """Replaces the table with `rows` under the header `columns`, atomically."""
         self.close()
-        rows: list[dict[str, str]] = []
-        if self.path.is_file() and self.columns:
-            with open(self.path, newline="", encoding="utf-8") as handle:
-                rows = list(csv.DictReader(handle))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(f".{self.path.name}.tmp")
         with open(temporary, "w", newline="", encoding="utf-8") as handle:
@@ -126,6 +151,15 @@ class CSVWriter:
         if table is None:
             table = self._tables[group] = _Table(self.directory.joinpath(*group, self.filename))
         table.append(row)
+
+    def forget_step(self, step: int, group: tuple[str, ...] = ()) -> None:
+        """Drops the rows of `step` that the table of `group` held before this writer wrote to
+        it, rewriting it atomically; the rows this writer wrote stay
+        (`cadence.core.protocols.StepReplacingWriter`)."""
+        table = self._tables.get(group)
+        if table is None:
+            table = self._tables[group] = _Table(self.directory.joinpath(*group, self.filename))
+        table.drop_earlier_rows(self.step_key, step)
 
     def flush(self) -> None:
         for table in self._tables.values():

@@ -10,6 +10,10 @@ crash. The file stays open between writes and is flushed with the writer.
 A last line that a crash cut short (no newline) is dropped when the file is opened again, the
 rule of every file cadence appends lines to (`cadence.core.files.drop_torn_line`): appended
 after it, the next record would be glued to the fragment and unreadable with it.
+
+In an evaluation directory, a step evaluated again replaces its earlier records
+(`JSONLWriter.forget_step`): the file is rewritten without them, through a temporary file and a
+rename, so a crash leaves the old file or the new one.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class JSONLWriter:
         self.step_key = step_key
         self.fsync = fsync
         self._files: dict[tuple[str, ...], IO[str]] = {}
+        self._appended: dict[tuple[str, ...], int] = {}  # lines this writer wrote, by group
+        self._earlier_steps: dict[tuple[str, ...], set[int]] = {}  # steps of the lines before
 
     def write(self, step: int, values: Mapping[str, Any], group: tuple[str, ...] = (),
               extra: Mapping[str, Any] | None = None) -> None:
@@ -60,9 +66,33 @@ class JSONLWriter:
         record = {self.step_key: int(step), WALL_TIME_KEY: round(time.time(), 3),
                   **(extra or {}), **values}
         handle.write(json.dumps(record, default=str) + "\n")
+        self._appended[group] = self._appended.get(group, 0) + 1
         if self.fsync:
             handle.flush()
             os.fsync(handle.fileno())
+
+    def forget_step(self, step: int, group: tuple[str, ...] = ()) -> None:
+        """Drops the records of `step` that the file of `group` held before this writer wrote
+        to it, rewriting it atomically; the lines this writer wrote stay
+        (`cadence.core.protocols.StepReplacingWriter`). The file is read once per writer;
+        afterwards a step it did not hold costs nothing."""
+        earlier = self._earlier_steps.get(group)
+        path = self.directory.joinpath(*group, self.filename)
+        if (earlier is not None and step not in earlier) or not path.is_file():
+            return
+        handle = self._files.pop(group, None)
+        if handle is not None:
+            handle.close()  # reopened by the next write, after the rewrite
+        # surrogateescape: bytes that are not UTF-8 go back as they came
+        lines = path.read_text("utf-8", "surrogateescape").splitlines(keepends=True)
+        cut = max(len(lines) - self._appended.get(group, 0), 0)
+        kept = [line for line in lines[:cut] if _step_of(line, self.step_key) != step]
+        self._earlier_steps[group] = {s for s in (_step_of(line, self.step_key)
+                                                  for line in kept) if s is not None}
+        if len(kept) < cut:
+            temporary = path.with_name(f".{path.name}.tmp")
+            temporary.write_text("".join(kept + lines[cut:]), "utf-8", "surrogateescape")
+            os.replace(temporary, path)
 
     def flush(self) -> None:
         for handle in self._files.values():
@@ -72,3 +102,12 @@ class JSONLWriter:
         for handle in self._files.values():
             handle.close()
         self._files.clear()
+
+
+def _step_of(line: str, step_key: str) -> int | None:
+    """The step of a JSON line, or None for a line that is not a record with one."""
+    try:
+        step = json.loads(line).get(step_key)
+    except (ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None

@@ -35,6 +35,11 @@ runs' sessions.
 TensorBoard keeps the first session of a run that it reads, so a resumed run (a new process)
 replaces the session file that an earlier process of the same run wrote (``*.hparams`` event
 files in the run's root, which hold nothing else): the tab shows the latest config and outcome.
+
+**A step evaluated again** (`forget_step`, in an evaluation directory) replaces its earlier
+events: the event files that earlier writers left there are read with TensorBoard's own reader
+and rewritten without that step (each through a temporary file and a rename). TensorBoard's own
+way of dropping data, a ``SessionLog.START`` at a step, drops every later step too.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from cadence.writers.shared_run import Outcome
 HPARAMS_SUFFIX = ".hparams"
 """The end of the names of the event files that hold a run's hparams session."""
 _FILE_NUMBER = itertools.count()
+_EVENTS = "events.out.tfevents."
 
 
 class _EventFile:
@@ -67,10 +73,11 @@ class _EventFile:
     thread."""
 
     def __init__(self, directory: Path, suffix: str = "") -> None:
-        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
+        name = (f"{_EVENTS}{int(time.time()):010d}.{socket.gethostname()}."
                 f"{os.getpid()}.{next(_FILE_NUMBER):04d}{suffix}")
         directory.mkdir(parents=True, exist_ok=True)
-        self._records = RecordWriter(open(directory / name, "wb"))  # noqa: SIM115
+        self.path = directory / name
+        self._records = RecordWriter(open(self.path, "wb"))  # noqa: SIM115
         self.add_event(Event(wall_time=time.time(), file_version="brain.Event:2"))
 
     def add_event(self, event: Event) -> None:
@@ -88,6 +95,28 @@ def _hparam_value(value: Any) -> bool | int | float | str:
     if isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
+
+
+def _summary_steps(path: Path) -> list[tuple[int | None, bytes]]:
+    """The records of an event file, read with TensorBoard's reader (imported here: it imports
+    TensorFlow when installed), each with its step if it holds a summary (None if not)."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+
+    records = [(Event.FromString(record), record)
+               for record in RawEventFileLoader(str(path)).Load()]
+    return [(event.step if event.HasField("summary") else None, record)
+            for event, record in records]
+
+
+def _rewrite_without(path: Path, step: int) -> None:
+    """Rewrites an event file without the summaries of `step`, atomically."""
+    kept = [record for at, record in _summary_steps(path) if at != step]
+    temporary = path.with_name(".rewritten-events.tmp")  # not an event file's name
+    records = RecordWriter(open(temporary, "wb"))  # noqa: SIM115
+    for record in kept:
+        records.write(record)
+    records.close()
+    os.replace(temporary, path)
 
 
 def _session_end(outcome: Outcome) -> Summary:
@@ -123,6 +152,7 @@ class TensorBoardWriter:
         self._files: dict[tuple[str, ...], _EventFile] = {}
         self._session: _EventFile | None = None
         self._outcome = Outcome()
+        self._earlier: dict[tuple[str, ...], dict[Path, set[int | None]]] = {}
 
     def write(self, step: int, values: Mapping[str, Any], group: tuple[str, ...] = (),
               extra: Mapping[str, Any] | None = None) -> None:
@@ -138,6 +168,22 @@ class TensorBoardWriter:
         event = Event(wall_time=time.time(), step=int(step))
         event.summary.value.extend(scalars)
         events.add_event(event)
+
+    def forget_step(self, step: int, group: tuple[str, ...] = ()) -> None:
+        """Drops the events of `step` from the event files of `group`'s directory that earlier
+        writers wrote, rewriting those that have some; this writer's own file stays
+        (`cadence.core.protocols.StepReplacingWriter`). The files are read once per writer."""
+        earlier = self._earlier.get(group)
+        if earlier is None:
+            own = self._files.get(group)
+            earlier = self._earlier[group] = {
+                path: {at for at, _ in _summary_steps(path)}
+                for path in sorted(self.directory.joinpath(*group).glob(f"{_EVENTS}*"))
+                if not path.name.endswith(HPARAMS_SUFFIX) and (own is None or path != own.path)}
+        for path, steps in earlier.items():
+            if step in steps:
+                _rewrite_without(path, step)
+                steps.discard(step)
 
     def write_hparams(self, params: Mapping[str, Any]) -> None:
         """Starts the run's hparams session with `params` (flat: dotted names to values),
