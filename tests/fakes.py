@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import cadence
+from cadence.tensorpack import ModelDesc
 
 
 class CountingTrainer:
@@ -165,3 +166,16 @@ class CountingBackend:
 
         return run
 
+
+class LinearRegression(ModelDesc):
+    """A tensorpack model: one linear layer, its cost the mean squared error."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(3, 1)
+
+    def build_graph(self, x, y):
+        return nn.functional.mse_loss(self.net(torch.as_tensor(x)), torch.as_tensor(y))
+
+    def optimizer(self):
+        return torch.optim.SGD(self.parameters(), lr=0.02)

@@ -174,14 +174,7 @@ class LoopReport:
             self._events.fire(EventKeys.TIME_METRICS_COLLECTED, self._source, {name: seconds})
 
     def collect_metrics(self, metrics: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        """Adds metric values (numbers, arrays, or tensors: tensors stay on the device until the
-        next `print_logs`). Collecting the validation metric updates the best value (one host
-        read) and, with early stopping, remembers the parameters.
-
-        A torchmetrics ``Metric`` (or ``MetricCollection``) is collected as itself: the print
-        reads it with ``compute()`` (across ranks, by torchmetrics' own gathering) and, at the
-        end of the epoch, resets it. Pass it in ``checkpoint_save_objects`` too for a
-        checkpoint taken inside an epoch to hold its states.
+        """Adds metric values (`cadence.tfsnippet.TrainLoop.collect_metrics` says how).
 
         Raises:
             TypeError: if `metrics` is not a mapping.

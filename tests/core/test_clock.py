@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from torch_blocker import BLOCK_TORCH
+
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.clock import RunClock
 from cadence.core.progress import Progress
@@ -229,13 +231,7 @@ def test_a_step_counted_before_its_body_is_open_until_closed():
 
 
 def test_the_rules_hold_with_torch_blocked():
-    code = f"""
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == 'torch' or name.startswith('torch.'):
-            raise ImportError('torch is blocked')
-sys.meta_path.insert(0, Block())
+    code = BLOCK_TORCH + f"""
 import pytest
 code = pytest.main([{__file__!r}, '-q', '-p', 'no:cacheprovider', '--noconftest',
                     '-k', 'not torch_blocked', '-o', 'addopts='])

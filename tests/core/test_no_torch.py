@@ -3,15 +3,11 @@
 import subprocess
 import sys
 
+from torch_blocker import BLOCK_TORCH
+
 
 def test_controller_trains_and_writes_summaries_without_torch(tmp_path):
-    code = f"""
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == 'torch' or name.startswith('torch.'):
-            raise ImportError('torch is blocked')
-sys.meta_path.insert(0, Block())
+    code = BLOCK_TORCH + f"""
 from cadence.core import Controller
 class Trainer:
     global_step = 0

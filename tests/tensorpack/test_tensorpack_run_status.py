@@ -1,48 +1,20 @@
 """How a tensorpack run (`launch_train_with_config`) ended, as MLflow (its run status) and W&B
 (its exit code) record it: FINISHED / 0 when it completed, FAILED / 1 after a crash, KILLED / 143
-after SIGTERM. Read back
-with MLflow's client and from W&B's offline files."""
+after SIGTERM. Read back with MLflow's client and from W&B's offline files."""
 
 import os
 import signal
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
+from fakes import LinearRegression
 from tracking_readers import mlflow_run, wandb_runs
 
 import cadence
 from cadence.data.dataflow import DataFlow
-from cadence.tensorpack import ModelDesc, SimpleTrainer, TrainConfig, launch_train_with_config
+from cadence.tensorpack import SimpleTrainer, TrainConfig, launch_train_with_config
 
-
-@pytest.fixture(autouse=True)
-def _offline(tmp_path, monkeypatch):
-    """MLflow in a file store next to the run, wandb offline: as tests/writers/conftest.py."""
-    pytest.importorskip("mlflow")
-    pytest.importorskip("wandb")
-    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_DIR", "WANDB_PROJECT",
-                 "WANDB_ENTITY", "WANDB_RUN_ID", "WANDB_RESUME"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    for name, value in (("WANDB_MODE", "offline"), ("WANDB_SILENT", "true"),
-                        ("WANDB_CONSOLE", "off")):
-        monkeypatch.setenv(name, value)
-    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
-        monkeypatch.setenv(name, str(tmp_path / ".wandb-home" / name.lower()))
-
-
-class Regression(ModelDesc):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Linear(3, 1)
-
-    def build_graph(self, x, y):
-        return nn.functional.mse_loss(self.net(torch.as_tensor(x)), torch.as_tensor(y))
-
-    def optimizer(self):
-        return torch.optim.SGD(self.parameters(), lr=0.02)
+pytestmark = pytest.mark.usefixtures("local_mlflow", "offline_wandb")
 
 
 class CrashAtEpoch(cadence.Callback):
@@ -56,7 +28,7 @@ class CrashAtEpoch(cadence.Callback):
 
 def launch(logdir, callbacks=()):
     x = np.random.RandomState(0).randn(12, 3).astype("float32")
-    config = TrainConfig(model=Regression(), dataflow=DataFlow.arrays([x, x[:, :1]], 6),
+    config = TrainConfig(model=LinearRegression(), dataflow=DataFlow.arrays([x, x[:, :1]], 6),
                          max_epoch=3, callbacks=list(callbacks), logdir=logdir,
                          extra_callbacks=[], writers=["jsonl", "mlflow", "wandb"])
     launch_train_with_config(config, SimpleTrainer())

@@ -13,21 +13,7 @@ import cadence
 from cadence.callbacks.loss_guard import LossGuard
 from cadence.core.errors import DivergenceError
 
-
-@pytest.fixture(autouse=True)
-def _offline(tmp_path, monkeypatch):
-    """MLflow in a file store next to the run, wandb offline: as tests/writers/conftest.py."""
-    pytest.importorskip("mlflow")
-    pytest.importorskip("wandb")
-    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_DIR", "WANDB_PROJECT",
-                 "WANDB_ENTITY", "WANDB_RUN_ID", "WANDB_RESUME"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    for name, value in (("WANDB_MODE", "offline"), ("WANDB_SILENT", "true"),
-                        ("WANDB_CONSOLE", "off")):
-        monkeypatch.setenv(name, value)
-    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
-        monkeypatch.setenv(name, str(tmp_path / ".wandb-home" / name.lower()))
+pytestmark = pytest.mark.usefixtures("local_mlflow", "offline_wandb")
 
 
 def run_loop(run_dir, fail_at=None, signal_at=None, callbacks=()):

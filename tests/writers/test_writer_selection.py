@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from fakes import CountingEvaluator, CountingTrainer
+from fakes import CountingEvaluator, CountingTrainer, LinearRegression
 from torch import nn
 from tracking_readers import metric_history, mlflow_run, wandb_runs
 
@@ -19,7 +19,7 @@ from cadence.data.dataflow import DataFlow
 from cadence.task.cli import main
 from cadence.task.config_files import load_config
 from cadence.task.train_lib import run_experiment
-from cadence.tensorpack import ModelDesc, SimpleTrainer, TrainConfig, launch_train_with_config
+from cadence.tensorpack import SimpleTrainer, TrainConfig, launch_train_with_config
 from cadence.tfsnippet.train_loop import TrainLoop
 
 FAST = ["trainer.train_steps=40", "trainer.steps_per_loop=10", "trainer.checkpoint_interval=20",
@@ -116,30 +116,18 @@ def test_a_train_loop_writes_its_summaries_with_the_writers_given(tmp_path):
         TrainLoop(nn.Linear(2, 1), summary_dir=tmp_path, writers=["nope"])
 
 
-class Regression(ModelDesc):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Linear(3, 1)
-
-    def build_graph(self, x, y):
-        return nn.functional.mse_loss(self.net(torch.as_tensor(x)), torch.as_tensor(y))
-
-    def optimizer(self):
-        return torch.optim.SGD(self.parameters(), lr=0.02)
-
-
 @pytest.mark.usefixtures("local_mlflow")
 def test_tensorpack_default_monitors_write_with_the_train_config_writers(tmp_path):
     x = np.random.RandomState(0).randn(12, 3).astype("float32")
     flow = DataFlow.arrays([x, x[:, :1]], 6)
-    config = TrainConfig(model=Regression(), dataflow=flow, max_epoch=2, logdir=tmp_path,
+    config = TrainConfig(model=LinearRegression(), dataflow=flow, max_epoch=2, logdir=tmp_path,
                          extra_callbacks=[], writers=["csv", "mlflow"])
     launch_train_with_config(config, SimpleTrainer())
     assert csv_steps(tmp_path / "train" / "metrics.csv") == [2, 4]
     client, run = mlflow_run(tmp_path)  # one MLflow run per logdir
     assert [s for s, _ in metric_history(client, run, "train/cost")] == [2, 4]
     with pytest.raises(ValueError, match="Unknown metric writer"):
-        TrainConfig(model=Regression(), dataflow=flow, writers=["nope"])
+        TrainConfig(model=LinearRegression(), dataflow=flow, writers=["nope"])
 
 
 @pytest.mark.usefixtures("local_mlflow", "offline_wandb")
