@@ -10,9 +10,10 @@ the agreement on stops across ranks (passed in: nothing here imports torch) -- b
     clock.begin_step()                 # opens the epoch if none is open, fires on_step_begin;
                                        # False: a stop was requested, the step does not start
     ...the step...
-    clock.end_step(pass_done, last)    # counts it, applies the epoch rules, fires on_step_end;
-                                       # True: the loop ends here
+    clock.end_step(pass_done, last)    # counts it, applies the epoch rules, fires on_step_end,
+                                       # and begins the next step: False, the loop ends here
     clock.data_ran_out()               # the data ended before a step could take a batch
+    clock.open_step(), close_step()    # TrainLoop's step, counted before its body runs
     clock.end_loop()                   # the ranks agree whether to stop; returns the decision
     clock.end_pending_epoch()          # an epoch that ended with the loop: its end hooks
 
@@ -69,7 +70,7 @@ class RunClock:
         self.epoch_end_pending = False
         """An epoch ended with the last loop; its end hooks wait for `end_pending_epoch`."""
         self.step_open = False
-        """A step counted by `count_step` runs (the body of TrainLoop's step loop)."""
+        """A step opened by `open_step` runs (the body of TrainLoop's step loop)."""
         self._step_hooks: CallbackList | None = None
         self._stop_agreed = False
 
@@ -189,11 +190,17 @@ class RunClock:
             return not (self.state.stop_requested and self.agreement is None)
         return True
 
-    def count_step(self) -> None:
-        """Counts a step that runs now, and opens it: TrainLoop's, whose step is the body of
-        its loop, so that a checkpoint made in it holds the step. `close_step` closes it."""
-        self.progress.global_step += 1
-        self.progress.epoch_step += 1
+    def open_step(self) -> None:
+        """Opens a step whose body runs now -- TrainLoop's, whose step is the body of its loop:
+        fires ``on_step_begin``, then counts the step, so that a checkpoint made in the body
+        holds it. `close_step` closes it. (Its batch is taken already: a stop these hooks ask
+        for ends the loop after the step.)"""
+        progress, hooks = self.progress, self._step_hooks
+        if hooks is not None:
+            self.state.global_step = progress.global_step
+            hooks.fire("on_step_begin", self.state)
+        progress.global_step += 1
+        progress.epoch_step += 1
         self.step_open = True
 
     def close_step(self, announce: Callable[[], Any] | None = None) -> None:
@@ -209,15 +216,17 @@ class RunClock:
     def end_step(self, pass_done: bool, last: bool) -> bool:
         """After a step that ran: counts it (before its hooks, so that a checkpoint taken there
         is exact), finishes its epoch when the epoch rules say, fires ``on_step_end``, and
-        closes the epoch (now, or after the loop when the step is its `last`). Returns whether
-        the loop ends here: the data's end ends training, or the ranks agreed to stop.
+        closes the epoch (now, or after the loop when the step is its `last`). Then, unless
+        the loop ends here -- the step was its `last`, the data's end ends training, the ranks
+        agreed to stop -- it begins the next step (`begin_step`). Returns whether that step
+        runs: one call per step of the hot loop.
 
         Args:
             pass_done: the step took the last batch of the data's pass.
             last: the step is the loop's last.
         """
-        progress = self.progress
-        progress.global_step += 1  # count_step, inlined: this is the hot loop
+        progress, state = self.progress, self.state
+        progress.global_step += 1  # counted here: this is the hot loop
         progress.epoch_step += 1
         per_epoch = self.steps_per_epoch
         epoch_done = pass_done if per_epoch is None else progress.epoch_step >= per_epoch
@@ -225,16 +234,27 @@ class RunClock:
             progress.epoch_finished = True
         hooks = self._step_hooks
         if hooks is not None:
-            self.state.global_step = progress.global_step
-            hooks.fire("on_step_end", self.state)
+            state.global_step = progress.global_step
+            hooks.fire("on_step_end", state)
         if epoch_done:
             if per_epoch is None:
                 if self._pass_ended(at_loop_end=last):
-                    return True
+                    return False
             else:
                 self._epoch_ended(at_loop_end=last)
         agreement = self.agreement
-        return agreement is not None and agreement.after_step(self.state)
+        if agreement is not None and agreement.after_step(state):
+            return False
+        # begin_step, inlined: this is the hot loop
+        if last or (state.stop_requested and agreement is None):
+            return False
+        if not progress.epoch_open:
+            self.open_epoch()
+        if hooks is not None:
+            state.global_step = progress.global_step
+            hooks.fire("on_step_begin", state)
+            return not (state.stop_requested and agreement is None)
+        return True
 
     def data_ran_out(self) -> bool:
         """The data ended before a step could take a batch. When an epoch is a pass, the epoch

@@ -212,7 +212,10 @@ class Mean(Metric):
         if plain:
             if (isinstance(value, torch.Tensor) and value.dim() == 0 and "total" in self._state
                     and value.device == self._device):  # the hot path: remember it
-                self._remember("total", value.detach())
+                values = self._remembered.setdefault("total", [])  # _remember, inlined
+                values.append(value.detach())
+                if len(values) >= self._FOLD_EVERY:
+                    self._fold()
                 self._host_count += 1
                 return
             value = self._tensor(value)

@@ -363,7 +363,8 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         pass_length = data.pass_length
         done = 0
         empty_pass = False
-        while done < num_steps and clock.begin_step():
+        runs = num_steps > 0 and clock.begin_step()
+        while runs:
             try:
                 step_fn(data)
             except StopIteration:
@@ -380,6 +381,7 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
                 data.end_pass()
                 if clock.data_ran_out():
                     break  # the end of the data ends training: on every rank at this step
+                runs = clock.begin_step()
                 continue
             except StopTraining as stop:
                 clock.state.request_stop(str(stop) or "StopTraining")
@@ -389,8 +391,7 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
             pass_done = data.batches == pass_length  # the last batch of a sized source
             if pass_done:
                 data.end_pass()
-            if clock.end_step(pass_done, last=done == num_steps):
-                break
+            runs = clock.end_step(pass_done, last=done == num_steps)  # and begins the next
         clock.end_loop()
 
     def _train_step_fn(self) -> Callable[[Iterator[Any]], Any]:

@@ -182,9 +182,11 @@ class LoopReport:
         """
         if metrics is not None and not isinstance(metrics, Mapping):
             raise TypeError(f"`metrics` (got {type(metrics).__name__}) must be a dict.")
-        self._require_context("collect_metrics()")
+        within_step = self._run_clock.step_open
+        if not (self._running and (within_step or self._progress.epoch_open)):
+            self._require_context("collect_metrics()")  # raises: inlined on the per-step path
         merged = {**(metrics or {}), **kwargs}
-        within_step, collect = self._run_clock.step_open, self._log.collect
+        collect = self._log.collect
         for name, value in merged.items():
             collect(name, value, within_step)
         if self._events.has_handlers(EventKeys.METRICS_COLLECTED):

@@ -205,6 +205,8 @@ class TrainLoop:
             lambda: self._summary_writer, print_func, clock, show_eta=show_eta,
             var_groups=self._var_groups, early_stopping=early_stopping, max_epoch=max_epoch,
             max_step=max_step)
+        # Called every step: the report's own method, bound once (the class's documents it).
+        self.collect_metrics = self._report.collect_metrics  # type: ignore[method-assign]
 
     # ------------------------------------------------------------------ properties
 
@@ -541,8 +543,9 @@ class TrainLoop:
         data = self._data_iterator(data_generator) if data_generator is not None else None
         begin_step, end_step = report.begin_step, report.end_step  # bound once: per step below
         clock.begin_loop()
+        state, agreement = self._state, clock.agreement
         try:
-            while not clock.stop_now:
+            while not (state.stop_requested and agreement is None):  # clock.stop_now, inlined
                 if report.max_step is not None and progress.global_step >= report.max_step:
                     break
                 batch = None
@@ -552,11 +555,9 @@ class TrainLoop:
                     except StopIteration:
                         self._pass_over = True
                         break
-                # The batch is taken: a stop asked by on_step_begin ends the loop after it.
-                clock.begin_step()
-                # The body of the loop is the step: it counts from here, so that a checkpoint
-                # made in it holds it.
-                clock.count_step()
+                # The body of the loop is the step: it counts from here (on_step_begin first), so
+                # that a checkpoint made in it holds it.
+                clock.open_step()
                 begin_step()
                 self._step_data = batch
                 events.fire(EventKeys.BEFORE_STEP, self)
@@ -569,7 +570,7 @@ class TrainLoop:
                     data.end_pass()  # the last batch of a sized source: the pass ends now
                     self._pass_over = True
                     break
-                if clock.agreement is not None and clock.agreement.after_step(self._state):
+                if agreement is not None and agreement.after_step(state):
                     break
             clock.end_loop()
         finally:

@@ -51,14 +51,14 @@ def run_loop(clock, num_steps, pass_length=None, batches=None):
     if not clock.begin_loop():
         return
     done = 0
-    while done < num_steps and clock.begin_step():
+    runs = clock.begin_step()
+    while runs:
         done += 1
         batches[0] += 1
         pass_done = batches[0] == pass_length
         if pass_done:
             batches[0] = 0
-        if clock.end_step(pass_done, last=done == num_steps):
-            break
+        runs = clock.end_step(pass_done, last=done == num_steps)
     clock.end_loop()
 
 
@@ -196,7 +196,7 @@ def test_across_ranks_a_local_stop_waits_for_the_agreement_and_the_decision_is_i
     clock.agreement = Agreement(clock, other_stops_at=99)
     clock.state.request_stop("this rank only")
     assert clock.begin_step()  # not before the ranks agree
-    assert clock.end_step(pass_done=False, last=False)  # they agree after this step
+    assert not clock.end_step(pass_done=False, last=False)  # they agree after this step
     assert clock.end_loop() and clock.stopping
 
     other, _ = make(steps_per_epoch=10)
@@ -221,8 +221,8 @@ def test_a_step_counted_before_its_body_is_open_until_closed():
     """TrainLoop's step: counted before its body runs (a checkpoint made in it holds it)."""
     clock, recorder = make()
     clock.begin_loop()
-    clock.begin_step()
-    clock.count_step()
+    clock.begin_step()  # opens the epoch
+    clock.open_step()
     assert clock.step_open and clock.progress.global_step == 1
     order = []
     clock.close_step(announce=lambda: order.append("announced"))

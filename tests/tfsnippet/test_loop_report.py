@@ -38,7 +38,7 @@ def make_report(model=None, callbacks=(), **kwargs):
 def steps(report, run_clock, n, body=lambda step: None):
     """Runs `n` steps the way TrainLoop.iter_steps does."""
     for _ in range(n):
-        run_clock.count_step()
+        run_clock.open_step()
         report.begin_step()
         body(run_clock.progress.global_step)
         report.end_step()
