@@ -96,6 +96,12 @@ class EventSource:
             raise ValueError(f"{handler!r} is not registered for event {key!r}.")
         handlers.remove(handler)
 
+    def handlers(self, key: str) -> list[Callable[..., Any]]:
+        """The live list of `key`'s handlers: handlers registered or removed later show in it
+        (a loop checks it each step to skip `fire` when nothing listens). Do not change it."""
+        self._check(key)
+        return self._handlers.setdefault(key, [])
+
     def has_handlers(self, key: str) -> bool:
         """Whether anything listens to `key` (the loop skips building arguments otherwise)."""
         return bool(self._handlers.get(key))
@@ -119,7 +125,8 @@ class EventSource:
     def clear_event_handlers(self, key: str | None = None) -> None:
         """Removes the handlers of `key`, or of every key."""
         if key is None:
-            self._handlers.clear()
+            for handlers in self._handlers.values():
+                handlers.clear()  # in place: `handlers` lists stay live
         else:
             self._check(key)
-            self._handlers.pop(key, None)
+            self._handlers.get(key, []).clear()

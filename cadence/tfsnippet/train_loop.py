@@ -196,8 +196,7 @@ class TrainLoop:
                 else summary_skip_pattern)
         mode = (None if valid_metric_smaller_is_better is None
                 else "min" if valid_metric_smaller_is_better else "max")
-        # The summary writer is read when used: the loop opens its own on entering.
-        self._report = LoopReport(
+        self._report = LoopReport(  # it reads the summary writer when used: opened on entering
             self._run_clock,
             MetricLog(metric_formatter or DefaultMetricFormatter(), summary_metric_prefix, skip,
                       summary_commit_freqs or {}),
@@ -531,8 +530,7 @@ class TrainLoop:
                 the data yields no batches at the start of a pass.
         """
         self._require_entered()
-        progress, clock, report, events = (self._progress, self._run_clock, self._report,
-                                           self._events)
+        progress, clock, report = self._progress, self._run_clock, self._report
         if not progress.epoch_open:
             raise RuntimeError("iter_steps() must run inside iter_epochs().")
         if clock.step_open:
@@ -544,6 +542,9 @@ class TrainLoop:
         begin_step, end_step = report.begin_step, report.end_step  # bound once: per step below
         clock.begin_loop()
         state, agreement = self._state, clock.agreement
+        events = self._events
+        before_step = events.handlers(EventKeys.BEFORE_STEP)  # live lists: fired when not empty
+        after_step = events.handlers(EventKeys.AFTER_STEP)
         try:
             while not (state.stop_requested and agreement is None):  # clock.stop_now, inlined
                 if report.max_step is not None and progress.global_step >= report.max_step:
@@ -555,15 +556,14 @@ class TrainLoop:
                     except StopIteration:
                         self._pass_over = True
                         break
-                # The body of the loop is the step: it counts from here (on_step_begin first), so
-                # that a checkpoint made in it holds it.
-                clock.open_step()
+                clock.open_step()  # the body is the step: a checkpoint made in it holds it
                 begin_step()
                 self._step_data = batch
-                events.fire(EventKeys.BEFORE_STEP, self)
+                if before_step:
+                    events.fire(EventKeys.BEFORE_STEP, self)
                 yield progress.global_step if data is None else (progress.global_step, batch)
-                # tfsnippet's step end: AFTER_STEP (reversed), then step_time, then the hooks.
-                events.reverse_fire(EventKeys.AFTER_STEP, self)
+                if after_step:  # tfsnippet's order: AFTER_STEP, step_time, then the hooks
+                    events.reverse_fire(EventKeys.AFTER_STEP, self)
                 end_step()
                 clock.close_step()
                 if data is not None and data.batches == data.pass_length:

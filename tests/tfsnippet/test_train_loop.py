@@ -95,6 +95,21 @@ def test_after_events_fire_in_reverse_registration_order_and_exit_fires_on_error
         loop.events.on("after_everything", print)
 
 
+def test_step_handlers_registered_or_cleared_during_the_loop_take_effect_at_the_next_step():
+    calls = []
+    loop = make_loop(max_epoch=1)
+    with loop:
+        for _ in loop.iter_epochs():
+            for step, _ in loop.iter_steps([1, 2, 3, 4]):
+                if step == 1:
+                    loop.events.on(EventKeys.BEFORE_STEP, lambda loop: calls.append(loop.step))
+                if step == 2:
+                    loop.events.clear_event_handlers()
+                if step == 3:
+                    loop.events.on(EventKeys.AFTER_STEP, lambda loop: calls.append(-loop.step))
+    assert calls == [2, -3, -4]
+
+
 def test_callbacks_see_the_same_run_and_can_stop_it_cleanly():
     calls = []
 
