@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from cadence.core.checkpoint_dir import write_atomically
 from cadence.core.files import open_append
 
 JSONL_NAME = "metrics.jsonl"
@@ -90,9 +91,7 @@ class JSONLWriter:
         self._earlier_steps[group] = {s for s in (_step_of(line, self.step_key)
                                                   for line in kept) if s is not None}
         if len(kept) < cut:
-            temporary = path.with_name(f".{path.name}.tmp")
-            temporary.write_text("".join(kept + lines[cut:]), "utf-8", "surrogateescape")
-            os.replace(temporary, path)
+            write_atomically(path, "".join(kept + lines[cut:]), errors="surrogateescape")
 
     def flush(self) -> None:
         for handle in self._files.values():

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from cadence.core.checkpoint_dir import write_atomically
 from cadence.core.errors import Preempted
 
 T = TypeVar("T")
@@ -118,11 +119,8 @@ def read_run_file(path: Path) -> dict[str, Any] | None:
 
 
 def write_run_file(path: Path, record: dict[str, Any]) -> None:
-    """Writes `record` to `path` atomically (a temporary file, then a rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    os.replace(temporary, path)
+    """Writes `record` to `path` atomically (`write_atomically`)."""
+    write_atomically(path, json.dumps(record, indent=1) + "\n")
 
 
 class SharedRuns(Generic[T]):
