@@ -179,8 +179,8 @@ class Controller:
         self.eval_summary_manager = self._summaries.eval
 
         self.state = RunState(trainer=trainer, evaluator=evaluator, controller=self)
-        self._evaluations = Evaluations(evaluator, self.eval_summary_manager, self.callbacks,
-                                        self.state, eval_actions)
+        self.eval_actions = tuple(eval_actions)
+        self._evaluations = Evaluations(self.callbacks, self.state)
         self._clocked = trainer if isinstance(trainer, ClockedTrainer) else None
         self._clock = RunClock(self._clocked.progress if self._clocked is not None else None,
                                self.state, self.callbacks)
@@ -493,11 +493,6 @@ class Controller:
 
     # ------------------------------------------------------------------ evaluation
 
-    @property
-    def eval_actions(self) -> tuple[Action, ...]:
-        """Orbit's eval actions, called with each evaluation's raw output."""
-        return self._evaluations.actions
-
     def evaluate(self, steps: int = -1) -> dict[str, Any]:
         """Runs one evaluation of `steps` steps (-1: until the data is exhausted).
 
@@ -518,7 +513,10 @@ class Controller:
 
     def _evaluate(self, steps: int) -> dict[str, Any]:
         self._sync_state()
-        return self._evaluations.run(steps, self._global_step(), self._checkpoints.weights)
+        assert self.evaluator is not None
+        return self._evaluations.run(self.evaluator, steps, self._global_step(),
+                                     self._checkpoints.weights, self.eval_summary_manager,
+                                     self.eval_actions)
 
     def evaluate_continuously(
         self,

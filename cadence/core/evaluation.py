@@ -31,57 +31,52 @@ logger = logging.getLogger("cadence")
 
 
 class Evaluations:
-    """Runs `evaluator` and records each evaluation (see the module docstring).
+    """Runs evaluations and records each one (see the module docstring). What evaluates, where
+    it is written and the actions are given with each run: the Controller's attributes, which
+    its users may set.
 
     Args:
-        evaluator: what evaluates; None for a Controller that only trains (`run` then fails).
-        summaries: where evaluations are written.
         callbacks: whose ``on_eval_begin`` and ``on_eval_end`` run around each evaluation.
         state: the run state the callbacks see; evaluations put ``eval/<name>`` metrics and
             ``extra["last_eval"]`` (the step and the checkpoint) there.
-        actions: Orbit's eval actions, called with each evaluation's raw output.
 
     Attributes:
         last_step: the global step of the last evaluation (-1: none).
         last_logs: its logs, as a checkpoint holds them (`cadence.core.logs.plain_logs`).
     """
 
-    def __init__(self, evaluator: Evaluable | None, summaries: SummaryManagerLike,
-                 callbacks: CallbackList, state: RunState,
-                 actions: Iterable[Callable[..., None]] = ()) -> None:
-        self.evaluator = evaluator
-        self.summaries = summaries
+    def __init__(self, callbacks: CallbackList, state: RunState) -> None:
         self.callbacks = callbacks
         self.state = state
-        self.actions = tuple(actions)
         self.last_step = -1
         self.last_logs: dict[str, Any] | None = None
 
-    def run(self, steps: int, step: int, checkpoint: str | None) -> dict[str, Any]:
-        """Evaluates `steps` steps (-1: until the data is exhausted) of the weights of global
-        step `step`, which came from `checkpoint` (None: not checkpointed), and records it.
+    def run(self, evaluator: Evaluable, steps: int, step: int, checkpoint: str | None,
+            summaries: SummaryManagerLike,
+            actions: Iterable[Callable[..., None]] = ()) -> dict[str, Any]:
+        """Runs `evaluator` for `steps` steps (-1: until the data is exhausted) on the weights
+        of global step `step`, which came from `checkpoint` (None: not checkpointed), and
+        records it in `summaries`; `actions` (Orbit's) get the raw output.
 
         Returns:
             The evaluator's logs on the host, plus ``steps_per_second`` when `steps` > 0.
         """
-        assert self.evaluator is not None
         self.callbacks.fire("on_eval_begin", self.state)
         start = time.perf_counter()
-        with self.summaries.as_default():
-            output = self.evaluator.evaluate(steps)
+        with summaries.as_default():
+            output = evaluator.evaluate(steps)
         output = output if output is not None else {}
-        for action in self.actions:
+        for action in actions:
             action(output)
         logs = to_host(output)
         elapsed = time.perf_counter() - start
         if steps > 0 and elapsed > 0:  # the steps that ran: the data may run out first
-            done = (self.evaluator.last_eval_steps
-                    if isinstance(self.evaluator, CountsEvalSteps) else None)
+            done = evaluator.last_eval_steps if isinstance(evaluator, CountsEvalSteps) else None
             logs["steps_per_second"] = (steps if done is None else done) / elapsed
         logger.info("eval | step: %d | checkpoint: %s | eval time: %.2fs | %s", step,
                     checkpoint or "none (weights in memory)", elapsed, format_logs(logs))
-        self.summaries.write_summaries(logs, step=step, extra={"checkpoint": checkpoint})
-        self.summaries.flush()
+        summaries.write_summaries(logs, step=step, extra={"checkpoint": checkpoint})
+        summaries.flush()
         self.last_step = step
         self.last_logs = plain_logs(logs)  # checkpointed: what a finished run returns
         self.state.extra["last_eval"] = {"step": step, "checkpoint": checkpoint}

@@ -383,3 +383,13 @@ def test_orbit_controller_takes_injected_summary_manager_and_eval_summary_manage
                                 (10, (), ["loss", "steps_per_second"]),
                                 (10, ("nested",), ["value"])]
     assert written["eval"] == [(5, (), ["accuracy"]), (10, (), ["accuracy"])]
+
+
+def test_an_evaluator_and_eval_actions_set_after_construction_are_the_ones_used():
+    controller, trainer, _ = make(5)
+    outputs = []
+    controller.evaluator = CountingEvaluator(trainer)
+    controller.eval_actions = (outputs.append,)
+    controller.train(5)
+    assert controller.evaluate() == {"accuracy": 0.5}
+    assert outputs == [{"accuracy": 0.5}] and controller.evaluator.evaluated_at == [5]

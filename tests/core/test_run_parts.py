@@ -24,9 +24,10 @@ def test_an_evaluation_is_recorded_with_its_step_and_checkpoint(tmp_path):
     trainer, seen = CountingTrainer(), Seen()
     state = RunState()
     summaries = SummaryManager(str(tmp_path), lambda: trainer.global_step, writers=["jsonl"])
-    evaluations = Evaluations(CountingEvaluator(trainer), summaries, CallbackList([seen]),
-                              state, actions=[lambda output: seen.evaluated.append("action")])
-    logs = evaluations.run(-1, step=30, checkpoint="ckpt-30")
+    evaluations = Evaluations(CallbackList([seen]), state)
+    logs = evaluations.run(CountingEvaluator(trainer), -1, step=30, checkpoint="ckpt-30",
+                           summaries=summaries,
+                           actions=[lambda output: seen.evaluated.append("action")])
     summaries.close()
     assert logs == {"accuracy": 0.5}
     assert seen.evaluated == ["action", {"accuracy": 0.5}]
@@ -34,7 +35,7 @@ def test_an_evaluation_is_recorded_with_its_step_and_checkpoint(tmp_path):
     assert state.metrics == {"eval/accuracy": 0.5}
     assert '"checkpoint": "ckpt-30"' in (tmp_path / "metrics.jsonl").read_text()
 
-    restarted = Evaluations(None, summaries, CallbackList(), RunState())
+    restarted = Evaluations(CallbackList(), RunState())
     restarted.load_state_dict(evaluations.state_dict())
     assert (restarted.last_step, restarted.last_logs) == (30, {"accuracy": 0.5})
 
