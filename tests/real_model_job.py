@@ -5,6 +5,10 @@ different world sizes compare exactly.
 
 usage: real_model_job.py EXPERIMENT RUN_DIR STEPS OUT_PREFIX [OVERRIDE ...]
 
+EXPERIMENT may also be ``user_moe`` (tests/user_moe.py, a user's model). With the environment
+variable POISON=STEP:RANK:PARAMETER, that rank writes a NaN into its shard of that parameter
+after step STEP (a NaN gradient on one rank, as a checkpoint is about to be saved).
+
 Writes OUT_PREFIX-begin.pt and OUT_PREFIX-end.pt ({"step", "model", "optimizer"}, rank 0)
 and OUT_PREFIX-log-<rank>.txt (what cadence logged on that rank).
 """
@@ -12,11 +16,13 @@ and OUT_PREFIX-log-<rank>.txt (what cadence logged on that rank).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+import user_moe  # noqa: F401 -- registers a user's experiment, as a user's module would
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -50,6 +56,23 @@ class Capture(cadence.Callback):
 
     def on_train_end(self, state: cadence.RunState) -> None:
         self._save(state, "end")
+
+
+class Poison(cadence.Callback):
+    """After step `step`, rank `rank` writes a NaN into its local shard of `parameter`."""
+
+    def __init__(self, spec: str) -> None:
+        step, rank, self.parameter = spec.split(":")
+        self.step, self.rank = int(step), int(rank)
+
+    def on_step_end(self, state: cadence.RunState) -> None:
+        if state.global_step != self.step or process_rank() != self.rank:
+            return
+        parameter = dict(state.trainer.model.named_parameters())[self.parameter]
+        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+        assert local.numel() > 0, "choose a parameter this rank holds a part of"
+        with torch.no_grad():
+            local.view(-1)[0] = float("nan")
 
 
 def count_files_hashed_by_commits(prefix: str) -> None:
@@ -116,7 +139,10 @@ def main() -> None:
     logging.getLogger("cadence").setLevel(logging.INFO)
     config = cadence.load_config(experiment, overrides=[
         f"trainer.train_steps={steps}", "runtime.device=cpu", *overrides])
-    cadence.run_experiment(config, "train", Path(run), callbacks=[Capture(prefix)],
+    callbacks: list[cadence.Callback] = [Capture(prefix)]
+    if os.environ.get("POISON"):
+        callbacks.append(Poison(os.environ["POISON"]))
+    cadence.run_experiment(config, "train", Path(run), callbacks=callbacks,
                            allow_config_change=True)
 
 

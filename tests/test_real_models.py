@@ -168,6 +168,67 @@ def test_fsdp2_saved_at_two_ranks_resumes_at_one_and_three_with_the_saved_state(
         assert not any(name.startswith("rank-") for name in hashed), hashed  # read as hashed
 
 
+MOE = ["task.sequence_length=32", "task.max_bytes=60000", "task.train_data.global_batch_size=12",
+       "task.validation_data.global_batch_size=12", "runtime.strategy=fsdp2",
+       "trainer.steps_per_loop=2", "trainer.checkpoint_interval=4",
+       "trainer.optimizer_config.gradient_clip_norm=1.0",
+       "trainer.optimizer_config.gradient_accumulation_steps=2"]
+"""tests/user_moe.py sharded per block, clipped, two micro-batches per step."""
+
+
+def failing_job(nproc, experiment, run_dir, steps, prefix, settings, env):
+    launcher = torchrun_command(nproc)
+    return subprocess.run([*launcher, str(JOB), experiment, str(run_dir), str(steps), str(prefix),
+                           *settings], cwd=run_dir.parent, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_users_moe_decoder_trains_checkpoints_and_resumes_under_fsdp2_at_two_and_three_ranks(
+        tmp_path):
+    """Experts nested in each block, a balance loss as ``model.aux_losses``, a tied head and a
+    (1, T, D) position parameter -- an empty shard on every rank but the first, 256 embedding
+    rows split unevenly over 3 -- through every check cadence runs on weights and gradients:
+    clipping's norm, LossGuard's check of the weights before each save, the best export."""
+    run_dir = tmp_path / "run"
+    job(2, "user_moe", run_dir, 4, tmp_path / "two", MOE)
+    saved = torch.load(tmp_path / "two-end.pt", weights_only=True)
+    assert saved["model"]["positions"].shape == (1, 32, 30)
+    summary = (tmp_path / "two-log-0.txt").read_text()  # the user's class, not FSDP2's
+    assert "Model MoEDecoder: 53,700 parameters" in summary, summary
+    resumed = tmp_path / "three"
+    job(3, "user_moe", run_dir, 8, resumed, MOE)
+    assert_same_state(saved["model"], torch.load(f"{resumed}-begin.pt", weights_only=True)["model"],
+                      "model")
+    ended = torch.load(f"{resumed}-end.pt", weights_only=True)
+    assert ended["step"] == 8
+    assert all(torch.isfinite(t).all() for t in ended["model"].values())
+    records = [json.loads(line) for line in
+               (run_dir / "train" / "metrics.jsonl").read_text().splitlines()]
+    norms = [r["gradient_norm"] for r in records if "gradient_norm" in r]
+    assert len(norms) == 4 and all(0 < norm < float("inf") for norm in norms), records
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["ckpt-4", "ckpt-8"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_nan_in_one_ranks_shard_stops_every_rank_before_the_checkpoint(tmp_path):
+    """A NaN written into rank 1's shard of an expert after the loop's last step: the loop's
+    mean loss is finite, the other rank's shards are finite, and still every rank refuses to
+    save those weights -- the ranks agree on the check -- and the job ends at once, no hang."""
+    run_dir = tmp_path / "run"
+    result = failing_job(2, "user_moe", run_dir, 8, tmp_path / "nan", MOE,
+                         {"POISON": "4:1:blocks.1.experts.2.up.weight"})
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    for rank in (0, 1):
+        assert (f"[rank{rank}]: cadence.core.errors.DivergenceError: Training diverged at step 4: "
+                "the weights about to be checkpointed are not finite (NaN or infinity in "
+                "blocks.1.experts.2.up.weight)") in output, output[-4000:]
+    assert not (run_dir / "checkpoints").exists() or not os.listdir(run_dir / "checkpoints")
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_ddp_run_resumed_at_another_world_size_says_so_in_one_line(tmp_path):

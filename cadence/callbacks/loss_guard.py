@@ -31,6 +31,7 @@ from cadence.core.callbacks import Callback, RunState
 from cadence.core.controller import Controller
 from cadence.core.errors import DivergenceError
 from cadence.core.intervals import check_int
+from cadence.engine.finite import nonfinite
 from cadence.engine.rng import capture_rng_state, restore_rng_state
 
 logger = logging.getLogger("cadence")
@@ -61,35 +62,19 @@ class LossGuard(Callback):
         self.begin_step = begin_step
         self.max_trials = max_trials
         self.failures_in_a_row = 0
-        self._last_loop_end = 0
-
-    def on_train_begin(self, state: RunState) -> None:
-        self._last_loop_end = state.global_step
-
-    def _save_follows(self, state: RunState) -> bool:
-        """Whether the Controller saves a checkpoint after this loop: its interval was crossed,
-        training reached its target, or a stop was requested (a stop saves)."""
-        manager = getattr(state.controller, "checkpoint_manager", None)
-        if manager is None:
-            return False
-        step, interval = state.global_step, getattr(manager, "checkpoint_interval", None)
-        if interval and step // interval > self._last_loop_end // interval:
-            return True
-        return state.stop_requested or (
-            state.target_step is not None and step >= state.target_step)
 
     def _weights_problem(self, state: RunState) -> str | None:
-        """Why the trainer's trainable weights must not be saved (not finite), or None."""
+        """Why the trainer's trainable weights must not be saved (not finite), or None. Each
+        rank looks at its own shards and the ranks agree (`cadence.engine.finite`)."""
         tensors = [t for t in getattr(state.trainer, "trainable_variables", ())
                    if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
-        if not tensors:
-            return None
-        if bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all()):  # host sync
+        bad_indices = nonfinite(tensors)  # a host sync, and a collective under torchrun
+        if not bad_indices:
             return None
         names = {id(p): n for n, p in getattr(getattr(state.trainer, "model", None),
                                               "named_parameters", lambda: [])()}
-        bad = [names.get(id(t), f"a tensor of shape {tuple(t.shape)}") for t in tensors
-               if not bool(torch.isfinite(t).all())]
+        bad = [names.get(id(tensors[i]), f"a tensor of shape {tuple(tensors[i].shape)}")
+               for i in bad_indices]
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
         return (f"the weights about to be checkpointed are not finite (NaN or infinity in "
                 f"{', '.join(bad[:3])}{more}) although the mean {self.key} is finite: a NaN "
@@ -106,9 +91,10 @@ class LossGuard(Callback):
 
     def on_loop_end(self, state: RunState, logs: dict[str, Any]) -> None:
         problem = self._problem(logs.get(self.key), state.global_step)
-        if problem is None and self._save_follows(state):
+        controller = state.controller
+        if problem is None and isinstance(controller, Controller) and (
+                controller.checkpoint_follows_loop()):
             problem = self._weights_problem(state)
-        self._last_loop_end = state.global_step
         if problem is None:
             self.failures_in_a_row = 0
             return
@@ -123,7 +109,7 @@ class LossGuard(Callback):
                 "loop were not saved. Lower the learning rate, clip the gradients, or give "
                 "LossGuard max_trials=k to restore the last checkpoint up to k times."
             )
-        controller, trainer = state.controller, state.trainer
+        trainer = state.trainer
         if not isinstance(controller, Controller) or controller.checkpoint_manager is None:
             raise DivergenceError(f"Training diverged at step {state.global_step}: {problem}, "
                                   "and nothing to restore from: LossGuard restores through the "
@@ -141,7 +127,6 @@ class LossGuard(Callback):
         if data is not None and data_state is not None:
             data.load_state_dict(data_state)
         restore_rng_state(rng)
-        self._last_loop_end = controller.global_step
         run = run_directory(state)
         if run is not None:  # the summaries go back to this step: say why
             run.record_resume(controller.global_step, path, reason="recovery")

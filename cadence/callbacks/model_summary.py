@@ -69,16 +69,25 @@ def unwrap(model: nn.Module) -> nn.Module:
         model = inner
 
 
+def class_name(module: nn.Module) -> str:
+    """The name of `module`'s class as its author wrote it: FSDP2's ``fully_shard`` swaps the
+    class for a subclass named ``FSDP<name>``."""
+    cls = type(module)
+    if cls.__bases__ and cls.__name__ == f"FSDP{cls.__bases__[-1].__name__}":
+        cls = cls.__bases__[-1]
+    return cls.__name__
+
+
 def summary_table(model: nn.Module) -> str:
     """The summary of `model`: a line for the whole model and a row per top-level module
     (parameters of the model's own, outside its modules, are the row ``(own)``)."""
     model = unwrap(model)
     total = count_parameters(model.parameters())
     lazy = f", and {total.lazy} uninitialized (lazy) parameters" if total.lazy else ""
-    head = (f"Model {type(model).__name__}: {total.params:,} parameters "
+    head = (f"Model {class_name(model)}: {total.params:,} parameters "
             f"({total.trainable:,} trainable), {_bytes(total.bytes)}{lazy}")
     rows: list[tuple[str, ...]] = [
-        (name, type(module).__name__, *_columns(count_parameters(module.parameters())))
+        (name, class_name(module), *_columns(count_parameters(module.parameters())))
         for name, module in model.named_children()]
     own = list(model.parameters(recurse=False))
     if own:

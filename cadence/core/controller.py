@@ -246,6 +246,17 @@ class Controller:
         self._sync_state()
         return path
 
+    def checkpoint_follows_loop(self) -> bool:
+        """Whether a checkpoint is saved after the loop that just ended -- its interval was
+        crossed, training reached its target, or the ranks agreed to stop (a stop saves) --
+        asked by ``on_loop_end`` callbacks that must check the weights before they are saved.
+        The same answer on every rank: a stop counts once the ranks agreed on it."""
+        step = self._global_step()
+        target = self.state.target_step
+        return self._checkpoints.manager is not None and (
+            self._checkpoints.due(step) or self._clock.stopping
+            or (target is not None and step >= target))
+
     def save_checkpoint(self) -> str:
         """Saves a checkpoint now, whatever the checkpoint interval.
 
