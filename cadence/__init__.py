@@ -81,6 +81,7 @@ _EXPORTS = {
     "TorchSaveIO": "cadence.engine.checkpoint",
     "TrainConfig": "cadence.tensorpack",
     "Trainer": "cadence.task.trainer",
+    "TrainerView": "cadence.core.trainer_view",
     "TrainerConfig": "cadence.task.config",
     "TrainLoop": "cadence.tfsnippet.train_loop",
 }
@@ -110,6 +111,7 @@ if TYPE_CHECKING:  # `name as name`: re-exported, for type checkers
     from cadence.core.errors import Preempted as Preempted
     from cadence.core.errors import StopTraining as StopTraining
     from cadence.core.summary import SummaryManager as SummaryManager
+    from cadence.core.trainer_view import TrainerView as TrainerView
     from cadence.data.dataflow import DataFlow as DataFlow
     from cadence.data.flows import SlidingWindow as SlidingWindow
     from cadence.data.iterator import DataIterator as DataIterator

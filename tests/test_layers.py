@@ -82,6 +82,7 @@ LOOK_AT = 600
 """Lines past which a module asks for a look: does it still hold one concept?"""
 LONG_MODULES = {
     "cadence.core.controller": "Orbit's Controller: the outer loop of training and evaluation",
+    "cadence.tfsnippet.train_loop": "tfsnippet's TrainLoop: the seed's whole API on one class",
 }
 """The modules past `LOOK_AT` lines that were looked at, with the one concept each holds. A
 module is one concept whatever its length (STYLE.md): a long one is split when it holds
@@ -136,3 +137,14 @@ def test_every_public_name_is_importable(namespace):
     module = importlib.import_module(namespace)
     missing = [name for name in module.__all__ if not hasattr(module, name)]
     assert not missing
+
+
+def test_the_built_in_callbacks_read_the_declared_trainer_view_without_probing():
+    """What a callback reads of the trainer is `TrainerView` (cadence.core.trainer_view), typed
+    on `RunState.trainer`: no callback guesses with getattr."""
+    package = Path(cadence.__file__).parent / "callbacks"
+    probes = [f"{path.name}:{number}" for path in sorted(package.glob("*.py"))
+              for number, line in enumerate(path.read_text().splitlines(), 1)
+              if "getattr(state.trainer" in line or "getattr(state.controller" in line
+              or "getattr(self._trainer" in line]
+    assert probes == []

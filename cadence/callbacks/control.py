@@ -16,6 +16,7 @@ import torch
 from cadence.core.best import BestTracker, check_mode, lookup
 from cadence.core.callbacks import Callback, RunState, overridden_hooks
 from cadence.core.intervals import check_int
+from cadence.core.trainer_view import trained_model
 
 logger = logging.getLogger("cadence")
 
@@ -86,7 +87,7 @@ class EarlyStopping(Callback):
             return
         if self.tracker.update(value, state.global_step):
             if self.restore_best:
-                model = state.trainer.model
+                model = trained_model(state.trainer, "EarlyStopping(restore_best=True)")
                 self.best_weights = {k: v.detach().to("cpu", copy=True)
                                      for k, v in model.state_dict().items()}
             return
@@ -106,7 +107,7 @@ class EarlyStopping(Callback):
 
     def on_train_end(self, state: RunState) -> None:
         if self.restore_best and self.best_weights is not None:
-            state.trainer.model.load_state_dict(self.best_weights)
+            trained_model(state.trainer, "EarlyStopping").load_state_dict(self.best_weights)
             logger.info("Restored the weights of step %s (%s = %.6g).", self.best_step,
                         self.monitor, self.best)
 

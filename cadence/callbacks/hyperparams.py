@@ -29,7 +29,6 @@ import torch
 from cadence.core.best import lookup
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.intervals import check_int
-from cadence.core.progress import Progress
 
 logger = logging.getLogger("cadence")
 
@@ -47,10 +46,7 @@ def cosine_schedule(start: float, end: float, total: int) -> Callable[[int, Any]
 
 def _epochs_finished(state: RunState) -> int:
     """Epochs completed, also when training resumes inside an epoch (which is then running)."""
-    progress = getattr(state.trainer, "progress", None)
-    if isinstance(progress, Progress):
-        return progress.epochs_completed
-    return state.epoch
+    return state.progress.epochs_completed
 
 
 class HyperParamSetter(Callback):
@@ -79,7 +75,8 @@ class HyperParamSetter(Callback):
         raise NotImplementedError
 
     def _optimizer(self, state: RunState) -> torch.optim.Optimizer:
-        optimizer = self.optimizer or getattr(state.trainer, "optimizer", None)
+        optimizer = self.optimizer or (
+            state.trainer.optimizer if state.trainer is not None else None)
         if optimizer is None:
             raise ValueError(f"{type(self).__name__}({self.param!r}) needs an optimizer: pass "
                              "optimizer=..., or give the trainer an `optimizer` attribute.")

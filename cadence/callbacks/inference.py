@@ -12,6 +12,7 @@ from torch import nn
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.errors import MissingMetricError
 from cadence.core.logs import plain_logs
+from cadence.core.trainer_view import trained_model
 from cadence.engine.external_metrics import move_metrics, read_metric
 from cadence.engine.metrics import Mean
 
@@ -105,7 +106,8 @@ class InferenceRunner(Callback):
         self.last_results: dict[str, Any] = {}
 
     def trigger(self, state: RunState) -> None:
-        model = self.model if self.model is not None else state.trainer.model
+        model = (self.model if self.model is not None
+                 else trained_model(state.trainer, type(self).__name__))
         was_training = model.training
         model.eval()
         means = {name: Mean() for name in self.names}

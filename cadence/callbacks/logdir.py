@@ -13,7 +13,7 @@ def run_directory(state: RunState) -> RunDirectory | None:
     (a runner driven by a plain Controller may set one)."""
     if state.run_dir is not None:
         return state.run_dir
-    logdir = getattr(state.trainer, "logdir", None)
+    logdir = state.trainer.logdir if state.trainer is not None else None
     return RunDirectory(logdir) if logdir is not None else None
 
 

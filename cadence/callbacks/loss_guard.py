@@ -66,13 +66,17 @@ class LossGuard(Callback):
     def _weights_problem(self, state: RunState) -> str | None:
         """Why the trainer's trainable weights must not be saved (not finite), or None. Each
         rank looks at its own shards and the ranks agree (`cadence.engine.finite`)."""
-        tensors = [t for t in getattr(state.trainer, "trainable_variables", ())
+        trainer = state.trainer
+        if trainer is None:
+            return None
+        tensors = [t for t in trainer.trainable_variables
                    if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
         bad_indices = nonfinite(tensors)  # a host sync, and a collective under torchrun
         if not bad_indices:
             return None
-        names = {id(p): n for n, p in getattr(getattr(state.trainer, "model", None),
-                                              "named_parameters", lambda: [])()}
+        model = trainer.model
+        names = ({id(p): n for n, p in model.named_parameters()}
+                 if isinstance(model, torch.nn.Module) else {})
         bad = [names.get(id(tensors[i]), f"a tensor of shape {tuple(tensors[i].shape)}")
                for i in bad_indices]
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
@@ -114,7 +118,7 @@ class LossGuard(Callback):
             raise DivergenceError(f"Training diverged at step {state.global_step}: {problem}, "
                                   "and nothing to restore from: LossGuard restores through the "
                                   "checkpoint manager of a Controller, and this run has none.")
-        data = getattr(trainer, "train_iterator", None)  # a StandardTrainer's data position
+        data = trainer.train_iterator if trainer is not None else None  # the data position
         data_state = data.state_dict() if data is not None else None
         rng = capture_rng_state()
         bad_step = state.global_step

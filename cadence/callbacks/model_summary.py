@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from torch import nn
 from torch.nn.parameter import is_lazy
@@ -116,7 +116,7 @@ class ModelSummary(Callback):
         self.logged = False
 
     def on_train_begin(self, state: RunState) -> None:
-        model: Any = getattr(state.trainer, "model", None)
+        model = state.trainer.model if state.trainer is not None else None
         if self.logged or not isinstance(model, nn.Module) or process_rank() != 0:
             return
         self.logged = True

@@ -24,6 +24,7 @@ from cadence.core.intervals import check_int, is_int
 from cadence.core.logs import flatten, format_value, is_scalar
 from cadence.core.notebook import in_notebook
 from cadence.core.rank import process_rank
+from cadence.core.trainer_view import TrainerView
 
 
 class ProgressBar(Callback):
@@ -54,7 +55,7 @@ class ProgressBar(Callback):
         self._bar: Any = None
         self._logs_text = ""
         self._logs_step: int | None = None
-        self._trainer: Any = None
+        self._trainer: TrainerView | None = None
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
 
@@ -81,7 +82,7 @@ class ProgressBar(Callback):
             self._ticker.start()
 
     def _live_step(self) -> int | None:
-        step = getattr(self._trainer, "global_step", None)
+        step = self._trainer.global_step if self._trainer is not None else None
         return step if is_int(step) else None
 
     def _tick_until_stopped(self) -> None:

@@ -22,6 +22,7 @@ from cadence.core.best import lookup
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.checkpoint_dir import DEFAULT_MAX_TO_KEEP
 from cadence.core.rank import is_chief
+from cadence.core.trainer_view import trained_model
 from cadence.engine.exporter import BestCheckpointExporter
 
 logger = logging.getLogger("cadence")
@@ -140,10 +141,7 @@ class _BestSaver(Callback):
         if self.exporter is None:
             self.on_train_begin(state)
         assert self.exporter is not None
-        model = getattr(state.trainer, "model", None)
-        if model is None:
-            raise ValueError(f"{type(self).__name__} exports state.trainer.model, which this "
-                             "trainer does not have.")
+        model = trained_model(state.trainer, type(self).__name__)
         self.exporter.maybe_export_checkpoint(model, state.metrics, state.global_step)
 
     def on_epoch_end(self, state: RunState) -> None:

@@ -259,7 +259,7 @@ class PeriodicCallback(EnableCallbackIf):
         def due(state: RunState) -> bool:
             return bool((every_k_steps and state.global_step % every_k_steps == 0)
                         or (every_k_epochs and (state.epoch % every_k_epochs == 0
-                                                or state.extra.get("last_epoch") == state.epoch)))
+                                                or state.target_epoch == state.epoch)))
 
         super().__init__(callback, due)
         self._decided.pop("on_step_begin", None)  # on_step_end decides after its own step

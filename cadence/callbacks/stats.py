@@ -86,7 +86,9 @@ class ThroughputTracker(Callback):
             return
         steps_per_second = (state.global_step - step) / elapsed
         state.metrics["throughput/steps_per_second"] = steps_per_second
-        samples = self.samples_per_step or getattr(state.trainer, "examples_per_step", None)
+        trainer = state.trainer
+        samples = self.samples_per_step or (
+            trainer.examples_per_step if trainer is not None else None)
         if samples:
             state.metrics["throughput/samples_per_second"] = steps_per_second * samples
 

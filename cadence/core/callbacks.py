@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from cadence.core.errors import StopTraining
 from cadence.core.logs import flatten, is_scalar
+from cadence.core.progress import Progress
 from cadence.core.protocols import RunDriver
+from cadence.core.trainer_view import TrainerView, view_of
 
 logger = logging.getLogger(__name__)
 
@@ -46,17 +47,18 @@ HOOKS = (
 )
 
 
-@dataclass
 class RunState:
     """What a callback can see of a run, and its one way to act on it: `request_stop`.
 
     Attributes:
-        global_step: completed training steps (0 before the first step).
-        epoch: the number of the epoch running, from 1 (from its ``on_epoch_begin`` to its
-            ``on_epoch_end``); between epochs, the last one's (0 before the first). The same in
-            every front-end: see `cadence.core.progress`.
+        progress: the run's step and epoch counters (`cadence.core.progress.Progress`), which
+            only the run clock writes; `global_step` and `epoch` read through to them.
         target_step: the global step the current ``train`` call trains to, if known.
-        trainer: the trainer being driven, if any.
+        target_epoch: the epoch the current ``train`` call trains to, when it trains to a
+            number of epochs (its last epoch).
+        trainer: the trainer being driven, if any, as a `TrainerView`: what callbacks read of
+            it, declared (`cadence.core.trainer_view`). A trainer that is not one is shown
+            through a `PlainTrainerView`, which passes its other attributes through.
         evaluator: the evaluator being driven, if any.
         controller: what drives the run -- the Controller, or a `TrainLoop` -- if anything:
             callbacks save (``save_checkpoint()``) and restore (``restore_checkpoint()``)
@@ -71,22 +73,49 @@ class RunState:
         metrics: the latest value of every scalar the run produced so far (loop logs, evaluation
             logs as ``eval/<name>``, callbacks' results), on the host: what savers, early
             stopping and schedules read.
+        extra: values callbacks share that have no attribute of their own.
+
+    Args:
+        global_step: with `epoch`, the counters of a fresh `Progress` when none is given (a
+            state made by hand, in a test of a callback).
+        epoch: see `global_step`.
     """
 
-    global_step: int = 0
-    epoch: int = 0
-    target_step: int | None = None
-    # Any: a runner or a TrainLoop, whose own members (``model``, ``optimizer``) callbacks and
-    # users read; no protocol declares those.
-    trainer: Any = None
-    evaluator: Any = None
-    controller: RunDriver | None = None
-    run_dir: Any = None
-    stop_requested: bool = False
-    stop_reason: str | None = None
-    error: BaseException | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)
+    def __init__(self, *, progress: Progress | None = None, target_step: int | None = None,
+                 target_epoch: int | None = None, trainer: Any = None, evaluator: Any = None,
+                 controller: RunDriver | None = None, run_dir: Any = None,
+                 global_step: int = 0, epoch: int = 0) -> None:
+        self.progress = progress if progress is not None else Progress(
+            global_step=global_step, epoch=epoch)
+        self.target_step = target_step
+        self.target_epoch = target_epoch
+        self.trainer: TrainerView | None = view_of(trainer)
+        self.evaluator = evaluator
+        self.controller = controller
+        self.run_dir = run_dir
+        self.stop_requested = False
+        self.stop_reason: str | None = None
+        self.error: BaseException | None = None
+        self.extra: dict[str, Any] = {}
+        self.metrics: dict[str, float] = {}
+
+    def __repr__(self) -> str:
+        return (f"RunState(global_step={self.global_step}, epoch={self.epoch}, "
+                f"stop_requested={self.stop_requested})")
+
+    @property
+    def global_step(self) -> int:
+        """Completed training steps (0 before the first step); inside the body of a step that
+        is running (`TrainLoop`'s), that step counts as completed: it is the step a checkpoint
+        taken now holds."""
+        return self.progress.steps_taken
+
+    @property
+    def epoch(self) -> int:
+        """The number of the epoch running, from 1 (from its ``on_epoch_begin`` to its
+        ``on_epoch_end``); between epochs, the last one's (0 before the first). The same in
+        every front-end: see `cadence.core.progress`."""
+        return self.progress.epoch
 
     def put_metrics(self, logs: Mapping[str, Any], prefix: str = "") -> None:
         """Records the scalars of (host, possibly nested) `logs` in `metrics`."""
@@ -97,8 +126,7 @@ class RunState:
     def request_stop(self, reason: str) -> None:
         """Asks the runner to stop training cleanly: a step that is running finishes, no other
         step starts, and the running epoch's end hooks still run. Asked in ``on_step_begin``
-        or ``on_epoch_begin`` of a `cadence.StandardTrainer` (every front-end but `TrainLoop`,
-        whose batch is already taken then), the step about to start does not run."""
+        or ``on_epoch_begin``, the step about to start does not run."""
         self.stop_requested = True
         self.stop_reason = reason
 

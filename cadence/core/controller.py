@@ -6,9 +6,10 @@ The Controller decides how many steps the trainer runs next, and between those i
 saves checkpoints, writes summaries, logs, evaluates and calls callbacks and actions. It never
 counts steps itself: it reads the trainer's global step before and after each loop, and with a
 trainer that counts on a `cadence.core.clock.RunClock` (a `cadence.StandardTrainer`: the
-`ClockedTrainer` of `cadence.core.protocols`), it builds that clock -- the Controller's
-callbacks and run state around the trainer's `Progress` -- and hands it over with ``bind``:
-then it trains to a number of epochs, ends loops at epochs' ends and agrees on stops through it.
+`ClockedTrainer` of `cadence.core.protocols`), it hands the trainer its run state (which reads
+the trainer's `Progress`) and callbacks with ``bind``, and gets back the clock the trainer built
+around them: then it trains to a number of epochs, ends loops at epochs' ends and agrees on
+stops through it.
 
 The order of ``train`` (``train_and_evaluate`` adds evaluations between loops)::
 
@@ -56,7 +57,7 @@ from cadence.core.intervals import (
     check_steps_per_loop,
     steps_until_boundary,
 )
-from cadence.core.logs import format_logs, to_host
+from cadence.core.logs import format_logs
 from cadence.core.preemption import Preemption
 from cadence.core.progress import Progress
 from cadence.core.protocols import (
@@ -68,7 +69,7 @@ from cadence.core.protocols import (
 )
 from cadence.core.rank import world_size
 from cadence.core.run_checkpoints import RunCheckpoints
-from cadence.core.summary import DEFAULT_WRITERS, RunSummaries, WriterSpec
+from cadence.core.summary import DEFAULT_WRITERS, RunSummaries, WriterSpec, to_host
 
 logger = logging.getLogger("cadence")
 loop_logger = logging.getLogger("cadence.loop")
@@ -111,6 +112,11 @@ class Controller:
         eval_actions: Orbit actions, called with each evaluation's raw output.
         handle_signals: turn SIGTERM and SIGINT during training into a clean stop, a checkpoint
             and `Preempted` (only from the main thread).
+        log_loops: log a line after each training loop (``cadence.loop``); a front-end whose
+            monitors print the loop's scalars themselves (tensorpack's `ScalarPrinter`) passes
+            False.
+        run_dir: the run's directory (a `cadence.core.run_dir.RunDirectory`), where built-in
+            callbacks write by default (``RunState.run_dir``).
 
     Raises:
         ValueError: if neither a trainer nor an evaluator is given, an interval or
@@ -138,6 +144,8 @@ class Controller:
         train_actions: Iterable[Action] = (),
         eval_actions: Iterable[Action] = (),
         handle_signals: bool = True,
+        log_loops: bool = True,
+        run_dir: Any = None,
     ) -> None:
         if trainer is None and evaluator is None:
             raise ValueError("Controller needs a `trainer`, an `evaluator`, or both.")
@@ -167,7 +175,7 @@ class Controller:
             callbacks)
         self.train_actions = tuple(train_actions)
         self.handle_signals = handle_signals
-        self.log_loops = True
+        self.log_loops = log_loops
         """Log a line after each training loop (``cadence.loop``); a front-end whose monitors
         print the loop's scalars themselves (tensorpack's `ScalarPrinter`) turns it off."""
 
@@ -178,14 +186,18 @@ class Controller:
         self.summary_manager = self._summaries.train
         self.eval_summary_manager = self._summaries.eval
 
-        self.state = RunState(trainer=trainer, evaluator=evaluator, controller=self)
+        self._clocked = trainer if isinstance(trainer, ClockedTrainer) else None
+        progress = self._clocked.progress if self._clocked is not None else Progress()
+        self.state = RunState(progress=progress, trainer=trainer, evaluator=evaluator,
+                              controller=self, run_dir=run_dir)
         self.eval_actions = tuple(eval_actions)
         self._evaluations = Evaluations(self.callbacks, self.state)
-        self._clocked = trainer if isinstance(trainer, ClockedTrainer) else None
-        self._clock = RunClock(self._clocked.progress if self._clocked is not None else None,
-                               self.state, self.callbacks)
-        if self._clocked is not None:
-            self._clocked.bind(self._clock)  # it adds its epochs' length and the agreement
+        # A trainer that counts on a clock builds it (with the length of its epochs and the
+        # agreement of its ranks) around this state and these callbacks; for any other, the
+        # Controller's own clock only takes the trainer's count and agrees on stops.
+        self._clock = (self._clocked.bind(self.state, self.callbacks)
+                       if self._clocked is not None else RunClock(state=self.state,
+                                                                 callbacks=self.callbacks))
         self._checkpoints = RunCheckpoints(checkpoint_manager, self._global_step,
                                            self.callbacks, self.state)
         self._preemption = Preemption(handle_signals)
@@ -225,9 +237,10 @@ class Controller:
         return self._steps_per_loop
 
     def _sync_state(self) -> None:
-        self.state.global_step = self._global_step()
-        if (progress := self.progress) is not None:
-            self.state.epoch = progress.epoch
+        """A trainer that does not count on a clock counts its own steps: the run state shows
+        its count."""
+        if self._clocked is None:
+            self._clock.set_global_step(self._global_step())
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -293,6 +306,7 @@ class Controller:
         self._require("trainer")
         self._check_target(steps, epochs)
         self.state.target_step = steps if steps is not None else self._target_for(epochs)
+        self.state.target_epoch = epochs
         with self._training():
             self._train_until(steps, epochs)
             self._finish_training(checkpoint_at_completion)
@@ -495,7 +509,6 @@ class Controller:
             loop_logger.info("train | step: %d | %s | %s", after, rate_text, format_logs(logs))
         logs = {**logs, **rates}
         self.state.put_metrics(logs)
-        self.state.global_step = after
         self._clock.end_pending_epoch()  # an epoch that ended with the loop: sees these logs
         self.summary_manager.write_summaries(logs, step=after)
         self.summary_manager.flush()

@@ -24,8 +24,9 @@ from typing import Any
 from cadence.core.callbacks import CallbackList, RunState
 from cadence.core.checkpoint_dir import CheckpointInfo, new_checkpoints
 from cadence.core.errors import CheckpointError
-from cadence.core.logs import format_logs, plain_logs, to_host
+from cadence.core.logs import format_logs, plain_logs
 from cadence.core.protocols import CountsEvalSteps, Evaluable, SummaryManagerLike
+from cadence.core.summary import to_host
 
 logger = logging.getLogger("cadence")
 

@@ -1,36 +1,19 @@
-"""Helpers for logs: the (possibly nested) mappings that runners return.
+"""Helpers for logs: the (possibly nested) mappings that runners return -- flattened, printed,
+kept in checkpoints.
 
-A leaf may be a tensor, a NumPy value or array, or a Python number. Nothing here imports torch:
-values are moved to the host by duck typing (anything with ``tolist()``), which is the single
-host-device synchronization of a loop and happens once per loop, at log time.
+A leaf may be a tensor, a NumPy value or array, or a Python number. Logs reach the host (the
+single host-device synchronization of a loop, once per loop) on their way to the writers:
+`cadence.core.summary.to_host`. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 Logs = Mapping[str, Any]
 """A mapping from names to tensors, arrays, numbers, or nested `Logs`."""
-
-
-def to_host(value: Any) -> Any:
-    """Returns `value` with every tensor or array leaf converted to Python numbers or lists.
-
-    For a CUDA tensor this synchronizes with the device: call it once per loop, not per step.
-    """
-    if isinstance(value, Mapping):
-        return {str(k): to_host(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_host(v) for v in value]
-    detach = getattr(value, "detach", None)
-    if detach is not None:  # a torch.Tensor: detach first so autograd history is dropped
-        value = detach()
-    tolist = getattr(value, "tolist", None)
-    if tolist is not None:  # torch.Tensor, numpy.ndarray, numpy scalar
-        return tolist()
-    return value
 
 
 def flatten(logs: Logs, prefix: str = "", sep: str = "/") -> dict[str, Any]:
@@ -45,23 +28,10 @@ def flatten(logs: Logs, prefix: str = "", sep: str = "/") -> dict[str, Any]:
     return out
 
 
-def iter_groups(logs: Logs, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], dict]]:
-    """Yields ``(path, leaves)`` for each level of nested logs, leaves being the non-mapping items.
-
-    Orbit writes each nesting level to its own summary sub-directory; this is that split.
-    """
-    leaves = {k: v for k, v in logs.items() if not isinstance(v, Mapping)}
-    if leaves or not path:
-        yield path, leaves
-    for key, value in logs.items():
-        if isinstance(value, Mapping):
-            yield from iter_groups(value, (*path, str(key)))
-
-
 def plain_logs(logs: Logs) -> dict[str, Any]:
-    """Host `logs` (after `to_host`) with only the leaves a checkpoint holds as they are:
-    numbers, strings, bools, None and lists of them, in nested mappings. Anything else (an
-    image object, say) is left out.
+    """Host `logs` (after `cadence.core.summary.to_host`) with only the leaves a checkpoint
+    holds as they are: numbers, strings, bools, None and lists of them, in nested mappings.
+    Anything else (an image object, say) is left out.
 
     >>> plain_logs({"accuracy": 0.5, "per_class": [0.25, 1.0], "plot": object(),
     ...             "task": {"loss": 2.0}})
@@ -87,7 +57,7 @@ def _plain(value: Any) -> Any:
 
 
 def is_scalar(value: Any) -> bool:
-    """Whether a host value (after `to_host`) is a single real number."""
+    """Whether a host value (after `cadence.core.summary.to_host`) is a single real number."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 

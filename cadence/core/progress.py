@@ -20,6 +20,15 @@ callback sees its numbers in `RunState`:
     where it stopped, and its begin hooks run again in the new process.
 
 ``epochs_completed`` is ``epoch`` when it finished, else ``epoch - 1``.
+
+Only the run clock (`cadence.core.clock.RunClock`) writes these numbers; everyone else reads
+them -- callbacks through `RunState`, which reads through to the run's `Progress`.
+
+A step whose body is running (``step_running``: between the clock's ``begin_step`` and
+``end_step``) is not counted in ``global_step`` yet, but what a checkpoint taken now holds
+(`state_dict`) and what `RunState` shows count it as done: `TrainLoop`'s step is the body of the
+user's ``for`` loop, where a checkpoint, a print and its callbacks all belong to the step
+running.
 """
 
 from __future__ import annotations
@@ -39,6 +48,8 @@ class Progress:
         epoch_finished: whether `epoch` ran to its end.
         epoch_open: whether `epoch`'s begin hooks ran and its end hooks have not (this
             process's bookkeeping: not saved).
+        step_running: whether a step's body is running (this process's bookkeeping: saved
+            as done, see the module docstring).
     """
 
     global_step: int = 0
@@ -46,40 +57,27 @@ class Progress:
     epoch_step: int = 0
     epoch_finished: bool = True
     epoch_open: bool = False
+    step_running: bool = False
 
     @property
     def epochs_completed(self) -> int:
         """Epochs that ran to their end."""
         return self.epoch if self.epoch_finished else self.epoch - 1
 
-    def begin_epoch(self) -> None:
-        """Opens the next epoch, or reopens one that a stop ended early."""
-        if self.epoch_finished:
-            self.epoch += 1
-            self.epoch_step = 0
-            self.epoch_finished = False
-        self.epoch_open = True
-
-    def count_step(self) -> None:
-        """Counts one completed step."""
-        self.global_step += 1
-        self.epoch_step += 1
-
-    def finish_epoch(self) -> None:
-        """Marks the running epoch as run to its end."""
-        self.epoch_finished = True
-
-    def end_epoch(self) -> None:
-        """Closes the running epoch (its end hooks run)."""
-        self.epoch_open = False
+    @property
+    def steps_taken(self) -> int:
+        """`global_step`, counting a step whose body is running as done: what a checkpoint
+        taken now holds, and what callbacks see as ``state.global_step``."""
+        return self.global_step + self.step_running
 
     def state_dict(self) -> dict[str, Any]:
-        return {"global_step": self.global_step, "epoch": self.epoch,
-                "epoch_step": self.epoch_step, "epoch_finished": self.epoch_finished}
+        running = int(self.step_running)
+        return {"global_step": self.global_step + running, "epoch": self.epoch,
+                "epoch_step": self.epoch_step + running, "epoch_finished": self.epoch_finished}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.global_step = int(state["global_step"])
         self.epoch = int(state.get("epoch", 0))
         self.epoch_step = int(state.get("epoch_step", 0))
         self.epoch_finished = bool(state.get("epoch_finished", True))
-        self.epoch_open = False
+        self.epoch_open = self.step_running = False

@@ -57,25 +57,26 @@ def is_stateful(obj: Any) -> bool:
 
 class StopAgreementLike(Protocol):
     """How ranks agree on a stop (`cadence.engine.distributed.StopAgreement` under torchrun):
-    what a `cadence.core.clock.RunClock` is given across ranks."""
+    the messages a `cadence.core.clock.RunClock` sends across ranks. The clock decides what an
+    agreement means (every rank then stops); this only carries the flags."""
 
-    def after_step(self, state: Any) -> bool:
-        """Called after every step with the `RunState`; True when the ranks agreed to stop,
-        at this same step on every rank (then every rank's state has a stop request)."""
-
-    def at_loop_end(self, state: Any) -> bool:
-        """At a loop's end: the ranks agree at once and return the decision (the same on every
-        rank; a stop request is then on every rank's state)."""
+    def poll(self, local: bool) -> bool:
+        """Called after every step with this rank's stop flag; True when the ranks agreed to
+        stop, at this same step on every rank (without waiting for another rank per step)."""
 
     def agree(self, local: bool) -> bool:
-        """Whether any rank says `local`."""
+        """Whether any rank says `local`, at once (blocking: every rank calls it)."""
+
+    def reset(self) -> None:
+        """Forgets an agreement `poll` started (at a loop's end, before `agree`)."""
 
 
 @runtime_checkable
 class ClockedTrainer(Trainable, Protocol):
-    """A trainer that counts steps and epochs on the run clock the Controller hands it
-    (`cadence.StandardTrainer`, and so every front-end's trainer). The Controller trains to a
-    number of epochs, ends loops at epochs' ends and agrees on stops through that clock."""
+    """A trainer that counts steps and epochs on a run clock it builds (`cadence.StandardTrainer`,
+    and so every front-end's trainer). The Controller hands it its run state and callbacks
+    (`bind`), and trains to a number of epochs, ends loops at epochs' ends and agrees on stops
+    through the clock it gets back."""
 
     @property
     def progress(self) -> Progress:
@@ -85,8 +86,9 @@ class ClockedTrainer(Trainable, Protocol):
     def examples_per_step(self) -> int | None:
         """Examples in a step, when the data says (for examples/sec)."""
 
-    def bind(self, clock: RunClock) -> None:
-        """Takes the clock to count on: the Controller's callbacks and run state."""
+    def bind(self, state: Any, callbacks: Any) -> RunClock:
+        """Counts from now on with a clock of the Controller's run state (a `RunState` of this
+        trainer's `progress`) and callbacks (a `CallbackList`); returns that clock."""
 
     def max_steps_to_epoch_end(self) -> int | None:
         """At most how many steps until the running epoch ends (None: unknown)."""

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cadence.core.logs import Logs, flatten, iter_groups, to_host
+from cadence.core.logs import Logs, flatten
 from cadence.core.protocols import (
     HParamsWriter,
     MetricWriter,
@@ -55,6 +55,45 @@ DEFAULT_WRITERS = ("tensorboard", "jsonl")
 WriterSpec = str | Callable[[Path], MetricWriter]
 """A writer's name in `WRITERS`, or a function that builds a writer for a directory (e.g.
 ``functools.partial(MLflowWriter, experiment_name="digits")``)."""
+
+
+def to_host(value: Any) -> Any:
+    """Returns `value` with every tensor or array leaf converted to Python numbers or lists:
+    logs as writers and callbacks take them.
+
+    For a CUDA tensor this synchronizes with the device: the Controller calls it once per loop,
+    not per step.
+    """
+    if isinstance(value, Mapping):
+        return {str(k): to_host(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_host(v) for v in value]
+    return _host_leaf(value)
+
+
+def _host_leaf(value: Any) -> Any:
+    detach = getattr(value, "detach", None)
+    if detach is not None:  # a torch.Tensor: detach first so autograd history is dropped
+        value = detach()
+    tolist = getattr(value, "tolist", None)
+    if tolist is not None:  # torch.Tensor, numpy.ndarray, numpy scalar
+        return tolist()
+    return value
+
+
+def iter_groups(logs: Logs, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], dict]]:
+    """Yields ``(path, leaves)`` for each level of nested logs, leaves being the non-mapping items,
+    on the host (`to_host`'s conversion, in the same walk: logs already on the host pass as they
+    are).
+
+    Orbit writes each nesting level to its own summary sub-directory; this is that split.
+    """
+    leaves = {str(k): to_host(v) for k, v in logs.items() if not isinstance(v, Mapping)}
+    if leaves or not path:
+        yield path, leaves
+    for key, value in logs.items():
+        if isinstance(value, Mapping):
+            yield from iter_groups(value, (*path, str(key)))
 
 
 def check_writers(specs: Sequence[WriterSpec]) -> tuple[WriterSpec, ...]:
@@ -230,7 +269,7 @@ class SummaryManager:
             return
         step = self._step(step)
         writers = self.writers
-        for group, leaves in iter_groups(to_host(logs)):
+        for group, leaves in iter_groups(logs):
             for writer in writers:
                 if self.replace_steps and isinstance(writer, StepReplacingWriter):
                     writer.forget_step(step, group)

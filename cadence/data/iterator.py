@@ -247,6 +247,15 @@ class DataIterator:
             self.end_pass()
             raise
 
+    def end_pass_at_last_batch(self) -> bool:
+        """Ends the pass if the batch just taken was its last -- a sized source knows, so its
+        pass ends right after its last batch (a checkpoint taken then holds a finished pass),
+        not at the next, failing ``next()``. Returns whether it ended."""
+        if self.batches == self.pass_length:
+            self.end_pass()
+            return True
+        return False
+
     def end_pass(self) -> None:
         """Counts the pass as done; the next `next()` starts a new one."""
         self.epoch += 1

@@ -65,8 +65,7 @@ class RepeatingIterator:
             batch = next(data)
         except StopIteration:
             batch = data.next_in_pass()  # a new pass; ValueError if it is empty
-        if data.batches == data.pass_length:  # the last batch of a sized source
-            data.end_pass()
+        data.end_pass_at_last_batch()
         return batch
 
 
@@ -114,6 +113,10 @@ class NestedIterators(dict):
 
     def end_pass(self) -> None:
         """Nothing to do: each dataset starts its next pass when it runs out."""
+
+    def end_pass_at_last_batch(self) -> bool:
+        """False: each dataset ends its own passes (a `RepeatingIterator`)."""
+        return False
 
     def next_in_pass(self) -> Any:
         raise TypeError("Nested datasets are read by the step, one iterator at a time "

@@ -5,8 +5,9 @@ each rank, bounded failures, agreed stops, and how a model is spread over the ra
   whose collectives time out after ``timeout`` seconds, so that a dead or stuck rank ends the
   job in bounded time instead of hanging it; ranks other than 0 log warnings only.
 - `local_device` is this rank's device: ``cuda:<LOCAL_RANK>`` on a GPU machine.
-- `StopAgreement` makes a stop requested on any rank (a signal, a callback, a time limit) the
-  stop of every rank, at the same step, without a host-device sync per step.
+- `StopAgreement` carries the stop flags across ranks for the run clock, which makes a stop
+  requested on any rank (a signal, a callback, a time limit) the stop of every rank, at the
+  same step, without a host-device sync per step.
 - `prepare_model` spreads a model over the ranks as the strategy says (none, DDP, FSDP2 per
   repeated block: `cadence.engine.parallelize`), in a group of one where there is no job.
 - `gather_objects` brings every rank's host-side values to every rank; `gather_on_rank_zero`
@@ -48,7 +49,6 @@ import torch.distributed as dist
 import torch.distributed.nn
 from torch import nn
 
-from cadence.core.callbacks import RunState
 from cadence.core.errors import CheckpointError, JobFailure
 from cadence.core.intervals import check_int
 from cadence.core.rank import local_rank, process_rank, world_size
@@ -307,21 +307,6 @@ def any_rank(flag: bool, what: str = "agreeing on a stop") -> bool:
     return bool(value.item())  # a CPU tensor: no device sync
 
 
-def join_stop(state: RunState) -> None:
-    """The ranks agreed to stop: this one stops too, if the request came from another."""
-    if not state.stop_requested:
-        state.request_stop("a stop was requested on another rank")
-
-
-def agree_on_stop(state: RunState) -> bool:
-    """At a point every rank reaches (the end of a loop or an epoch): whether any rank asked to
-    stop; if so, every rank's `state` has a stop request now. A collective."""
-    if any_rank(state.stop_requested):
-        join_stop(state)
-        return True
-    return False
-
-
 class StopAgreement:
     """Agrees across ranks on a stop requested on any of them, at the same step on every rank.
 
@@ -347,7 +332,7 @@ class StopAgreement:
         self._pending = None
         self._steps = 0
 
-    def step(self, local: bool) -> bool:
+    def poll(self, local: bool) -> bool:
         """Called after every step with this rank's stop flag; True when the ranks agreed to
         stop (then on every rank at this same step)."""
         self._steps += 1
@@ -365,24 +350,9 @@ class StopAgreement:
         self._pending = (work, value)
         return agreed
 
-    def after_step(self, state: RunState) -> bool:
-        """`step` with `state`'s stop flag; when the ranks agreed, `state` has a stop request
-        on every rank (at this same step) and this returns True."""
-        if self.step(state.stop_requested):
-            join_stop(state)
-            return True
-        return False
-
     def agree(self, local: bool) -> bool:
         """Whether any rank says `local`, at once (a loop's end: see `any_rank`)."""
         return any_rank(local)
-
-    def at_loop_end(self, state: RunState) -> bool:
-        """`reset`, then agree at once (`agree_on_stop`): the ranks leave a loop with the same
-        stop decision, which this returns -- act on it, not on `state`'s flag, which a signal
-        may set on one rank after the agreement."""
-        self.reset()
-        return agree_on_stop(state)
 
 
 def broadcast_object(value: Any) -> Any:

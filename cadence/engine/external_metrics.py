@@ -103,6 +103,20 @@ def reduce_across_ranks(metric: Any) -> None:
         metric.all_reduce()
 
 
+def holds_torchmetric(logs: Any) -> bool:
+    """Whether `logs` (nested mappings, lists, tuples) hold a torchmetrics metric: only then do
+    they need `compute_in_logs`."""
+    if not torchmetrics_classes():
+        return False
+    if is_torchmetric(logs):
+        return True
+    if isinstance(logs, Mapping):
+        return any(holds_torchmetric(item) for item in logs.values())
+    if isinstance(logs, (list, tuple)):
+        return any(holds_torchmetric(item) for item in logs)
+    return False
+
+
 def compute_in_logs(logs: Any) -> Any:
     """`logs` with every torchmetrics metric in it replaced by its ``compute()`` (a collection's
     by the mapping of its results): what a runner returns may hold the metrics themselves."""

@@ -6,6 +6,7 @@ import abc
 from collections.abc import Mapping
 from typing import Any
 
+from cadence.core.progress import Progress
 from cadence.engine.module import Module
 
 Output = Mapping[str, Any]
@@ -14,7 +15,35 @@ of the summaries."""
 
 
 class AbstractTrainer(Module, metaclass=abc.ABCMeta):
-    """A `Module` that trains in inner loops of `num_steps` steps."""
+    """A `Module` that trains in inner loops of `num_steps` steps.
+
+    It is a `cadence.core.trainer_view.TrainerView` -- what callbacks read of a trainer --
+    with None for each member a subclass does not set: a subclass that trains a model names it
+    ``self.model`` (and its optimizer ``self.optimizer``), so that exports, early stopping,
+    schedules and summaries find them.
+    """
+
+    model: Any = None
+    """The ``nn.Module`` trained, or None."""
+    optimizer: Any = None
+    """The optimizer, or None."""
+    logdir: Any = None
+    """The trainer's own run directory, or None."""
+
+    @property
+    def progress(self) -> Progress | None:
+        """The step and epoch counters, when the trainer counts on a run clock."""
+        return None
+
+    @property
+    def train_iterator(self) -> Any:
+        """The iterator over the training data, with its position, or None."""
+        return None
+
+    @property
+    def examples_per_step(self) -> int | None:
+        """Examples in a step, when the data says."""
+        return None
 
     @abc.abstractmethod
     def train(self, num_steps: int) -> Output | None:

@@ -3,14 +3,14 @@
 `StandardTrainer.train(num_steps)` runs::
 
     train_loop_begin()
-    repeat num_steps times:                 # ends early if a stop is requested
-        [on_epoch_begin]                    # at the first step of an epoch
-        on_step_begin                       # hooks only if some callback overrides them
-        [stop requested: the step does not start]
+    clock.begin_loop(num_steps)
+    while clock.begin_step():               # [on_epoch_begin] at the first step of an epoch,
+                                            # on_step_begin (hooks only if some callback
+                                            # overrides them); False: a stop was requested
         train_step(iterator)                # the iterator persists across calls
-        global_step += 1
-        on_step_end
-        [on_epoch_end]                      # an epoch that ends in mid-loop
+        clock.end_step(last batch of the pass?)  # global_step += 1, on_step_end,
+                                            # [on_epoch_end] of an epoch that ends in mid-loop
+    clock.end_loop()                        # under torchrun: the ranks agree on a stop
     logs = train_loop_end()
     [on_epoch_end]                          # an epoch that ended with the loop (or by a stop):
                                             # the Controller runs it once logs are on the host
@@ -55,7 +55,7 @@ from cadence.data.iterator import DataIterator
 from cadence.data.nested import NestedIterators, is_nested, iterate_nested
 from cadence.engine.compile import check_compile_options, compile_step, feed_from_outside
 from cadence.engine.distributed import StopAgreement, collective_errors, is_distributed
-from cadence.engine.external_metrics import compute_in_logs
+from cadence.engine.external_metrics import compute_in_logs, holds_torchmetric
 from cadence.engine.module import Module
 from cadence.engine.runner import AbstractEvaluator, AbstractTrainer, Output
 
@@ -152,10 +152,11 @@ def _check_num_steps(num_steps: Any, allow_all: bool) -> int:
 class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
     """Implements `train(num_steps)` with `train_loop_begin`, `train_step`, `train_loop_end`.
 
-    It counts steps and epochs on a `cadence.core.clock.RunClock` -- its own, or the one a
-    `Controller` binds to it with the Controller's callbacks, whose step and epoch hooks it
-    then fires (see `cadence.core.progress` for what the numbers mean in every front-end). An
-    epoch is a pass over the training data, or `steps_per_epoch` steps.
+    It counts steps and epochs on a `cadence.core.clock.RunClock` it builds -- with callbacks
+    and a run state of its own, or, once a `Controller` drives it (`bind`), with the
+    Controller's, whose step and epoch hooks it then fires (see `cadence.core.progress` for what
+    the numbers mean in every front-end). An epoch is a pass over the training data, or
+    `steps_per_epoch` steps.
 
     Args:
         train_dataset: what the iterator passed to `train_step` iterates: a DataLoader, a list
@@ -183,12 +184,13 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         self._train_options = _check_options(options, StandardTrainerOptions)
         self._train_data = self._data_iterator(train_dataset)
         self._progress = Progress()
-        # Its own clock until a Controller binds one (with the Controller's callbacks and state).
-        self._own_clock = RunClock(self._progress, RunState(trainer=self), CallbackList())
+        self._steps_per_epoch: int | None = self._train_options.steps_per_epoch
+        # Its own clock until a Controller drives it (then one with the Controller's callbacks
+        # and state): it builds both, and it alone sets them.
+        self._own_clock = self._new_clock(RunState(progress=self._progress, trainer=self),
+                                          CallbackList())
         self._clock = self._own_clock
         self._compiled_train_step: Callable[[Iterator[Any]], Any] | None = None
-        self._steps_per_epoch: int | None = self._train_options.steps_per_epoch
-        self._bind_clock(self._own_clock)
 
     def checkpoint_items(self) -> dict[str, Any]:
         """The parts a checkpoint holds: the public stateful attributes (see
@@ -243,7 +245,7 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
 
     @global_step.setter
     def global_step(self, value: int) -> None:
-        self._progress.global_step = int(value)
+        self._clock.set_global_step(value)
 
     @property
     def epoch(self) -> int:
@@ -266,7 +268,8 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
     @steps_per_epoch.setter
     def steps_per_epoch(self, value: int | None) -> None:
         self._steps_per_epoch = value
-        self._clock.steps_per_epoch = value
+        for clock in {self._own_clock, self._clock}:  # the clocks it built
+            clock.steps_per_epoch = value
 
     @property
     def examples_per_step(self) -> int | None:
@@ -281,24 +284,33 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
 
     @property
     def clock(self) -> RunClock:
-        """The clock this trainer counts on: its own, or the one a Controller bound."""
+        """The clock this trainer counts on: its own, or the one it built for a Controller."""
         return self._clock
 
-    def bind(self, clock: RunClock) -> None:
-        """Called by the Controller: the clock to count on, with the Controller's callbacks --
-        whose step and epoch hooks this loop fires -- and run state, which it reports into and
-        takes stop requests from. It counts on this trainer's `progress`."""
-        if clock.progress is not self._progress:
-            raise ValueError("bind() takes a clock that counts on this trainer's progress: "
-                             "RunClock(trainer.progress, ...).")
-        self._bind_clock(clock)
+    def bind(self, state: RunState, callbacks: CallbackList) -> RunClock:
+        """Called by the Controller that drives this trainer: from now on it counts on a clock
+        it builds around `state` -- the Controller's run state, which reports into this
+        trainer's `progress` and takes stop requests -- firing the step and epoch hooks of
+        `callbacks`. Returns that clock, through which the Controller asks about epochs and
+        stops.
 
-    def _bind_clock(self, clock: RunClock) -> None:
-        clock.steps_per_epoch = self._steps_per_epoch
-        clock.stop_at_end_of_data = self._train_options.stop_at_end_of_data
-        if clock.agreement is None and is_distributed():
-            clock.agreement = StopAgreement(self._train_options.stop_check_steps)
-        self._clock = clock
+        Raises:
+            ValueError: for a `state` that does not read this trainer's `progress`.
+        """
+        if state.progress is not self._progress:
+            raise ValueError("bind() takes a run state of this trainer's progress: "
+                             "RunState(progress=trainer.progress, ...).")
+        self._clock = self._new_clock(state, callbacks)
+        return self._clock
+
+    def _new_clock(self, state: RunState, callbacks: CallbackList) -> RunClock:
+        return RunClock(state=state, callbacks=callbacks, steps_per_epoch=self._steps_per_epoch,
+                        stop_at_end_of_data=self._train_options.stop_at_end_of_data,
+                        agreement=self._agreement())
+
+    def _agreement(self) -> StopAgreement | None:
+        """The stop agreement of a new clock: one under torchrun, none in one process."""
+        return StopAgreement(self._train_options.stop_check_steps) if is_distributed() else None
 
     def train_loop_begin(self) -> None:
         """Runs at the start of every `train` call, before the first step (and before the
@@ -327,19 +339,19 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         """
         num_steps = _check_num_steps(num_steps, allow_all=False)
         clock = self._clock
-        state = clock.state
         driven = clock is not self._own_clock  # a Controller: it ends pending epochs
         if not driven:  # each call is a fresh start
             clock.clear_stop()
         if clock.agreement is None and is_distributed():  # the process group came later
-            self._bind_clock(clock)
+            clock.agreement = self._agreement()
         self.train_loop_begin()
         with collective_errors("training") if is_distributed() else contextlib.nullcontext():
             self.create_train_loop_fn()(self._train_data, num_steps)
-        state.global_step = self._progress.global_step
+        output = self.train_loop_end()
         # A torchmetrics metric in the logs is computed here, once per loop (its compute()
         # gathers every rank's states); the runner resets it, as its own, in train_loop_begin.
-        output = compute_in_logs(self.train_loop_end())
+        if holds_torchmetric(output):
+            output = compute_in_logs(output)
         if not driven:  # else the Controller does, once the loop's logs are on the host
             clock.end_pending_epoch()
         return output
@@ -358,40 +370,34 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
     def _run_steps(self, step_fn: Callable[[Any], Any], data: DataIterator | NestedIterators,
                    num_steps: int) -> None:
         clock = self._clock
-        if not clock.begin_loop():
-            return
-        pass_length = data.pass_length
-        done = 0
+        runs = clock.begin_loop(num_steps)
         empty_pass = False
-        runs = num_steps > 0 and clock.begin_step()
-        while runs:
-            try:
-                step_fn(data)
-            except StopIteration:
-                if empty_pass:
-                    raise ValueError(
-                        f"The training data ({type(data.source).__name__}) yields no batches when "
-                        "iterated again: it is empty (a batch size larger than the dataset with "
-                        "drop_last=True makes no batch), or it is a generator or iterator, which "
-                        "can be iterated only once. Pass data with at least one batch: a "
-                        "DataLoader, a list, or another re-iterable, or set "
-                        "StandardTrainerOptions(stop_at_end_of_data=True)."
-                    ) from None
-                empty_pass = data.at_pass_start
-                data.end_pass()
-                if clock.data_ran_out():
-                    break  # the end of the data ends training: on every rank at this step
-                runs = clock.begin_step()
-                continue
-            except StopTraining as stop:
-                clock.state.request_stop(str(stop) or "StopTraining")
-                break
-            empty_pass = False
-            done += 1
-            pass_done = data.batches == pass_length  # the last batch of a sized source
-            if pass_done:
-                data.end_pass()
-            runs = clock.end_step(pass_done, last=done == num_steps)  # and begins the next
+        try:
+            while runs and clock.begin_step():
+                try:
+                    step_fn(data)
+                except StopIteration:  # the data ran out before the step took a batch
+                    if empty_pass:
+                        raise ValueError(
+                            f"The training data ({type(data.source).__name__}) yields no batches "
+                            "when iterated again: it is empty (a batch size larger than the "
+                            "dataset with drop_last=True makes no batch), or it is a generator "
+                            "or iterator, which can be iterated only once. Pass data with at "
+                            "least one batch: a DataLoader, a list, or another re-iterable, or "
+                            "set StandardTrainerOptions(stop_at_end_of_data=True)."
+                        ) from None
+                    empty_pass = data.at_pass_start
+                    data.end_pass()
+                    runs = clock.data_ran_out()  # the end of the data may end training
+                    continue
+                empty_pass = False
+                runs = clock.end_step(data.end_pass_at_last_batch())
+        except StopTraining as stop:
+            clock.abort_step()
+            clock.state.request_stop(str(stop) or "StopTraining")
+        except BaseException:
+            clock.abort_step()
+            raise
         clock.end_loop()
 
     def _train_step_fn(self) -> Callable[[Iterator[Any]], Any]:
@@ -476,8 +482,9 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
         with torch.no_grad() if self._eval_options.no_grad else contextlib.nullcontext():
             state = loop_fn(self._eval_iterator, num_steps, state=state,
                             reduce_fn=self.eval_reduce)
+        output = self.eval_end(state) if state is not None else self.eval_end()
         # A torchmetrics metric in the logs is computed here, once per evaluation.
-        return compute_in_logs(self.eval_end(state) if state is not None else self.eval_end())
+        return compute_in_logs(output) if holds_torchmetric(output) else output
 
     def create_eval_loop_fn(self) -> Callable[..., Any]:
         """The loop that `evaluate` runs: ``loop_fn(iterator, num_steps, state=None,

@@ -506,9 +506,11 @@ class Trainer(StandardTrainer, StandardEvaluator):
         """The loop's means: ``training_loss``, the task's metrics, other scalars the task's
         ``train_step`` returned, ``learning_rate`` and, with clipping, ``gradient_norm``."""
         self._coordinator.join(retention=False)  # old checkpoints are deleted in the background
-        for metric in (self.training_loss, self.gradient_norm, *self.train_metrics.values(),
-                       *self._extra_train_logs.values()):
-            reduce_across_ranks(metric)  # a no-op in one process, and for torchmetrics'
+        own = (self.training_loss, self.gradient_norm, *self._extra_train_logs.values())
+        for mean in own:
+            mean.all_reduce()  # a no-op in one process
+        for metric in self.train_metrics.values():
+            reduce_across_ranks(metric)  # cadence's all-reduce; torchmetrics' gather in compute
         logs: dict[str, Any] = {"training_loss": self.training_loss.result()}
         # torchmetrics' compute() gathers the ranks' states: every rank reads every metric.
         logs.update({name: read_metric(metric) for name, metric in self.train_metrics.items()})
@@ -580,7 +582,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
                                                          global_step=self.global_step))
         exporter = self._checkpoint_exporter
         if exporter is not None:
-            from cadence.core.logs import to_host
+            from cadence.core.summary import to_host
 
             logs = to_host(logs)
             exporter.maybe_export_checkpoint(self._eval_model, logs, self.global_step,

@@ -234,11 +234,12 @@ class Trainer(StandardTrainer):
             keep = savers[0].max_to_keep if savers else DEFAULT_MAX_TO_KEEP
             manager = CheckpointManager(self, directory, max_to_keep=keep,
                                         init_fn=lambda: self._initialize(session_init))
+        # One line per epoch, as tensorpack: the monitors' (`ScalarPrinter`), not also the
+        # Controller's loop line.
         self._controller = Controller(
             trainer=self, steps_per_loop=lambda step: max(self.steps_per_epoch or 1, 1),
-            checkpoint_manager=manager, callbacks=self._clock.callbacks)
-        if self.logdir is not None:
-            self._controller.state.run_dir = RunDirectory(self.logdir)
+            checkpoint_manager=manager, callbacks=self._clock.callbacks, log_loops=False,
+            run_dir=RunDirectory(self.logdir) if self.logdir is not None else None)
         if manager is None:
             self._initialize(session_init)
             return None
@@ -356,18 +357,14 @@ class Trainer(StandardTrainer):
         assert controller is not None
         progress = self.progress
         if progress.global_step == 0 and progress.epoch == 0:  # a fresh run
-            progress.epoch = max(starting_epoch - 1, 0)
+            self.clock.start_at_epoch(starting_epoch)
         self.steps_per_epoch, self.max_epoch = steps_per_epoch, max_epoch
-        controller.state.extra["last_epoch"] = max_epoch
         if (self._resumed_from is not None and self.logdir is not None
                 and progress.epochs_completed < max_epoch):  # training goes on from there
             RunDirectory(self.logdir).record_resume(self.global_step, self._resumed_from)
         controller.handle_signals = handle_signals
         if self.global_step:
             logger.info("Start training with global_step=%d.", self.global_step)
-        # One line per epoch, as tensorpack: the monitors' (`ScalarPrinter`), not also the
-        # Controller's loop line.
-        controller.log_loops = False
         controller.train(epochs=max_epoch, checkpoint_at_completion=False)
         if self.state.stop_requested:
             logger.info("Training was stopped: %s.", self.state.stop_reason)
@@ -453,8 +450,6 @@ class SingleCostTrainer(Trainer):
             batch = data.next_in_pass()
         except StopIteration:  # the input repeats
             batch = data.next_in_pass()
-        if data.batches == data.pass_length:  # a sized input: end the pass now
-            data.end_pass()
         return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
 
     def run_step(self) -> None:

@@ -1,7 +1,8 @@
 """`MetricLog`: what a `TrainLoop` collected since its last print, and where it goes when printed.
 
-Metrics are collected per epoch and, inside a step, per step too; each name has a
-`StatisticsCollector` (tensors stay on their device). A print turns them into ``mean (±std)``
+Metrics are collected per epoch and, inside a step, per step too; each name has the engine's
+`cadence.engine.metrics.Moments` (tensors stay on their device; every element of a collected
+array is one value). A print turns them into ``mean (±std)``
 text and writes the means as summaries -- skipping durations by default, and writing a metric
 only every k-th time when asked -- then forgets them.
 
@@ -19,12 +20,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from cadence.core.summary import SummaryManager
 from cadence.engine.external_metrics import compute_metric, is_torchmetric
+from cadence.engine.metrics import Moments
 from cadence.tfsnippet.formatting import DefaultMetricFormatter, format_stats
-from cadence.tfsnippet.statistics import StatisticsCollector
 
 Stats = dict[str, tuple[float, float | None]]
 """``{name: (mean, std or None)}``: std is None for a single value."""
@@ -47,8 +49,8 @@ class MetricLog:
         self.skip = skip
         self.commit_freqs = dict(commit_freqs)
         self._commit_counts: dict[str, int] = {}
-        self.epoch: dict[str, StatisticsCollector] = {}
-        self.step: dict[str, StatisticsCollector] = {}
+        self.epoch: dict[str, Moments] = {}
+        self.step: dict[str, Moments] = {}
         self.epoch_metrics: dict[str, Any] = {}
         """torchmetrics metrics collected in the epoch, by name (read when printed)."""
         self.step_metrics: dict[str, Any] = {}
@@ -60,17 +62,23 @@ class MetricLog:
             TypeError: for a name collected both as values and as a torchmetrics metric.
         """
         kind = type(value)  # a step's tensor or time is not a torchmetrics metric: no lookup
-        if kind is not torch.Tensor and kind is not float and is_torchmetric(value):
-            self._collect_metric(name, value, within_step)
-            return
+        if kind is torch.Tensor:
+            value = value.detach()
+        elif kind is not float and kind is not int:
+            if is_torchmetric(value):
+                self._collect_metric(name, value, within_step)
+                return
+            value = _as_values(value)
+            if value is None:
+                return  # an empty array adds nothing
         for metrics in (self.epoch, self.step) if within_step else (self.epoch,):
             collector = metrics.get(name)  # per step: no collector is built unless it is new
             if collector is None:
                 if name in self.epoch_metrics:
                     raise TypeError(f"Metric {name!r} was collected as a torchmetrics metric "
                                     "and now as a value: collect one or the other.")
-                collector = metrics[name] = StatisticsCollector()
-            collector.collect(value)
+                collector = metrics[name] = Moments()
+            collector.update(value)
 
     def _collect_metric(self, name: str, metric: Any, within_step: bool) -> None:
         if name in self.epoch:
@@ -85,8 +93,9 @@ class MetricLog:
         forgotten (a host read of each); torchmetrics metrics are computed, and reset once the
         epoch's are read."""
         collectors = self.step if within_step else self.epoch
-        stats = {name: (c.mean, c.stddev if c.weight_sum > 1 else None)
-                 for name, c in collectors.items() if c.has_value}
+        stats: Stats = {}
+        for name, collector in collectors.items():
+            stats.update(_moments_of(name, collector))
         collectors.clear()
         metrics = self.step_metrics if within_step else self.epoch_metrics
         for name, metric in metrics.items():
@@ -138,8 +147,29 @@ def _stats_of(name: str, value: Any) -> Stats:
         for key, item in value.items():
             stats.update(_stats_of(f"{name}/{key}", item))
         return stats
-    collector = StatisticsCollector()
-    collector.collect(value)
-    if not collector.has_value:
+    values = value if isinstance(value, (int, float)) else _as_values(value)
+    if values is None:
         return {}
-    return {name: (collector.mean, collector.stddev if collector.weight_sum > 1 else None)}
+    collector = Moments()
+    collector.update(values)
+    return _moments_of(name, collector)
+
+
+def _as_values(value: Any) -> Any:
+    """A collected value as `Moments` takes it: a tensor (detached) or a number as it is, an
+    array or a list as a float64 tensor; None for an empty one."""
+    if isinstance(value, torch.Tensor):
+        return value.detach() if value.numel() else None
+    array = np.asarray(value, dtype=np.float64)
+    if array.size == 0:
+        return None
+    return float(array) if array.ndim == 0 else torch.from_numpy(array)
+
+
+def _moments_of(name: str, moments: Moments) -> Stats:
+    """``{name: (mean, std)}`` of what `moments` saw (std None for a single value), or ``{}``
+    when it saw nothing: a host read."""
+    weight = moments.weight()
+    if not weight > 0:
+        return {}
+    return {name: (float(moments.result()), float(moments.stddev()) if weight > 1 else None)}

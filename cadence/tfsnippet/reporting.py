@@ -49,8 +49,9 @@ class LoopReport:
 
     Args:
         run_clock: the loop's clock: its ``progress`` holds the counters (and whether an
-            epoch is open), its ``step_open`` whether a step is; a print puts its metrics in the
-            clock's ``state`` and fires its ``callbacks``' ``on_loop_end``.
+            epoch is open), its ``step_open`` whether a step is, its ``max_epoch`` and
+            ``max_step`` the limits; a print puts its metrics in the clock's ``state`` and fires
+            its ``callbacks``' ``on_loop_end``.
         log: collects the metrics, and formats and writes them when printed.
         best: the validation metric (its ``monitor``) and its best value.
         params: the trained parameters: listed by `print_training_summary`, kept at their best
@@ -63,8 +64,6 @@ class LoopReport:
         show_eta: put the ETA in the tag.
         var_groups: name prefixes that split the parameter table into groups.
         early_stopping: keep the best parameters, and restore them at `finish`.
-        max_epoch: the last epoch (None: unlimited), as the progress counts it. Settable.
-        max_step: the last global step (None: unlimited). Settable.
     """
 
     def __init__(self, run_clock: RunClock, log: MetricLog, best: BestTracker,
@@ -72,10 +71,7 @@ class LoopReport:
                  summary_writer: Callable[[], SummaryManager | None],
                  print_func: Callable[[str], Any], clock: Callable[[], float], *,
                  show_eta: bool = True, var_groups: Sequence[str] | None = None,
-                 early_stopping: bool = False, max_epoch: int | None = None,
-                 max_step: int | None = None) -> None:
-        self.max_epoch = max_epoch
-        self.max_step = max_step
+                 early_stopping: bool = False) -> None:
         self.best = best
         self.early_stopping = early_stopping
         self.steps_in_epochs = 0
@@ -202,7 +198,7 @@ class LoopReport:
                             f"values ({sorted(value)}); collect one of them under that name.")
         if isinstance(value, torch.Tensor):  # the one host read of the metric
             value = float(value.detach().double().mean())
-        if not self.best.update(float(np.mean(value)), self._progress.global_step):
+        if not self.best.update(float(np.mean(value)), self._progress.steps_taken):
             return
         self._best_flag = True
         if self.early_stopping:
@@ -257,7 +253,7 @@ class LoopReport:
         if writer is None:
             raise RuntimeError("add_summary() needs a summary writer: pass summary_dir= or "
                                "summary_writer= to the TrainLoop.")
-        writer.write_summaries(dict(summary), step=self._progress.global_step)
+        writer.write_summaries(dict(summary), step=self._progress.steps_taken)
         self._events.fire(EventKeys.SUMMARY_ADDED, self._source, summary)
 
     # ------------------------------------------------------------------ progress
@@ -270,9 +266,10 @@ class LoopReport:
         finished epochs / `max_epoch`. The running step (or epoch) counts as finished once
         `print_logs` closed it, so a log line's ETA includes what it reports.
         """
-        progress, max_epoch, max_step = self._progress, self.max_epoch, self.max_step
-        step_done = not self._run_clock.step_open or self._step_closed
-        done = progress.global_step if step_done else progress.global_step - 1
+        clock = self._run_clock
+        progress, max_epoch, max_step = self._progress, clock.max_epoch, clock.max_step
+        step_done = not clock.step_open or self._step_closed
+        done = progress.steps_taken if step_done else progress.global_step
         if max_step is not None:
             return min(max(done / max_step, 0.0), 1.0) if max_step else None
         if max_epoch is not None:
@@ -280,7 +277,8 @@ class LoopReport:
                 return None
             epoch_done = not progress.epoch_open or self._epoch_closed
             finished = progress.epoch if epoch_done else progress.epoch - 1
-            steps_finished = self.steps_in_epochs - (0 if epoch_done else progress.epoch_step)
+            steps_finished = self.steps_in_epochs - (
+                0 if epoch_done else progress.epoch_step + progress.step_running)
             if finished > 0 and steps_finished > 0:
                 per_epoch = steps_finished / finished
                 return min(max(done / (max_epoch * per_epoch), 0.0), 1.0)
@@ -311,11 +309,12 @@ class LoopReport:
         self._print_func(f"{self._tag()} {message}" if with_tag else message)
 
     def _tag(self) -> str:
-        progress, max_epoch, max_step = self._progress, self.max_epoch, self.max_step
+        clock = self._run_clock
+        progress, max_epoch, max_step = self._progress, clock.max_epoch, clock.max_step
         parts = []
         if max_epoch != 1:
             parts.append(f"Epoch {progress.epoch}" + (f"/{max_epoch}" if max_epoch else ""))
-        parts.append(f"Step {progress.global_step}" + (f"/{max_step}" if max_step else ""))
+        parts.append(f"Step {progress.steps_taken}" + (f"/{max_step}" if max_step else ""))
         if self._show_eta:
             eta = self.get_eta()
             if eta is not None:
@@ -346,7 +345,7 @@ class LoopReport:
             self._best_flag = False
         self._print_func(line)
         means = {n: m for n, (m, _) in stats.items()}
-        self._log.write_summaries(self._summary_writer(), means, self._progress.global_step)
+        self._log.write_summaries(self._summary_writer(), means, self._progress.steps_taken)
         metric_stats = {n: s for n, s in stats.items() if not is_time_metric(n)}
         time_stats = {n: s for n, s in stats.items() if is_time_metric(n)}
         if metric_stats:
@@ -354,7 +353,6 @@ class LoopReport:
         if time_stats:
             self._events.fire(EventKeys.TIME_METRIC_STATS_PRINTED, self._source, time_stats)
         run_clock = self._run_clock
-        run_clock.sync()
         run_clock.state.put_metrics(means)
         run_clock.callbacks.fire("on_loop_end", run_clock.state, means)
 

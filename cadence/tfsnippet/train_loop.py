@@ -36,6 +36,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
+
 from cadence.core.best import BestTracker
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.checkpoint_dir import DEFAULT_MAX_TO_KEEP
@@ -53,7 +56,7 @@ from cadence.core.summary import (
 )
 from cadence.data.iterator import DataIterator
 from cadence.engine.checkpoint import CheckpointManager
-from cadence.engine.distributed import StopAgreement, any_rank, is_distributed
+from cadence.engine.distributed import StopAgreement, is_distributed
 from cadence.tfsnippet.checkpoints import LoopCheckpoints
 from cadence.tfsnippet.events import EventKeys, EventSource
 from cadence.tfsnippet.formatting import DefaultMetricFormatter
@@ -169,6 +172,7 @@ class TrainLoop:
                                             checkpoint_save_objects, restore_checkpoint)
         self._checkpoint_epoch_freq = checkpoint_epoch_freq
         self._param_vars = param_vars
+        self._optimizer = (checkpoint_save_objects or {}).get("optimizer")
         self._params = TrainedParameters(param_vars)
         self._var_groups = list(var_groups) if var_groups is not None else None
         self._summary_dir = summary_dir
@@ -182,13 +186,13 @@ class TrainLoop:
 
         self._progress = Progress()
         self._entered = self._exited = False
-        self._pass_over = False  # the running epoch's pass of the data ended
         self._step_data: Any = None
         self._data: DataIterator | None = None
         self._pending_data_state: dict[str, Any] | None = None
-        self._state = RunState(trainer=self, controller=self)
-        # Counts steps and epochs and fires their hooks, as in every front-end.
-        self._run_clock = RunClock(self._progress, self._state, self._callbacks)
+        self._state = RunState(progress=self._progress, trainer=self, controller=self)
+        # Counts steps and epochs, keeps the limits and fires the hooks, as in every front-end.
+        self._run_clock = RunClock(state=self._state, callbacks=self._callbacks,
+                                   max_step=max_step, max_epoch=max_epoch)
         self._preemption = Preemption(handle_signals)
         self._signals = contextlib.ExitStack()
 
@@ -202,8 +206,7 @@ class TrainLoop:
                       summary_commit_freqs or {}),
             BestTracker(valid_metric_name, mode), self._params, self._events, self,
             lambda: self._summary_writer, print_func, clock, show_eta=show_eta,
-            var_groups=self._var_groups, early_stopping=early_stopping, max_epoch=max_epoch,
-            max_step=max_step)
+            var_groups=self._var_groups, early_stopping=early_stopping)
         # Called every step: the report's own method, bound once (the class's documents it).
         self.collect_metrics = self._report.collect_metrics  # type: ignore[method-assign]
 
@@ -212,20 +215,24 @@ class TrainLoop:
     @property
     def max_epoch(self) -> int | None:
         """The last epoch (None: unlimited). Settable while running."""
-        return self._report.max_epoch
+        return self._run_clock.max_epoch
 
     @max_epoch.setter
     def max_epoch(self, value: int | None) -> None:
-        self._report.max_epoch = value
+        self._run_clock.max_epoch = check_int(
+            "TrainLoop", "max_epoch", value, "Pass the last epoch to train, e.g. max_epoch=10, "
+            "or None for no limit.", none_ok=True)
 
     @property
     def max_step(self) -> int | None:
         """The last global step (None: unlimited). Settable while running."""
-        return self._report.max_step
+        return self._run_clock.max_step
 
     @max_step.setter
     def max_step(self, value: int | None) -> None:
-        self._report.max_step = value
+        self._run_clock.max_step = check_int(
+            "TrainLoop", "max_step", value, "Pass the last global step to train, e.g. "
+            "max_step=1000, or None for no limit.", none_ok=True)
 
     @property
     def epoch(self) -> int:
@@ -236,7 +243,7 @@ class TrainLoop:
     def step(self) -> int:
         """The global step counter, from 1 (0 before the first step): inside a step, the
         number of the step running."""
-        return self._progress.global_step
+        return self._progress.steps_taken
 
     @property
     def param_vars(self) -> Any:
@@ -252,6 +259,46 @@ class TrainLoop:
     def progress(self) -> Progress:
         """The step and epoch counters (what callbacks see in `RunState`)."""
         return self._progress
+
+    # ------------------------------------------------------------------ what callbacks read
+    # (`cadence.core.trainer_view.TrainerView`: a TrainLoop is the trainer its callbacks see)
+
+    @property
+    def global_step(self) -> int:
+        """Completed steps, a step whose body runs counted (`step`)."""
+        return self._progress.steps_taken
+
+    @property
+    def model(self) -> nn.Module | None:
+        """`param_vars` when it is one ``nn.Module`` (what exports and early stopping read),
+        else None."""
+        return self._param_vars if isinstance(self._param_vars, nn.Module) else None
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer among `checkpoint_save_objects` (``"optimizer"``), else None."""
+        return self._optimizer
+
+    @property
+    def train_iterator(self) -> DataIterator | None:
+        """The iterator over the data of `iter_steps`, with its position (None before)."""
+        return self._data
+
+    @property
+    def examples_per_step(self) -> int | None:
+        """The batch size of the data of `iter_steps`, when it says."""
+        return self._data.batch_size if self._data is not None else None
+
+    @property
+    def trainable_variables(self) -> list[torch.Tensor]:
+        """The trained parameters that require gradients."""
+        return [p for p in self._params.named().values() if p.requires_grad]
+
+    @property
+    def logdir(self) -> None:
+        """None: a TrainLoop writes where its arguments say (`checkpoint_dir`,
+        `summary_dir`)."""
+        return None
 
     @property
     def events(self) -> EventSource:
@@ -406,7 +453,6 @@ class TrainLoop:
         self._report.start()
         if is_distributed():  # a stop requested on one rank is taken by all at the same step
             self._run_clock.agreement = StopAgreement()
-        self._run_clock.sync()
         self._signals.enter_context(self._preemption.watch(self._state))
         self._events.fire(EventKeys.ENTER_LOOP, self)
         self._callbacks.fire("on_train_begin", self._state)
@@ -425,13 +471,15 @@ class TrainLoop:
                 self._callbacks.fire_teardown("on_train_end", self._state)
                 self._state.error = None
                 # A signal to any rank preempts all: every rank saves, as the ranks agreed.
-                preempted = self._preemption.agree(any_rank) if exc_type is None else False
+                preempted = (self._preemption.agree(self._run_clock.agree) if exc_type is None
+                             else False)
                 if preempted and self._checkpoints.manager is not None:
                     saved = self.make_checkpoint()
             finally:
                 self._signals.close()
                 self._exited = True
-                self._progress.epoch_open = self._run_clock.step_open = False
+                self._run_clock.leave_step()  # a body that raised: its step ran
+                self._run_clock.leave_epoch()
                 self._data = None  # ends the data's running pass: a DataFlow is not reentrant
                 self._report.finish(exc_type)
             if exc_type is None:
@@ -475,25 +523,13 @@ class TrainLoop:
             RuntimeError: outside the ``with`` block, or inside another epoch loop.
         """
         self._require_entered()
-        progress, clock, report = self._progress, self._run_clock, self._report
+        progress, clock = self._progress, self._run_clock
         if progress.epoch_open:
             raise RuntimeError("iter_epochs() is already running; epoch loops do not nest.")
         try:
-            while not clock.stopping:
-                if progress.epoch_finished:  # else: reopen the epoch a checkpoint was taken in
-                    if report.max_epoch is not None and progress.epoch >= report.max_epoch:
-                        break
-                    if report.max_step is not None and progress.global_step >= report.max_step:
-                        break
-                self._pass_over = False
-                report.begin_epoch()
-                clock.open_epoch(announce=self._epoch_beginning)
+            while clock.begin_epoch(announce=self._epoch_beginning):
                 yield progress.epoch
-                # A stop ends the epoch without finishing it -- unless its pass was over: then
-                # a resumed run goes on with the next epoch, not an empty rerun of this one.
-                if not clock.stopping or self._pass_over:
-                    progress.finish_epoch()
-                clock.close_epoch(announce=self._epoch_ending)
+                clock.end_epoch(announce=self._epoch_ending)
                 # an epoch-end callback's stop, on every rank (the decision, not the flag: a
                 # signal may set it on this rank alone after the agreement)
                 clock.agree_to_stop()
@@ -501,10 +537,12 @@ class TrainLoop:
                         and progress.epoch % self._checkpoint_epoch_freq == 0):
                     self.make_checkpoint()
         finally:
-            progress.epoch_open = False  # a body that breaks or raises: no end hooks
-            report.end_epoch_loop()
+            clock.leave_epoch()  # a body that breaks or raises: no end hooks
+            self._report.end_epoch_loop()
 
     def _epoch_beginning(self) -> None:
+        """tfsnippet's epoch start: the epoch's time starts, then ``BEFORE_EPOCH``."""
+        self._report.begin_epoch()
         self._events.fire(EventKeys.BEFORE_EPOCH, self)
 
     def _epoch_ending(self) -> None:
@@ -540,41 +578,32 @@ class TrainLoop:
                              "would never end.")
         data = self._data_iterator(data_generator) if data_generator is not None else None
         begin_step, end_step = report.begin_step, report.end_step  # bound once: per step below
-        clock.begin_loop()
-        state, agreement = self._state, clock.agreement
         events = self._events
         before_step = events.handlers(EventKeys.BEFORE_STEP)  # live lists: fired when not empty
         after_step = events.handlers(EventKeys.AFTER_STEP)
+        clock.begin_loop()  # until the data's pass ends, max_step, or a stop
         try:
-            while not (state.stop_requested and agreement is None):  # clock.stop_now, inlined
-                if report.max_step is not None and progress.global_step >= report.max_step:
-                    break
+            while clock.begin_step():
                 batch = None
                 if data is not None:
                     try:
                         batch = data.next_in_pass()
                     except StopIteration:
-                        self._pass_over = True
+                        clock.data_ran_out()  # the pass ends the step loop
                         break
-                clock.open_step()  # the body is the step: a checkpoint made in it holds it
                 begin_step()
                 self._step_data = batch
                 if before_step:
                     events.fire(EventKeys.BEFORE_STEP, self)
-                yield progress.global_step if data is None else (progress.global_step, batch)
+                yield progress.steps_taken if data is None else (progress.steps_taken, batch)
                 if after_step:  # tfsnippet's order: AFTER_STEP, step_time, then the hooks
                     events.reverse_fire(EventKeys.AFTER_STEP, self)
                 end_step()
-                clock.close_step()
-                if data is not None and data.batches == data.pass_length:
-                    data.end_pass()  # the last batch of a sized source: the pass ends now
-                    self._pass_over = True
-                    break
-                if agreement is not None and agreement.after_step(state):
+                if not clock.end_step(data is not None and data.end_pass_at_last_batch()):
                     break
             clock.end_loop()
         finally:
-            clock.step_open = False
+            clock.leave_step()  # a body that broke out of the loop: its step ran
             self._step_data = None
             report.end_step_loop()
 
@@ -590,7 +619,6 @@ class TrainLoop:
         """
         self._require_entered()
         path = self._checkpoints.save(self.step)
-        self._run_clock.sync()
         self._callbacks.fire("on_checkpoint_saved", self._state, path)
         return path
 

@@ -1,4 +1,5 @@
-"""The epoch rules, once, on the `RunClock` every front-end counts on (cadence.core.clock).
+"""The epoch rules, once, on the `RunClock` every front-end counts on (cadence.core.clock), and
+the one step protocol every front-end's step loop is written with.
 
 These tests import nothing but cadence.core: `test_the_rules_hold_with_torch_blocked` runs this
 file again in a process where importing torch fails.
@@ -28,6 +29,9 @@ class Recorder(Callback):
     def on_epoch_begin(self, state):
         self._note("epoch_begin", state)
 
+    def on_step_begin(self, state):
+        self._note("step_begin", state)
+
     def on_epoch_end(self, state):
         self._note("epoch_end", state)
 
@@ -39,8 +43,8 @@ class Recorder(Callback):
 
 def make(steps_per_epoch=None, stop_at=None, **kwargs):
     recorder = Recorder(stop_at)
-    clock = RunClock(Progress(), RunState(), CallbackList([recorder]),
-                     steps_per_epoch=steps_per_epoch, **kwargs)
+    clock = RunClock(RunState(), CallbackList([recorder]), steps_per_epoch=steps_per_epoch,
+                     **kwargs)
     return clock, recorder
 
 
@@ -48,31 +52,31 @@ def run_loop(clock, num_steps, pass_length=None, batches=None):
     """A runner's loop, as `StandardTrainer` writes it: `batches` is the data's position in its
     pass (a one-item list, so that passes carry over loops)."""
     batches = batches if batches is not None else [0]
-    if not clock.begin_loop():
-        return
-    done = 0
-    runs = clock.begin_step()
-    while runs:
-        done += 1
+    runs = clock.begin_loop(num_steps)
+    while runs and clock.begin_step():
         batches[0] += 1
-        pass_done = batches[0] == pass_length
-        if pass_done:
+        last_batch_of_pass = batches[0] == pass_length
+        if last_batch_of_pass:
             batches[0] = 0
-        runs = clock.end_step(pass_done, last=done == num_steps)
+        runs = clock.end_step(last_batch_of_pass)
     clock.end_loop()
+
+
+def steps(recorder):
+    return [event for event in recorder.events if event[0].startswith("step")]
 
 
 def test_an_epoch_opens_at_its_first_step_and_its_hooks_see_its_number():
     clock, recorder = make(steps_per_epoch=2)
     run_loop(clock, 1)
-    assert recorder.events == [("epoch_begin", 1, 0), ("step_end", 1, 1)]
+    assert recorder.events == [("epoch_begin", 1, 0), ("step_begin", 1, 0), ("step_end", 1, 1)]
     assert clock.progress.epoch_open and not clock.progress.epoch_finished
 
 
 def test_an_epoch_of_n_steps_that_ends_in_mid_loop_closes_there():
     clock, recorder = make(steps_per_epoch=2)
     run_loop(clock, 3)
-    assert [e for e in recorder.events if e[0] != "step_end"] == [
+    assert [e for e in recorder.events if not e[0].startswith("step")] == [
         ("epoch_begin", 1, 0), ("epoch_end", 1, 2), ("epoch_begin", 2, 2)]
     assert clock.progress.epochs_completed == 1
 
@@ -108,7 +112,7 @@ def test_a_stop_ends_the_epoch_without_finishing_it_and_a_new_process_reopens_it
 
     saved = clock.progress.state_dict()
     resumed, recorder = make(steps_per_epoch=4)
-    resumed.progress.load_state_dict(saved)
+    resumed.progress.load_state_dict(saved)  # as a checkpoint restores it
     assert resumed.steps_to_epoch_end() == 1
     run_loop(resumed, 1)
     assert recorder.events[0] == ("epoch_begin", 1, 3)  # the same epoch, its hooks again
@@ -135,23 +139,58 @@ def test_the_end_of_the_data_ends_training_with_stop_at_end_of_data():
 
 def test_data_that_runs_out_before_a_step_finishes_a_pass_but_not_an_epoch_of_n_steps():
     by_pass, _ = make()
-    by_pass.begin_loop()
+    by_pass.begin_loop(10)
     assert by_pass.begin_step()
-    assert by_pass.data_ran_out() is False  # the pass ends; training goes on
+    assert by_pass.data_ran_out() is True  # the pass ends; training goes on
     assert by_pass.progress.epoch_finished and not by_pass.progress.epoch_open
+    assert by_pass.progress.global_step == 0 and not by_pass.step_open  # no step counted
 
     by_steps, _ = make(steps_per_epoch=5)
-    by_steps.begin_loop()
+    by_steps.begin_loop(10)
     by_steps.begin_step()
-    assert by_steps.data_ran_out() is False
+    assert by_steps.data_ran_out() is True
     assert by_steps.progress.epoch_open  # the data repeats within the epoch
+
+
+def test_the_end_of_the_data_before_a_step_ends_training_with_stop_at_end_of_data():
+    clock, _ = make(stop_at_end_of_data=True)
+    clock.begin_loop(10)
+    assert clock.begin_step()
+    assert clock.data_ran_out() is False
+    assert not clock.begin_step()  # the stop it requested: no step begins
+    assert clock.state.stop_reason == "end of training data"
+
+
+def test_a_step_that_raises_does_not_count():
+    clock, recorder = make()
+    clock.begin_loop(3)
+    assert clock.begin_step() and clock.step_open
+    assert clock.progress.global_step == 0  # counted when it ends
+    clock.abort_step()
+    assert not clock.step_open and clock.progress.global_step == 0
+    assert clock.progress.state_dict()["global_step"] == 0
+    assert "step_end" not in [event[0] for event in recorder.events]
+
+
+def test_a_loop_ends_after_its_steps_and_zero_steps_run_none():
+    clock, recorder = make()
+    run_loop(clock, 3)
+    assert clock.progress.global_step == 3 and len(steps(recorder)) == 6
+    assert clock.begin_loop(0) is False and not clock.begin_step()
+    assert clock.progress.global_step == 3
+
+
+def test_max_step_is_the_clocks_limit():
+    clock, _ = make(max_step=2)
+    run_loop(clock, 10)
+    assert clock.progress.global_step == 2 and clock.limit_reached
 
 
 def test_a_loop_with_no_steps_left_in_its_epoch_runs_only_the_epochs_hooks():
     clock, recorder = make(steps_per_epoch=2)
     clock.progress.load_state_dict({"global_step": 2, "epoch": 1, "epoch_step": 2,
                                     "epoch_finished": False})
-    assert clock.begin_loop() is False
+    assert clock.begin_loop(0) is False
     clock.end_pending_epoch()
     assert recorder.events == [("epoch_begin", 1, 2), ("epoch_end", 1, 2)]
     assert clock.progress.epochs_completed == 1
@@ -178,31 +217,31 @@ class Agreement:
     def _other(self):
         return self.clock.progress.global_step >= self.other_stops_at
 
-    def after_step(self, state):
-        if self._other() or state.stop_requested:
-            state.request_stop("agreed")
-            return True
-        return False
-
-    def at_loop_end(self, state):
-        return self.agree(state.stop_requested)
+    def poll(self, local):
+        return local or self._other()
 
     def agree(self, local):
         return local or self._other()
+
+    def reset(self):
+        pass
 
 
 def test_across_ranks_a_local_stop_waits_for_the_agreement_and_the_decision_is_its():
     clock, _ = make(steps_per_epoch=10)
     clock.agreement = Agreement(clock, other_stops_at=99)
     clock.state.request_stop("this rank only")
+    clock.begin_loop(5)
     assert clock.begin_step()  # not before the ranks agree
-    assert not clock.end_step(pass_done=False, last=False)  # they agree after this step
+    assert not clock.end_step(False)  # they agree after this step
+    assert not clock.begin_step()
     assert clock.end_loop() and clock.stopping
 
     other, _ = make(steps_per_epoch=10)
     other.agreement = Agreement(other, other_stops_at=2)
     run_loop(other, 5)
     assert other.progress.global_step == 2 and other.state.stop_requested
+    assert other.state.stop_reason == "a stop was requested on another rank"  # joined
     assert other.stopping and other.epoch_end_pending
 
 
@@ -217,17 +256,96 @@ def test_agree_to_stop_makes_another_ranks_stop_this_ranks_and_clear_stop_forget
     assert alone.agree(True) is True and alone.agree(False) is False
 
 
-def test_a_step_counted_before_its_body_is_open_until_closed():
-    """TrainLoop's step: counted before its body runs (a checkpoint made in it holds it)."""
+def user_epochs(clock, epochs_of_steps, pass_length=None):
+    """`TrainLoop`'s loops: the user writes the epoch loop, and each epoch's step loop ends at
+    the data's pass end (`pass_length` batches) or a limit."""
+    for _ in range(epochs_of_steps):
+        if not clock.begin_epoch():
+            return
+        clock.begin_loop()
+        batches = 0
+        while clock.begin_step():
+            batches += 1
+            if not clock.end_step(batches == pass_length):
+                break
+        clock.end_loop()
+        clock.end_epoch()
+
+
+def test_an_epoch_its_user_writes_opens_and_closes_with_its_body_and_its_pass_ends_its_steps():
     clock, recorder = make()
+    user_epochs(clock, 2, pass_length=3)
+    assert [e for e in recorder.events if e[0].startswith("epoch")] == [
+        ("epoch_begin", 1, 0), ("epoch_end", 1, 3), ("epoch_begin", 2, 3), ("epoch_end", 2, 6)]
+    assert clock.progress.epochs_completed == 2
+
+
+def test_max_epoch_and_max_step_end_the_users_epoch_loop():
+    clock, _ = make(max_epoch=2)
+    user_epochs(clock, 5, pass_length=2)
+    assert clock.progress.epoch == 2 and clock.progress.global_step == 4
+    by_step, _ = make(max_step=5)
+    user_epochs(by_step, 5, pass_length=2)
+    assert by_step.progress.global_step == 5 and by_step.progress.epoch == 3
+
+
+def test_a_stop_ends_a_users_epoch_unfinished_unless_its_pass_was_over():
+    clock, _ = make(stop_at=2)
+    user_epochs(clock, 5, pass_length=3)
+    assert clock.progress.epoch == 1 and not clock.progress.epoch_finished  # reopened on resume
+    at_pass_end, _ = make(stop_at=3)
+    user_epochs(at_pass_end, 5, pass_length=3)
+    assert at_pass_end.progress.epoch == 1 and at_pass_end.progress.epoch_finished
+
+
+def test_a_step_whose_body_is_running_counts_as_done_for_a_checkpoint_and_the_state():
+    """TrainLoop's step is the body of its user's loop: a checkpoint made there, a print and its
+    callbacks all belong to the step running."""
+    clock, recorder = make()
+    clock.begin_epoch()
     clock.begin_loop()
-    clock.begin_step()  # opens the epoch
-    clock.open_step()
-    assert clock.step_open and clock.progress.global_step == 1
-    order = []
-    clock.close_step(announce=lambda: order.append("announced"))
-    assert not clock.step_open and order == ["announced"]
-    assert recorder.events[-1] == ("step_end", 1, 1)
+    assert clock.begin_step()
+    assert clock.progress.global_step == 0 and clock.state.global_step == 1
+    assert clock.progress.state_dict()["global_step"] == 1
+    assert clock.progress.state_dict()["epoch_step"] == 1
+    clock.end_step(False)
+    assert clock.progress.global_step == 1 and recorder.events[-1] == ("step_end", 1, 1)
+
+
+def test_a_body_that_breaks_out_of_the_loop_counts_its_step_without_its_end_hooks():
+    clock, recorder = make()
+    clock.begin_epoch()
+    clock.begin_loop()
+    clock.begin_step()
+    clock.leave_step()
+    clock.leave_epoch()
+    assert clock.progress.global_step == 1 and not clock.step_open
+    assert not clock.progress.epoch_open and not clock.progress.epoch_finished
+    assert [e[0] for e in recorder.events] == ["epoch_begin", "step_begin"]
+
+
+def test_counters_from_elsewhere_go_through_the_clock():
+    clock, _ = make()
+    clock.set_global_step(40)
+    clock.start_at_epoch(3)
+    assert clock.state.global_step == 40 and clock.state.epoch == 2
+
+
+def test_no_module_but_the_clock_writes_a_progress_field():
+    """`Progress` has one writer: the clock. Everyone else reads it (a checkpoint restores it
+    with ``load_state_dict``)."""
+    import re
+
+    package = Path(__file__).parents[2] / "cadence"
+    fields = "global_step|epoch|epoch_step|epoch_finished|epoch_open|step_running"
+    writes = re.compile(rf"\b(progress|_progress|state\.progress)\.({fields})\s*(\+|-)?=[^=]")
+    found = [f"{path.relative_to(package)}:{number}: {line.strip()}"
+             for path in package.rglob("*.py") if path.name != "clock.py"
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if writes.search(line)]
+    assert found == []
+    assert not re.search(r"state\.(global_step|epoch)\s*=[^=]", "\n".join(
+        path.read_text() for path in package.rglob("*.py")))
 
 
 def test_the_rules_hold_with_torch_blocked():

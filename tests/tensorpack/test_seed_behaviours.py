@@ -22,6 +22,7 @@ from cadence.callbacks import (
 )
 from cadence.core.callbacks import CallbackList, RunState
 from cadence.core.checkpoint_dir import read_manifest
+from cadence.core.clock import RunClock
 from cadence.core.errors import MissingMetricError
 from cadence.core.eta import ETA
 from cadence.tensorpack import SimpleTrainer
@@ -144,10 +145,11 @@ def test_tensorpack_estimated_time_left_from_the_median_or_the_mean(monkeypatch,
     monkeypatch.setattr(stats.time, "perf_counter", lambda: next(times))
     eta = EstimatedTimeLeft(last_k_epochs=3, median=median)
     state = RunState(target_step=40)
+    clock = RunClock(state)
     for epoch in range(3):
-        state.global_step = 10 * epoch
+        clock.set_global_step(10 * epoch)
         eta.on_epoch_begin(state)
-        state.global_step += 10
+        clock.set_global_step(10 * epoch + 10)
         eta.on_epoch_end(state)
     assert state.metrics["eta_seconds"] == pytest.approx(expected)
     assert ETA(window=2, median=False).median is False

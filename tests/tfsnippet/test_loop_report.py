@@ -24,9 +24,10 @@ class FakeClock:
         return self.now
 
 
-def make_report(model=None, callbacks=(), **kwargs):
+def make_report(model=None, callbacks=(), max_epoch=None, max_step=None, **kwargs):
     lines = []
-    run_clock = RunClock(callbacks=CallbackList(callbacks))
+    run_clock = RunClock(callbacks=CallbackList(callbacks), max_epoch=max_epoch,
+                         max_step=max_step)
     report = LoopReport(
         run_clock, MetricLog(DefaultMetricFormatter(), "metrics/", None, {}),
         BestTracker("valid_loss"), TrainedParameters(model or nn.Linear(2, 1)),
@@ -37,20 +38,21 @@ def make_report(model=None, callbacks=(), **kwargs):
 
 def steps(report, run_clock, n, body=lambda step: None):
     """Runs `n` steps the way TrainLoop.iter_steps does."""
+    run_clock.begin_loop()
     for _ in range(n):
-        run_clock.open_step()
+        run_clock.begin_step()
         report.begin_step()
-        body(run_clock.progress.global_step)
+        body(run_clock.state.global_step)
         report.end_step()
-        run_clock.close_step()
+        run_clock.end_step(False)
+    run_clock.end_loop()
     report.end_step_loop()
 
 
 def test_it_prints_mean_and_std_of_collected_metrics_after_its_tag():
     report, run_clock, lines = make_report(max_epoch=2, show_eta=False)
     report.start()
-    report.begin_epoch()
-    run_clock.open_epoch()
+    run_clock.begin_epoch(announce=report.begin_epoch)
     steps(report, run_clock, 2, lambda step: report.collect_metrics(loss=float(step)))
     report.print_logs()  # a clock reading is a second: each step 1 s, the epoch 5 s
     assert lines == ["[Epoch 1/2, Step 2] epoch time: 5s; step time: 1s (±0s); loss: 1.5 (±0.5)"]
@@ -65,8 +67,7 @@ def test_print_logs_puts_the_means_where_callbacks_see_them():
 
     report, run_clock, _ = make_report(callbacks=[Spy()], show_eta=False)
     report.start()
-    report.begin_epoch()
-    run_clock.open_epoch()
+    run_clock.begin_epoch(announce=report.begin_epoch)
     steps(report, run_clock, 1, lambda step: report.collect_metrics(loss=torch.tensor(3.0)))
     report.print_logs()
     assert seen == [(1, {"loss": 3.0, "step_time": 1.0, "epoch_time": 3.0})]
@@ -76,11 +77,10 @@ def test_it_tracks_the_best_validation_metric_and_marks_its_line():
     report, run_clock, lines = make_report(show_eta=False)
     report.start()
     for valid_loss in (2.0, 1.0, 1.5):
-        report.begin_epoch()
-        run_clock.open_epoch()
+        run_clock.begin_epoch(announce=report.begin_epoch)
         report.collect_metrics(valid_loss=valid_loss)
         report.print_logs()
-        run_clock.close_epoch(announce=report.end_epoch)
+        run_clock.end_epoch(announce=report.end_epoch)
     assert (report.best.best, report.best.best_step) == (1.0, 0)
     assert [line.endswith("(*)") for line in lines] == [True, True, False]
     assert report.state_dict()["best"]["best"] == 1.0
@@ -90,8 +90,7 @@ def test_early_stopping_restores_the_best_parameters_at_finish():
     model = nn.Linear(1, 1, bias=False)
     report, run_clock, lines = make_report(model, early_stopping=True)
     report.start()
-    report.begin_epoch()
-    run_clock.open_epoch()
+    run_clock.begin_epoch(announce=report.begin_epoch)
     with torch.no_grad():
         model.weight.fill_(1.0)
     report.collect_metrics(valid_loss=0.5)
@@ -108,16 +107,15 @@ def test_progress_and_eta_come_from_the_progress_and_the_limits():
     report, run_clock, _ = make_report(max_step=4, clock=clock)
     assert report.get_progress() == 0.0
     report.start()  # the ETA counts from here: one clock reading
-    report.begin_epoch()
-    run_clock.open_epoch()
+    run_clock.begin_epoch(announce=report.begin_epoch)
     steps(report, run_clock, 2)
     assert report.get_progress() == 0.5
     assert report.get_eta() == pytest.approx(clock.now - 1.0)  # half done: as long again
-    report.max_step = None  # the limits are settable; without one, no progress
+    run_clock.max_step = None  # the limits are settable; without one, no progress
     assert report.get_progress() is None and report.get_eta() is None
-    report.max_epoch = 2  # one epoch open, none finished: 0 of 2 epochs
+    run_clock.max_epoch = 2  # one epoch open, none finished: 0 of 2 epochs
     assert report.get_progress() == 0.0
-    run_clock.close_epoch(announce=report.end_epoch)  # an epoch of 2 steps finished
+    run_clock.end_epoch(announce=report.end_epoch)  # an epoch of 2 steps finished
     assert report.get_progress() == 0.5
 
 
