@@ -13,7 +13,6 @@ from torch_blocker import BLOCK_TORCH
 
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.clock import RunClock
-from cadence.core.progress import Progress
 
 
 class Recorder(Callback):
