@@ -82,6 +82,7 @@ LOOK_AT = 600
 """Lines past which a module asks for a look: does it still hold one concept?"""
 LONG_MODULES = {
     "cadence.core.controller": "Orbit's Controller: the outer loop of training and evaluation",
+    "cadence.core.goodput": "goodput and badput by cause from a run's timeline, and its report",
     "cadence.core.timeline": "the run timeline's file format: its schema, writer and reader",
 }
 """The modules past `LOOK_AT` lines that were looked at, with the one concept each holds. A
