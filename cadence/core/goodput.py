@@ -209,7 +209,7 @@ class _Attempt:
         self.ended = False
 
 
-@dataclass
+@dataclass(slots=True)
 class _Loop:
     """A loop whose steps survive so far."""
 
@@ -244,6 +244,7 @@ class GoodputCalculator:
         self._cursor = 0.0
         self._buckets = dict.fromkeys(BADPUT_CAUSES, 0.0)
         self._productive = 0.0
+        self._steps = 0  # the surviving loops' steps
         self._loops: list[_Loop] = []
         self.ignored = 0
         """Events not counted: before the first ``start``, or of another attempt's process."""
@@ -379,6 +380,7 @@ class GoodputCalculator:
         if steps:
             self._loops.append(_Loop(first, last, compute, len(self._attempts) - 1))
             self._productive += compute
+            self._steps += steps
         else:
             self._buckets["other"] += compute
         attempt.loops += 1
@@ -399,6 +401,7 @@ class GoodputCalculator:
                 lost = loop.compute * lost_steps / (loop.last - loop.first)
                 self._loops.append(_Loop(loop.first, step, loop.compute - lost, loop.attempt))
             self._productive -= lost
+            self._steps -= lost_steps
             self._buckets["lost_progress"] += lost
             report = self._attempts[loop.attempt].report
             report.lost_steps += lost_steps
@@ -447,7 +450,7 @@ class GoodputCalculator:
             wall_s=wall, productive_s=productive,
             goodput=productive / wall if wall > 0 else None,
             badput_s={cause: buckets[cause] for cause in BADPUT_CAUSES},
-            attempts=attempts, steps=sum(loop.last - loop.first for loop in self._loops),
+            attempts=attempts, steps=self._steps,
             live=live is not None, skipped_lines=self.ignored)
         if ideal:
             self._ideal_view(report)

@@ -40,10 +40,12 @@ event               fields; when it is recorded
                     end, ``t - seconds`` its beginning.
 ``eval_begin``      ``step``: an evaluation begins.
 ``eval_end``        ``step``: it ended.
-``save``            ``step``, ``stall_s`` (how long the training thread was blocked by this save:
-                    the whole write when synchronous, the snapshot when in the background):
-                    recorded when the training thread goes on, so the stall is
-                    ``[t - stall_s, t]``.
+``save``            ``step``, ``stall_s`` (how long the training thread was blocked by
+                    checkpoint work of that step outside a loop: a save -- the whole write when
+                    synchronous, the snapshot when in the background -- or a wait for a
+                    background write to finish): recorded when the training thread goes on,
+                    so the stall is ``[t - stall_s, t]``. Such a block inside a loop is the
+                    loop's ``checkpoint_wait_s`` instead, never both.
 ``commit``          ``step``, ``checkpoint``: the checkpoint became durable (from the thread that
                     committed it: it may be a background thread).
 ``signal``          ``signal`` (its name, ``"SIGTERM"``): a stop signal was received.
@@ -428,8 +430,8 @@ class Timeline:
         self.record("eval_end", step=step)
 
     def save(self, step: int, stall_s: float) -> None:
-        """Records that the training thread goes on after a save of step `step` that blocked it
-        for `stall_s` seconds."""
+        """Records that the training thread goes on after checkpoint work of step `step` outside
+        a loop blocked it for `stall_s` seconds (a save, or a wait for a background write)."""
         self.record("save", step=step, stall_s=stall_s)
 
     def commit(self, step: int, checkpoint: str | os.PathLike[str] | None) -> None:
