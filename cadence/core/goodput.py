@@ -198,7 +198,6 @@ class _Attempt:
         fields = event.fields
         self.id = event.attempt
         self.begin = begin
-        self.last_t = begin
         self.report = AttemptReport(event.attempt, begin, begin, fields["world_size"],
                                     restart=fields.get("restart", 0), host=fields.get("host"))
         self.loops = 0
@@ -272,7 +271,6 @@ class GoodputCalculator:
             self._accrue(attempt, self._advance(event.t))
             if handler is not None:
                 handler(attempt, event)
-        attempt.last_t = self._cursor
         attempt.report.end_t = self._cursor
 
     def _advance(self, t: float) -> float:
@@ -300,8 +298,9 @@ class GoodputCalculator:
     def _start(self, event: Event) -> None:
         begin = event.t
         started = event.fields.get("process_start_t")
+        # A process that trains the run again (a notebook) began this attempt at its start.
         if started is not None and event.attempt not in self._seen:
-            begin = min(started, event.t)  # a process trains again: it began at its start
+            begin = min(started, event.t)
         if self._begin is None:
             self._begin = self._cursor = begin
         else:
@@ -312,7 +311,7 @@ class GoodputCalculator:
         attempt = _Attempt(event, begin)
         self._attempts.append(attempt)
         self._accrue(attempt, self._advance(event.t))
-        attempt.last_t = attempt.report.end_t = self._cursor
+        attempt.report.end_t = self._cursor
 
     # ------------------------------------------------------------------ events
 
