@@ -83,6 +83,8 @@ LOOK_AT = 600
 LONG_MODULES = {
     "cadence.core.controller": "Orbit's Controller: the outer loop of training and evaluation",
     "cadence.tfsnippet.train_loop": "tfsnippet's TrainLoop: the seed's whole API on one class",
+    "cadence.core.goodput": "goodput and badput by cause from a run's timeline, and its report",
+    "cadence.core.timeline": "the run timeline's file format: its schema, writer and reader",
 }
 """The modules past `LOOK_AT` lines that were looked at, with the one concept each holds. A
 module is one concept whatever its length (STYLE.md): a long one is split when it holds

@@ -15,6 +15,8 @@ Every front-end and built-in callback that writes into a run's directory finds i
                          the folder's runs, is its default store); wandb_run.json and wandb/
                          the same for W&B
       resumes.jsonl      one line each time training continued from a checkpoint
+      timeline/          what each attempt of the run lived through, as JSON lines
+                         (`cadence.core.timeline`); ``cadence goodput`` reads it
 
 The Task front-end (``run_experiment``, the ``cadence`` command) calls the root its model
 directory, the tensorpack front-end its ``logdir``. Callbacks read the run directory of the run
@@ -33,14 +35,16 @@ import logging
 import os
 import re
 import socket
+import stat
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cadence.core.errors import ConfigError
 from cadence.core.files import open_append, open_regular
-from cadence.core.intervals import check_int
+from cadence.core.intervals import check_int, is_int
 from cadence.core.rank import process_rank
 
 try:
@@ -53,6 +57,8 @@ logger = logging.getLogger("cadence")
 PARAMS_FILE = "params.yaml"
 LOCK_FILE = "train.lock"
 RESUMES_FILE = "resumes.jsonl"
+TIMELINE_DIR = "timeline"
+"""Where the run's timeline files are (`cadence.core.timeline`)."""
 RESUME_REASONS = ("resume", "recovery")
 """Why training continued from a checkpoint: a new process resumed the run, or the loss guard
 restored the newest checkpoint after a blow-up."""
@@ -110,6 +116,11 @@ class RunDirectory:
     def lock_file(self) -> Path:
         """Held while a process trains in the run (see `RunLock`)."""
         return self.root / LOCK_FILE
+
+    @property
+    def timeline(self) -> Path:
+        """The run's timeline files (`cadence.core.timeline`)."""
+        return self.root / TIMELINE_DIR
 
     @property
     def resumes(self) -> Path:
@@ -173,7 +184,8 @@ class RunDirectory:
                     "starts a run, an existing one continues it).")
         for path, kind in ((self.params, "file"), (self.lock_file, "file"),
                            (self.checkpoints, "directory"), (self.train, "directory"),
-                           (self.eval, "directory"), (self.best, "directory")):
+                           (self.eval, "directory"), (self.best, "directory"),
+                           (self.timeline, "directory")):
             if path == root:
                 continue
             if path.is_symlink() or (path.exists() and path.is_dir() != (kind == "directory")):
@@ -181,8 +193,9 @@ class RunDirectory:
                     "a directory" if path.is_dir() else "a file")
                 return (f"{str(path)!r} is {what} where cadence keeps its {path.name} "
                         f"{kind}: move it away, or use another run directory.")
-        own = {PARAMS_FILE, LOCK_FILE, RESUMES_FILE, "checkpoints", "train", "plots",
-               "profile", "stats.jsonl", "mlruns", "mlflow_run.json", "wandb", "wandb_run.json",
+        own = {PARAMS_FILE, LOCK_FILE, RESUMES_FILE, TIMELINE_DIR, "checkpoints", "train",
+               "plots", "profile", "stats.jsonl", "mlruns", "mlflow_run.json", "wandb",
+               "wandb_run.json",
                self.eval_subdir.split("/")[0], self.best_subdir.split("/")[0]}
         others = [p.name for p in root.iterdir()
                   if p.name not in own and not _PARAMS_BACKUP.match(p.name)]
@@ -334,6 +347,30 @@ class RunLock:
         os.write(fd, json.dumps(record).encode("utf-8"))
         self._fd = fd
 
+    def holder(self) -> dict[str, Any] | None:
+        """The record of the live process that holds the lock (its ``pid``, ``host``,
+        ``command``, ``since``; ``{}`` when unreadable), or None when no process holds it.
+
+        Found without taking the lock or changing the file, so that a trainer starting at
+        that moment is never refused because of it: on Linux from the kernel's table of locks
+        (``/proc/locks``, which shows the locks of this machine only: a trainer on another host
+        of a shared filesystem is not seen). Elsewhere a shared lock is tried without waiting
+        and dropped at once; without ``fcntl``, the recorded pid is checked.
+        """
+        try:
+            info = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return None
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        owner = _read_small_json(self.path)
+        held = _held_in_kernel_table(info, owner.get("pid"))
+        if held is None and fcntl is not None:
+            held = _held_by_probe(self.path)
+        elif held is None:
+            held = is_int(owner.get("pid")) and _pid_alive(int(owner["pid"]))
+        return owner if held else None
+
     def release(self) -> None:
         """Releases the lock (the file stays, emptied: removing it would race a new owner)."""
         fd, self._fd = self._fd, None
@@ -344,4 +381,71 @@ class RunLock:
         if fcntl is None:
             with contextlib.suppress(OSError):
                 self.path.unlink()
+        os.close(fd)
+
+
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO planted as the lock file: never wait on it
+
+
+def _read_small_json(path: Path, limit: int = 1 << 16) -> dict[str, Any]:
+    """The JSON object in the regular file `path` (at most `limit` bytes read), or ``{}``."""
+    try:
+        fd = open_regular(path, os.O_RDONLY | _NONBLOCK)
+    except (ConfigError, OSError):
+        return {}
+    try:
+        owner = json.loads(os.read(fd, limit) or b"{}")
+    except ValueError:
+        return {}
+    finally:
+        os.close(fd)
+    return owner if isinstance(owner, dict) else {}
+
+
+_KERNEL_LOCK_FILE = re.compile(r"^([0-9a-f]+):([0-9a-f]+):([0-9]+)$")
+
+
+def _held_in_kernel_table(info: os.stat_result, owner_pid: Any) -> bool | None:
+    """Whether ``/proc/locks`` lists a lock on the file of `info`, or None without that table.
+
+    A line reads ``1: FLOCK  ADVISORY  WRITE 8387 fe:00:2146426 0 EOF`` (the holder's pid,
+    then the device in hex and the inode); a process waiting for a lock is a line with ``->``,
+    which holds nothing. On an overlay filesystem the table names the device underneath, so a
+    line with the inode and the pid the lock file records counts too.
+    """
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as handle:
+            table = handle.read()
+    except OSError:
+        return None
+    device = (os.major(info.st_dev), os.minor(info.st_dev))
+    for line in table.splitlines():
+        parts = line.split()
+        if "->" in parts:
+            continue
+        for index, part in enumerate(parts[1:], start=1):
+            match = _KERNEL_LOCK_FILE.match(part)
+            if match is None or int(match.group(3)) != info.st_ino:
+                continue
+            pid = parts[index - 1]
+            same_device = (int(match.group(1), 16), int(match.group(2), 16)) == device
+            if same_device or (pid.isdigit() and is_int(owner_pid) and int(pid) == owner_pid):
+                return True
+    return False
+
+
+def _held_by_probe(path: Path) -> bool:
+    """Whether a shared ``flock`` on `path` would have to wait (taken and dropped at once)."""
+    try:
+        fd = open_regular(path, os.O_RDONLY | _NONBLOCK)
+    except (ConfigError, OSError):
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
         os.close(fd)

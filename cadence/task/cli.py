@@ -12,6 +12,7 @@
     cadence config --experiment char_lm    print the final config as YAML
     cadence --version                      print the installed version
     cadence inspect runs/mine              what its newest checkpoint holds
+    cadence goodput runs/mine [--json]     its goodput and badput by cause, every attempt
     cadence plot runs/a runs/b             PNG curves of the runs' scalars, resumes and best
                                            exports marked (needs matplotlib: cadence[plot])
 
@@ -167,6 +168,15 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--verify", action="store_true",
                          help="also check every file against its SHA-256 in the manifest")
     inspect.add_argument("--no-config", action="store_true", help="leave out the run's config")
+
+    goodput = commands.add_parser(
+        "goodput", help="where a run's time went: goodput, badput by cause, each attempt",
+        description="Reads the run's timeline (timeline/ in the run directory) across every "
+        "attempt -- crashes, restarts, resizes -- and says how much of the wall time trained "
+        "steps that survived, where the rest went, and how each attempt ended.")
+    goodput.add_argument("run", type=Path, metavar="RUN", help="a run directory")
+    goodput.add_argument("--json", action="store_true",
+                         help="print one JSON object instead of the table")
     return parser
 
 
@@ -178,6 +188,22 @@ def _inspect(args: argparse.Namespace) -> int:
         print("\n".join(lines))
         sys.stdout.flush()
     except BrokenPipeError:  # `cadence inspect ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def _goodput(args: argparse.Namespace) -> int:
+    import json
+
+    from cadence.core.goodput import format_report, run_goodput
+
+    report = run_goodput(args.run)
+    text = (json.dumps(report.to_json(), allow_nan=False) if args.json
+            else "\n".join(format_report(report, str(args.run))))
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `cadence goodput ... | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
@@ -475,7 +501,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run_command(args: argparse.Namespace) -> int:
     command = {"train": _train, "eval": _eval, "experiments": _experiments,
-               "config": _config, "plot": _plot, "inspect": _inspect}[args.command]
+               "config": _config, "plot": _plot, "inspect": _inspect,
+               "goodput": _goodput}[args.command]
     try:
         return command(args)
     except Preempted as stop:
