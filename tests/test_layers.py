@@ -82,6 +82,7 @@ LOOK_AT = 600
 """Lines past which a module asks for a look: does it still hold one concept?"""
 LONG_MODULES = {
     "cadence.core.controller": "Orbit's Controller: the outer loop of training and evaluation",
+    "cadence.task.config": "the typed dataclasses of a run's config, with their checks",
 }
 """The modules past `LOOK_AT` lines that were looked at, with the one concept each holds. A
 module is one concept whatever its length (STYLE.md): a long one is split when it holds
