@@ -186,9 +186,6 @@ def _import(module: str, text: str, recorded_in: Path | None) -> ModuleType:
             "MODULE:NAME or path/to/file.py:NAME.")
     here = Path.cwd()
     found = _file_in_folder(module, here)
-    if found is not None and found.resolve() in _file_modules and (
-            _file_modules[found.resolve()] in sys.modules):  # imported by its path before
-        return sys.modules[_file_modules[found.resolve()]]
     if recorded_in is not None:
         if found is None:
             raise ConfigError(
@@ -197,6 +194,9 @@ def _import(module: str, text: str, recorded_in: Path | None) -> ModuleType:
                 "from there. Run the command from the folder the run was started in, or pass "
                 f"-e {text} to import it yourself.")
         _check_recorded(found, text, recorded_in)
+    if found is not None and found.resolve() in _file_modules and (
+            _file_modules[found.resolve()] in sys.modules):  # imported by its path before
+        return sys.modules[_file_modules[found.resolve()]]
     if str(here) not in sys.path and "" not in sys.path:
         sys.path.insert(0, str(here))  # as `python -m` makes it; for the module's own imports
     loaded = _imported(module, text, lambda: importlib.import_module(module))
