@@ -55,3 +55,33 @@ def offline_wandb(tmp_path, monkeypatch):
         monkeypatch.setenv(name, str(home / name.lower()))
     for name in ("WANDB_DIR", "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_ID", "WANDB_RESUME"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def user_modules(monkeypatch):
+    """Imports of a user's own modules (``cadence train -e mymodels:NAME``) undone after the
+    test: the modules, ``sys.path``, the experiments and tasks they registered; and no
+    ``__pycache__`` written beside them."""
+    import importlib
+    import tempfile
+
+    from cadence.task import module_experiments, registry
+
+    registry.experiments()  # the built-ins and plugins stay
+    modules, path = set(sys.modules), list(sys.path)
+    experiments, tasks = dict(registry._experiments), dict(registry._tasks)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.setattr(module_experiments, "_file_modules", {})
+    monkeypatch.setattr(module_experiments, "_registered_by", {})
+    yield
+    temporary = tempfile.gettempdir()
+    for name in set(sys.modules) - modules:  # the user's, not torch's that loaded lazily
+        if name.startswith(module_experiments.FILE_MODULE_PREFIX) or str(
+                getattr(sys.modules[name], "__file__", None) or "").startswith(temporary):
+            del sys.modules[name]
+    sys.path[:] = path
+    registry._experiments.clear()
+    registry._experiments.update(experiments)
+    registry._tasks.clear()
+    registry._tasks.update(tasks)
+    importlib.invalidate_caches()

@@ -179,3 +179,70 @@ class LinearRegression(ModelDesc):
 
     def optimizer(self):
         return torch.optim.SGD(self.parameters(), lr=0.02)
+
+
+USER_MODELS = '''"""A user's own experiments: `cadence train -e {module}:NAME`."""
+
+from __future__ import annotations  # string annotations: dataclasses look the module up
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+import cadence
+
+
+@dataclass
+class BlobsConfig(cadence.TaskConfig):
+    hidden: int = 8
+
+
+@cadence.register_task(BlobsConfig)
+class Blobs(cadence.Task):
+    def build_model(self):
+        return nn.Sequential(nn.Linear(2, self.task_config.hidden), nn.ReLU(),
+                             nn.Linear(self.task_config.hidden, 3))
+
+    def build_inputs(self, params, input_context=None):
+        seed = 0 if params.is_training else 1
+        x = torch.randn(64, 2, generator=torch.Generator().manual_seed(seed))
+        y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+        return cadence.build_dataloader(torch.utils.data.TensorDataset(x, y), params,
+                                        input_context)
+
+    def build_losses(self, labels, model_outputs, aux_losses=None):
+        return nn.functional.cross_entropy(model_outputs, labels)
+
+    def build_metrics(self, training=True):
+        return {{"accuracy": cadence.Accuracy()}}
+
+
+@cadence.register_experiment("{experiment}")
+def make_config():
+    """Blobs in a few steps."""
+    return cadence.ExperimentConfig(task=BlobsConfig(), trainer=cadence.TrainerConfig(
+        train_steps=4, steps_per_loop=2, validation_interval=2, checkpoint_interval=2,
+        best_checkpoint_eval_metric="accuracy"))
+
+
+def wide():
+    """Not registered: a function that returns a config is an experiment too."""
+    config = make_config()
+    config.task.hidden = 16
+    return config
+
+
+def with_hidden(hidden):
+    return make_config()
+
+
+def not_a_config():
+    return {{"trainer": {{"train_steps": 4}}}}
+
+
+A_CONFIG = make_config()
+STEPS = 4
+'''
+"""The source of a user's module of experiments (`cadence.task.module_experiments`), with its
+module and registered experiment names to fill in: `Blobs` trains in a few steps on CPU."""

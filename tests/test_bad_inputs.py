@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from fakes import USER_MODELS
 from torch import nn
 
 import cadence
@@ -33,6 +34,7 @@ from cadence import (
 from cadence.callbacks import EarlyStopping
 from cadence.engine.distributed import StopAgreement, local_device
 from cadence.task.cli import main
+from cadence.task.config_files import load_run_config
 
 FAST = ["--no-progress", "--set", "trainer.train_steps=20", "--set", "trainer.steps_per_loop=10",
         "--set", "trainer.validation_interval=10", "--set", "trainer.checkpoint_interval=10",
@@ -52,8 +54,9 @@ def finished_run(tmp_path_factory):
 
 
 @pytest.fixture
-def workdir(tmp_path, monkeypatch, finished_run):
-    """The working directory: a file, a folder of someone else's files, and a finished run."""
+def workdir(tmp_path, monkeypatch, finished_run, user_modules):
+    """The working directory: a file, a folder of someone else's files, and a finished run.
+    A user's module a case writes and imports is forgotten after it (`user_modules`)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a_file.txt").write_text("not a run")
     (tmp_path / "elsewhere").mkdir()
@@ -98,6 +101,45 @@ def write(path: str, text: str):
 
 def nothing(root: Path) -> None:
     pass
+
+
+user_module = write("mymodels.py", USER_MODELS.format(module="mymodels",
+                                                      experiment="my_experiment"))
+"""A user's module of experiments in the working directory (tests/fakes.py)."""
+
+
+def cut(lines: int | None = None, inside: str = "", path: str = "runs/good/params.yaml"):
+    """Cuts the file short after its first `lines` lines, or in the middle of the first line
+    that starts with `inside`."""
+    def make(root: Path) -> None:
+        text = (root / path).read_text()
+        (root / path).write_text("".join(text.splitlines(True)[:lines]) if lines is not None
+                                 else text[:text.index(f"\n{inside}") + len(inside) // 2])
+    return make
+
+
+def without(section: str, path: str = "runs/good/params.yaml"):
+    """Removes the lines of the YAML block that starts with the line `section`."""
+    def make(root: Path) -> None:
+        lines = (root / path).read_text().splitlines(True)
+        start = lines.index(section + "\n")
+        depth = len(section) - len(section.lstrip())
+        end = next(i for i in range(start + 1, len(lines))
+                   if len(lines[i]) - len(lines[i].lstrip()) <= depth)
+        (root / path).write_text("".join(lines[:start] + lines[end:]))
+    return make
+
+
+def records(module: str, payload: str | None = None, run: str = "runs/good"):
+    """Makes the run's params.yaml record `module` as its experiment's; with `payload`, a file
+    of the run that leaves a mark if it is ever run."""
+    def make(root: Path) -> None:
+        params = root / run / "params.yaml"
+        params.write_text(re.sub(r"(?m)^experiment_module: .*$", f"experiment_module: {module}",
+                                 params.read_text()))
+        if payload is not None:
+            (root / run / payload).write_text("open('PAYLOAD_RAN', 'w').close()\n")
+    return make
 
 
 # (what the user did, setup of the working directory, the command line, what the line says)
@@ -324,6 +366,74 @@ COMMAND_LINE = [
      r"holds a run with a different config"),
     ("a bad value on a run", nothing, ["train", "-m", "runs/good", "--set", "runtime.seed=-2"],
      r"runtime.seed: must be an integer in \[0, 2\*\*32\)"),
+    # -- a run's params.yaml: whole, as save_config wrote it
+    ("params.yaml cut in half", cut(lines=60), ["train", "-m", "runs/good"],
+     r"^cadence: error: 'runs/good/params.yaml' is not a whole config of experiment 'digits': "
+     r"it lacks .* \(was it cut short\?\)\. Restore it from a copy, or move it aside and run "
+     r"again with the experiment, config files and --set values the run was started with "
+     r"\(its checkpoints are kept\)\.$"),
+    ("eval of a params.yaml cut in half", cut(lines=60), ["eval", "-m", "runs/good"],
+     r"'runs/good/params.yaml' is not a whole config of experiment 'digits': it lacks"),
+    ("config of a params.yaml cut in half", cut(lines=60), ["config", "-m", "runs/good"],
+     r"is not a whole config of experiment 'digits'"),
+    ("a cut params.yaml with --allow-config-change", cut(lines=60),
+     ["train", "-m", "runs/good", "--allow-config-change"], r"is not a whole config"),
+    ("a params.yaml cut to its first section", cut(lines=3), ["eval", "-m", "runs/good"],
+     r"it lacks task, trainer, runtime \(was it cut short\?\)"),
+    ("a params.yaml cut mid-line", cut(inside="    learning_rate:"), ["eval", "-m", "runs/good"],
+     r"'runs/good/params.yaml' is not valid YAML: .*\. Restore it from a copy"),
+    ("a params.yaml without a section", without("  ema:"), ["train", "-m", "runs/good"],
+     r"is not a whole config of experiment 'digits': it lacks trainer\.ema \(was it cut"),
+    ("config of a folder without a run", nothing, ["config", "-m", "elsewhere"],
+     r"'elsewhere' holds no params.yaml: pass the directory of a run"),
+    # -- an experiment of one's own module: -e MODULE:NAME, -e path/to/file.py:NAME
+    ("a module that is not there", nothing, ["train", "-e", "mymodels:my_experiment"],
+     r"Experiment mymodels:my_experiment: cannot import mymodels \(ModuleNotFoundError: No "
+     r"module named 'mymodels'\): run the command from the folder that holds mymodels\.py \(the "
+     r"current folder is importable\), or name its file: -e path/to/mymodels\.py:my_experiment"),
+    ("config of a module that is not there", nothing, ["config", "-e", "mymodels:x"],
+     r"cannot import mymodels \(ModuleNotFoundError"),
+    ("a module whose import fails", write("broken.py", "raise RuntimeError('no GPU here')\n"),
+     ["train", "-e", "broken:x"],
+     r"cannot import broken \(RuntimeError: no GPU here, at .*broken\.py:1\): fix the module"),
+    ("a module of bad syntax", write("broken.py", "def f(:\n"), ["train", "-e", "broken:x"],
+     r"cannot import broken \(SyntaxError: .*broken\.py, line 1\)"),
+    ("a module without its library", write("broken.py", "import not_installed_lib\n"),
+     ["train", "-e", "broken:x"],
+     r"No module named 'not_installed_lib', at .*: install not_installed_lib, or change"),
+    ("a file that is not there", nothing, ["train", "-e", "models/mine.py:x"],
+     r"cannot import models/mine\.py \(no such file in .*\): pass the path of a \.py file"),
+    ("a file of another kind", nothing, ["train", "-e", "elsewhere/notes.txt:x"],
+     r"elsewhere/notes\.txt is not a \.py file"),
+    ("a module named with a dash", nothing, ["train", "-e", "my-models:x"],
+     r"'my-models' is neither a module name .* nor a path to a \.py file"),
+    ("an empty NAME", nothing, ["train", "-e", "mymodels:"], r"NAME is empty"),
+    ("a NAME the module lacks", user_module, ["train", "-e", "mymodels:my_experimnt"],
+     r"mymodels has no experiment or function 'my_experimnt'\. Did you mean "
+     r"mymodels:my_experiment\? It registers: my_experiment; its functions of no arguments: "
+     r"not_a_config, wide\. NAME must be"),
+    ("eval of a NAME the module lacks", user_module,
+     ["eval", "-e", "mymodels:nope", "-m", "runs/good"], r"no experiment or function 'nope'"),
+    ("a NAME that is a class", user_module, ["train", "-e", "mymodels:Blobs"],
+     r"mymodels:Blobs is the class Blobs \(a cadence\.Task\), not an experiment: NAME must "
+     r"be an experiment the module registers"),
+    ("a NAME of arguments", user_module, ["train", "-e", "mymodels:with_hidden"],
+     r"is a function of arguments \(hidden\), not an experiment"),
+    ("a NAME that returns a dict", user_module, ["train", "-e", "mymodels:not_a_config"],
+     r"not_a_config\(\) returned a dict; an experiment function must return a "
+     r"cadence\.ExperimentConfig"),
+    ("a NAME that is a config", user_module, ["train", "-e", "mymodels:A_CONFIG"],
+     r"is an ExperimentConfig \(wrap it: def A_CONFIG\(\): return \.\.\.\)"),
+    ("a run recording a module of no folder of the user's", records("os"),
+     ["eval", "-m", "runs/good"],
+     r"'runs/good/params.yaml' records the experiment os:digits, but os is not a module of "
+     r"the current folder"),
+    ("a run recording its own code", records("runs/good/payload.py", "payload.py"),
+     ["eval", "-m", "runs/good"],
+     r"whose file runs/good/payload\.py is inside that run directory: cadence never runs code "
+     r"that came with a run"),
+    ("training a run recording its own code", records("runs.good.payload", "payload.py"),
+     ["train", "-m", "runs/good"], r"payload\.py is inside that run directory"),
     # -- the command line itself
     ("a key with an empty part", nothing, ["train", "--set", "trainer..train_steps=5"],
      r"the key 'trainer..train_steps' has an empty part"),
@@ -448,6 +558,14 @@ PYTHON = [
      ConfigError, r"Cannot set trainer.train_steps \(got 3\): the config is locked"),
     ("load_config of an unknown experiment", lambda: load_config("digit"), ConfigError,
      r"Unknown experiment 'digit'\. Registered: .*digits"),
+    ("load_config of a module that is not there", lambda: load_config("mymodels:x"),
+     ConfigError, r"cannot import mymodels \(ModuleNotFoundError: No module named 'mymodels'"),
+    ("load_config of an empty module", lambda: load_config(":x"), ConfigError,
+     r"Experiment ':x': the module is empty"),
+    ("run_experiment of a module that is not there", lambda: run_experiment(
+        "mymodels:x", "train", "run"), ConfigError, r"cannot import mymodels"),
+    ("run_experiment of an unknown name", lambda: run_experiment("digit", "train", "run"),
+     ConfigError, r"Unknown experiment 'digit'"),
     ("load_config of an override that is no string", lambda: load_config(
         "digits", overrides=[5]), ConfigError, r"overrides: 5 is not a 'key=value' string"),
     ("load_config of a mapping with a word for a number", lambda: load_config(
@@ -523,8 +641,44 @@ def test_a_mistake_in_python_is_one_exception_of_one_line_and_nothing_is_written
     assert snapshot(workdir) == before
 
 
+# (what the user did, setup of the working directory, the call, the exception, its line)
+PYTHON_ON_FILES = [
+    ("load_config of a NAME the module lacks", user_module, lambda: load_config("mymodels:nope"),
+     cadence.NotRegisteredError, r"mymodels has no experiment or function 'nope'"),
+    ("load_config of a NAME that returns a dict", user_module,
+     lambda: load_config("mymodels.py:not_a_config"), ConfigError, r"returned a dict"),
+    ("run_experiment into a run whose params.yaml is cut", cut(lines=60),
+     lambda: run_in("runs/good")(config_with(
+         trainer__train_steps=20, trainer__steps_per_loop=10, trainer__validation_interval=10,
+         trainer__checkpoint_interval=10)), ConfigError,
+     r"'runs/good' holds a run with a different config \(the saved config is not whole: it "
+     r"lacks .* \(was it cut short\?\)\): use another model directory for a new run, or pass "
+     r"--allow-config-change"),
+    ("load_run_config of a cut params.yaml", cut(lines=60),
+     lambda: load_run_config("runs/good/params.yaml"), ConfigError,
+     r"'runs/good/params.yaml' is not a whole config of experiment 'digits': it lacks"),
+    ("load_config of a params.yaml recording its run's code", records(
+        "runs/good/payload.py", "payload.py"),
+     lambda: load_config(config_files=["runs/good/params.yaml"]),
+     ConfigError, r"is inside that run directory: cadence never runs code that came with a run"),
+]
+
+
+@pytest.mark.parametrize(("mistake", "setup", "call", "error", "says"), PYTHON_ON_FILES,
+                         ids=[case[0] for case in PYTHON_ON_FILES])
+def test_a_mistake_in_python_about_files_is_one_exception_of_one_line_and_nothing_is_written(
+        workdir, mistake, setup, call, error, says):
+    setup(workdir)
+    before = snapshot(workdir)
+    with pytest.raises(error) as raised:
+        call()
+    message = str(raised.value)
+    assert "\n" not in message and re.search(says, message), message
+    assert snapshot(workdir) == before
+
+
 def test_the_sweep_holds_at_least_a_hundred_mistakes():
-    assert len(COMMAND_LINE) + len(PYTHON) >= 100
+    assert len(COMMAND_LINE) + len(PYTHON) + len(PYTHON_ON_FILES) >= 100
 
 
 # ------------------------------------------------------------- the environment's failures

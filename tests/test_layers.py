@@ -85,6 +85,7 @@ LONG_MODULES = {
     "cadence.tfsnippet.train_loop": "tfsnippet's TrainLoop: the seed's whole API on one class",
     "cadence.core.goodput": "goodput and badput by cause from a run's timeline, and its report",
     "cadence.core.timeline": "the run timeline's file format: its schema, writer and reader",
+    "cadence.task.config": "the typed dataclasses of a run's config, with their checks",
 }
 """The modules past `LOOK_AT` lines that were looked at, with the one concept each holds. A
 module is one concept whatever its length (STYLE.md): a long one is split when it holds

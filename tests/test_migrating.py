@@ -104,3 +104,26 @@ def test_tfsnippet_program_logs_restores_the_best_and_resumes(tmp_path, capsys):
     example.main(str(tmp_path), max_epoch=2)
     out = capsys.readouterr().out
     assert "Resume training: epoch 1, step 23" in out and "[Epoch 2/2, Step 46" in out
+
+
+def test_the_tf_model_garden_experiment_runs_from_its_file_by_the_command_the_guide_shows(
+        tmp_path, monkeypatch, capsys, user_modules):
+    from cadence.task.cli import main
+
+    spelling = "examples/migrating/from_tf_model_garden.py:digits_mlp"
+    guide = (GUIDES / "tf-model-garden.md").read_text()
+    assert f"cadence train -e {spelling} -m runs/digits_mlp" in guide
+    assert "cadence eval -m runs/digits_mlp --checkpoint best" in guide
+    from cadence.task import registry
+
+    # `load` above may have registered it from a module of its own (not in sys.modules).
+    monkeypatch.delitem(registry._experiments, "digits_mlp", raising=False)
+    monkeypatch.chdir(ROOT)  # (the run itself goes to tmp_path)
+    run = str(tmp_path / "digits_mlp")
+    fast = [f"trainer.{key}=10" for key in ("steps_per_loop", "validation_interval",
+                                            "checkpoint_interval")]
+    assert main(["train", "-e", spelling, "-m", run, "--no-progress", "--set",
+                 "trainer.train_steps=20", *(a for key in fast for a in ("--set", key))]) == 0
+    capsys.readouterr()
+    assert main(["eval", "-m", run, "--checkpoint", "best"]) == 0  # no -e: params.yaml says
+    assert "Evaluation: accuracy=" in capsys.readouterr().out

@@ -61,3 +61,29 @@ def test_ci_runs_the_readme_test_command():
     commands = re.findall(r"^    (python3 -m venv .*)$", README.read_text(), re.M)
     test_command = next(c for c in commands if "pytest" in c)
     assert test_command in (README.parent / ".ci" / "run").read_text()
+
+
+def test_the_task_as_a_module_of_one_s_own_runs_from_the_command_line(tmp_path, monkeypatch,
+                                                                      capsys, user_modules):
+    """The task block (without its last lines, which run it) and the experiment block are
+    `mymodels.py`; the commands below them train, resume and evaluate it."""
+    from cadence.task.cli import main
+
+    (task,) = [block for block in python_blocks() if "cadence.Task" in block]
+    (experiment,) = [block for block in python_blocks() if "register_experiment" in block]
+    (tmp_path / "mymodels.py").write_text(task.split("\nconfig = ")[0] + "\n\n" + experiment)
+    assert "cadence train -e mymodels:my_experiment\n" in README.read_text()  # quick start
+    monkeypatch.chdir(tmp_path)
+    fast = ["--no-progress", "--set", "trainer.train_steps=20", "--set",
+            "trainer.steps_per_loop=10", "--set", "trainer.validation_interval=10"]
+    assert main(["train", "-e", "mymodels:my_experiment", "-m", "runs/mine", *fast]) == 0
+    assert main(["train", "-m", "runs/mine", "--no-progress", "--set", "trainer.train_steps=30",
+                 "--allow-config-change"]) == 0
+    assert (tmp_path / "runs/mine/checkpoints/ckpt-30").is_dir()
+    capsys.readouterr()
+    assert main(["eval", "-m", "runs/mine", "--checkpoint", "best"]) == 0
+    assert "Evaluation: accuracy=" in capsys.readouterr().out
+    for command in ("cadence train -e mymodels:my_experiment -m runs/mine",
+                    "cadence train -m runs/mine --set trainer.train_steps=600 "
+                    "--allow-config-change", "cadence eval -m runs/mine --checkpoint best"):
+        assert command in README.read_text()

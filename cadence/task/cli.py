@@ -10,6 +10,9 @@
     cadence eval  --model-dir runs/mine    evaluate the newest checkpoint of a run
     cadence experiments                    list the registered experiments
     cadence config --experiment char_lm    print the final config as YAML
+    cadence train -e mymodels:my_experiment   an experiment of your own module (in the
+                                           current folder; or -e path/to/mymodels.py:NAME);
+                                           `cadence train -m RUN` finds the module again
     cadence --version                      print the installed version
     cadence inspect runs/mine              what its newest checkpoint holds
     cadence goodput runs/mine [--json]     its goodput and badput by cause, every attempt
@@ -53,11 +56,13 @@ logger = logging.getLogger("cadence")
 RUNS_DIR = Path("runs")
 
 
-def _add_config_arguments(parser: argparse.ArgumentParser, run_default: bool = True) -> None:
-    default = ("the one recorded in the run directory that --model-dir names, else digits"
-               if run_default else "digits")
-    parser.add_argument("--experiment", "-e",
-                        help=f"a registered experiment (default: {default})")
+def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    default = "the one recorded in the run directory that --model-dir names, else digits"
+    parser.add_argument("--experiment", "-e", metavar="EXPERIMENT",
+                        help="a registered experiment, or one of your own module: MODULE:NAME "
+                        "(the current folder is importable) or path/to/file.py:NAME, NAME an "
+                        "experiment the module registers or a function there that returns an "
+                        f"ExperimentConfig (default: {default})")
     parser.add_argument("--config-file", "-c", action="append", default=[], metavar="FILE",
                         help="YAML merged over the experiment's defaults (repeatable, in order)")
     parser.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE",
@@ -137,7 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("experiments", help="list the registered experiments")
 
     config = commands.add_parser("config", help="print the final config as YAML")
-    _add_config_arguments(config, run_default=False)
+    _add_config_arguments(config)
+    config.add_argument("--model-dir", "-m", type=_model_dir_argument,
+                        help="a run directory: its params.yaml is the base")
 
     plot = commands.add_parser(
         "plot", help="draw runs' training and evaluation scalars as PNG curves",
@@ -244,13 +251,15 @@ def _runs_of(experiment: str) -> list[Path]:
 
 def _train_dir(config: Any) -> Path:
     """The newest unfinished run of this experiment with the same config, else a new one."""
-    from cadence.task.config_files import config_differences, load_config
+    from cadence.task.config import ExperimentConfig
+    from cadence.task.config_files import config_differences, load_run_config
 
     runs = _runs_of(config.experiment)
     if runs:
         newest = runs[-1]
-        try:
-            saved = load_config(config_files=[RunDirectory(newest).params])
+        try:  # read with this config's classes: no module it records is imported
+            saved = load_run_config(RunDirectory(newest).params,
+                                    ExperimentConfig(task=type(config.task)()))
         except ConfigError:
             saved = None
         step = _latest_step(newest)
@@ -315,14 +324,27 @@ def _load(args: argparse.Namespace, model_dir: Path | None) -> Any:
     """The config of a command: for an existing run, the run's own ``params.yaml`` is the base
     (a run continues, and is evaluated, as it was configured; ``--config-file`` and ``--set``
     go on top, and a change is refused unless allowed), unless ``--experiment`` names another
-    experiment; else the experiment's defaults."""
-    from cadence.task.config_files import experiment_of, load_config
+    experiment; else the experiment's defaults.
 
-    files: list[Path | str] = list(args.config_file)
+    A run of an experiment of one's own module (``-e mymodels:NAME``) imports that module again
+    as its ``params.yaml`` records it, which is said first (`cadence.task.module_experiments`
+    says what is imported from a record, and what is refused)."""
+    from cadence.task.config_files import experiment_of, load_config, load_run_config
+    from cadence.task.module_experiments import spelled, split_spelling
+
     saved = RunDirectory(model_dir).params if model_dir is not None else None
-    if saved is not None and saved.is_file() and args.experiment in (None, experiment_of(saved)):
-        files.insert(0, saved)
-    return load_config(args.experiment, files, args.overrides)
+    named = args.experiment
+    if named is not None and (parts := split_spelling(named)) is not None:
+        named = spelled(*parts)  # ./mymodels.py:NAME is mymodels.py:NAME
+    if saved is not None and saved.is_file():
+        recorded = experiment_of(saved, run=True)
+        if named in (None, recorded):
+            parts = split_spelling(recorded) if isinstance(recorded, str) else None
+            if named is None and parts is not None and process_rank() == 0:
+                print(f"Importing {parts[0]}: {saved} records it as the module of experiment "
+                      f"{parts[1]}.", file=sys.stderr)
+            return load_run_config(saved, named, args.config_file, args.overrides)
+    return load_config(named, args.config_file, args.overrides)
 
 
 def _summary(run: RunDirectory, logs: dict[str, Any]) -> None:
@@ -362,6 +384,7 @@ def _chosen_by_rank_zero(config: Any, choose: Any) -> Path:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from cadence.task.module_experiments import spelled
     from cadence.task.train_lib import run_directory, run_experiment
 
     _check_model_dir(args.model_dir)
@@ -369,7 +392,8 @@ def _train(args: argparse.Namespace) -> int:
     model_dir = args.model_dir or _chosen_by_rank_zero(config, _train_dir)
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
     if process_rank() == 0:
-        print(f"Experiment {config.experiment or '(custom)'}, mode {args.mode}, "
+        experiment = spelled(config.experiment_module, config.experiment) or "(custom)"
+        print(f"Experiment {experiment}, mode {args.mode}, "
               f"run directory {model_dir}", file=sys.stderr)
     with _logging(progress):
         _, logs = run_experiment(config, args.mode, model_dir, progress_bar=progress,
@@ -383,12 +407,13 @@ def _eval(args: argparse.Namespace) -> int:
 
     model_dir = args.model_dir
     if model_dir is None:
+        from cadence.task.module_experiments import split_spelling
         from cadence.task.registry import DEFAULT_EXPERIMENT
 
-        runs = _runs_of(args.experiment or DEFAULT_EXPERIMENT)
+        experiment = args.experiment or DEFAULT_EXPERIMENT
+        runs = _runs_of((split_spelling(experiment) or ("", experiment))[1])
         if not runs:
-            raise ConfigError(f"No run of {args.experiment or DEFAULT_EXPERIMENT!r} under "
-                              f"{RUNS_DIR}/: pass --model-dir.")
+            raise ConfigError(f"No run of {experiment!r} under {RUNS_DIR}/: pass --model-dir.")
         model_dir = runs[-1]
     _check_model_dir(model_dir)
     if not model_dir.is_dir():
@@ -414,7 +439,12 @@ def _experiments(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> int:
     from cadence.task.config_files import config_to_yaml
 
-    print(config_to_yaml(_load(args, None)), end="")
+    model_dir = args.model_dir
+    _check_model_dir(model_dir)
+    if model_dir is not None and not RunDirectory(model_dir).params.is_file():
+        raise ConfigError(f"{str(model_dir)!r} holds no {RunDirectory(model_dir).params.name}: "
+                          f"pass the directory of a run, e.g. {RUNS_DIR}/<experiment>-<time>.")
+    print(config_to_yaml(_load(args, model_dir)), end="")
     return 0
 
 

@@ -516,9 +516,15 @@ class ExperimentConfig(Config):
     Attributes:
         experiment: the registered experiment these defaults came from ("" if built by hand);
             saved with the config so that a saved file reloads into the right classes.
+        experiment_module: where `experiment` was found when it is a module of one's own
+            (``cadence train -e mymodels:my_experiment``): the module (``mymodels``) or the
+            ``.py`` file (``path/to/mymodels.py``) as it was named; "" for an experiment the
+            registry finds by itself (built-in, or an installed package's entry point). A run
+            reloads its ``params.yaml`` through it (`cadence.task.module_experiments`).
     """
 
     experiment: str = ""
+    experiment_module: str = ""
     task: TaskConfig = field(default_factory=TaskConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)

@@ -3,7 +3,12 @@
 
 `load_config` builds the final config in a fixed order, later sources winning::
 
-    registered experiment's defaults  ->  each --config-file, in order  ->  each --set a.b=value
+    experiment's defaults  ->  each --config-file, in order  ->  each --set a.b=value
+
+The experiment is a registered one (``digits``) or one of one's own module (``mymodels:NAME``,
+``path/to/mymodels.py:NAME``; `cadence.task.module_experiments`), which the config records
+(``experiment_module``) so that a saved file reloads through the same module.
+`load_run_config` reads a run's ``params.yaml`` this way and refuses one that is not whole.
 
 Every step is strict: an unknown key, a value of the wrong type, or a value out of range raises
 `ConfigError` naming the key path, where it came from, and the valid choices. The merge and type
@@ -33,10 +38,18 @@ from typing import Any
 
 from cadence.core.errors import ConfigError
 from cadence.task.config import ExperimentConfig, config_error, merge_config
-from cadence.task.registry import DEFAULT_EXPERIMENT, get_experiment_config, task_config_class
+from cadence.task.module_experiments import spelled
+from cadence.task.registry import (
+    DEFAULT_EXPERIMENT,
+    experiment_functions,
+    get_experiment_config,
+    task_config_class,
+)
 
 TASK_CLASS_KEY = "task_config_class"
 """The key `config_to_yaml` adds: the ``module.QualName`` of the config's `TaskConfig` class."""
+MODULE_KEY = "experiment_module"
+"""The field that records the module of an experiment of one's own (``mymodels``)."""
 
 
 def _omegaconf() -> Any:
@@ -45,19 +58,23 @@ def _omegaconf() -> Any:
     return omegaconf
 
 
-def _read_yaml(path: Path) -> Any:
+def _read_yaml(path: Path, run: bool = False) -> Any:
+    """The YAML mapping in the file at `path`; for a `run`'s ``params.yaml``, a damaged file's
+    error says how to recover the run."""
     oc = _omegaconf()
     if path.is_dir():
         raise ConfigError(f"Config file {str(path)!r} is a directory; pass a YAML file.")
     if not path.is_file():
         raise ConfigError(f"Config file {str(path)!r} does not exist.")
+    fix = f" {_RESTORE}" if run else ""
     try:
         loaded = oc.OmegaConf.load(path)
     except Exception as error:  # yaml.YAMLError and friends
         where = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
-        raise ConfigError(f"Config file {str(path)!r} is not valid YAML: {where}") from None
+        raise ConfigError(f"Config file {str(path)!r} is not valid YAML: {where}.{fix}"
+                          ) from None
     if not isinstance(loaded, oc.DictConfig):
-        raise ConfigError(f"Config file {str(path)!r} must hold a mapping of config keys.")
+        raise ConfigError(f"Config file {str(path)!r} must hold a mapping of config keys.{fix}")
     return loaded
 
 
@@ -84,18 +101,44 @@ def saved_task_class(path: str | os.PathLike[str]) -> str | None:
     return str(name) if name else None
 
 
-def experiment_of(path: str | os.PathLike[str]) -> str | ExperimentConfig:
-    """What the config file at `path` was built from: its experiment's name, or for a hand-built
-    config a fresh config of its recorded task class (the default experiment if neither).
+def experiment_of(path: str | os.PathLike[str], run: bool = False) -> str | ExperimentConfig:
+    """What the config file at `path` (a `run`'s ``params.yaml``?) was built from: its
+    experiment's name (``MODULE:NAME`` for an experiment of one's own module, which is not
+    imported), or for a hand-built config a fresh config of its recorded task class (the
+    default experiment if neither).
 
     Raises:
         ConfigError: if the file is unreadable, or names a task class not registered here.
     """
     path = Path(path)
-    data = _read_yaml(path)
+    data = _read_yaml(path, run)
     if data.get("experiment"):
-        return str(data["experiment"])
+        return spelled(str(data.get(MODULE_KEY) or ""), str(data["experiment"]))
     return _recorded_start(path, data) or DEFAULT_EXPERIMENT
+
+
+def _start(experiment: str, recorded_in: Path | None = None) -> ExperimentConfig:
+    """A fresh config of `experiment`: a registered name, or ``MODULE:NAME`` /
+    ``path/to/file.py:NAME`` (`cadence.task.module_experiments`)."""
+    from cadence.task.module_experiments import experiment_from_module, split_spelling
+
+    if experiment in experiment_functions():
+        return get_experiment_config(experiment)
+    spelling = split_spelling(experiment)
+    if spelling is None:
+        return get_experiment_config(experiment)  # raises, listing the registered ones
+    return experiment_from_module(*spelling, recorded_in=recorded_in)
+
+
+def _recorded_experiment(path: Path, data: Any) -> ExperimentConfig:
+    """A fresh config of the experiment the config file at `path` names (importing the module
+    it records only as `cadence.task.module_experiments` allows)."""
+    from cadence.task.module_experiments import experiment_from_module
+
+    module = str(data.get(MODULE_KEY) or "")
+    if not module:
+        return get_experiment_config(str(data["experiment"]))
+    return experiment_from_module(module, str(data["experiment"]), recorded_in=path)
 
 
 def _parse_override(text: str) -> Any:
@@ -128,44 +171,86 @@ def load_config(
     """Builds, checks and returns the final config of a run.
 
     Args:
-        experiment: a registered experiment name, or a config to start from. None: the
-            ``experiment`` key of the first config file, else the default experiment.
+        experiment: a registered experiment name; ``"MODULE:NAME"`` or
+            ``"path/to/file.py:NAME"``, an experiment of one's own module (NAME registered by
+            it, or a function there that returns an `ExperimentConfig`; see
+            `cadence.task.module_experiments`); or a config to start from. None: the
+            ``experiment`` key of the first config file that has one (and the module it
+            records, ``experiment_module``), else the default experiment.
         config_files: YAML files merged in order (a file written by `save_config` reproduces
             its config exactly).
         overrides: ``"a.b=value"`` strings (values parsed as YAML), or a nested mapping.
 
     Raises:
-        ConfigError: for an unknown experiment or key, a wrong type, or an invalid value.
+        ConfigError: for an unknown experiment or key, a wrong type, or an invalid value; for
+            a module that cannot be imported, or a NAME it does not offer.
     """
+    return _build(experiment, config_files, overrides)
+
+
+def load_run_config(
+    params: str | os.PathLike[str],
+    experiment: str | ExperimentConfig | None = None,
+    config_files: Sequence[str | os.PathLike[str]] = (),
+    overrides: Sequence[str] | Mapping[str, Any] = (),
+) -> ExperimentConfig:
+    """`load_config` of an existing run: its ``params.yaml`` first, then `config_files`, then
+    `overrides` (how a run continues, and is evaluated, as it was configured).
+
+    A run's ``params.yaml`` is untrusted input that `save_config` wrote whole: every key of its
+    experiment's config, defaults included. One that lacks keys (cut short by a full disk or an
+    interrupted copy, or edited) is refused rather than completed with defaults. The one
+    exception is ``experiment_module``, which runs made before it existed lack.
+
+    Raises:
+        ConfigError: as `load_config`, and if `params` lacks keys of its experiment's config
+            (naming them).
+    """
+    return _build(experiment, [params, *config_files], overrides, run_params=Path(params))
+
+
+def _build(experiment: str | ExperimentConfig | None,
+           config_files: Sequence[str | os.PathLike[str]],
+           overrides: Sequence[str] | Mapping[str, Any],
+           run_params: Path | None = None) -> ExperimentConfig:
     oc = _omegaconf()
     files = [Path(f) for f in config_files]
-    loaded = [(f, _read_yaml(f)) for f in files]
+    loaded = [(path, _read_yaml(path, run=path == run_params)) for path in files]
+    start: ExperimentConfig | None = None
     if experiment is None:
-        named = [str(y["experiment"]) for _, y in loaded if y.get("experiment")]
+        named = [(f, y) for f, y in loaded if y.get("experiment")]
         if named:
-            experiment = named[0]
+            start = _recorded_experiment(*named[0])
         else:
             recorded = (_recorded_start(f, y) for f, y in loaded)
             experiment = next((r for r in recorded if r is not None), DEFAULT_EXPERIMENT)
     for _, data in loaded:
         data.pop(TASK_CLASS_KEY, None)
-    if isinstance(experiment, str):
-        start = get_experiment_config(experiment)
-    elif isinstance(experiment, ExperimentConfig):
-        start = copy.deepcopy(experiment)
-    else:
-        raise TypeError(
-            f"`experiment` (got {type(experiment).__name__}) must be an experiment name or an "
-            "ExperimentConfig."
-        )
+    if start is None:
+        if isinstance(experiment, str):
+            start = _start(experiment)
+        elif isinstance(experiment, ExperimentConfig):
+            start = copy.deepcopy(experiment)
+        else:
+            raise TypeError(
+                f"`experiment` (got {type(experiment).__name__}) must be an experiment name or "
+                "an ExperimentConfig."
+            )
+    if run_params is not None:
+        _check_whole(run_params, loaded[0][1], start)
     merged = oc.OmegaConf.structured(start)
+    ours = spelled(start.experiment_module, start.experiment)
     for path, data in loaded:
         named = data.get("experiment")
-        if named and start.experiment and named != start.experiment:
-            raise ConfigError(
-                f"Config file {str(path)!r} is for experiment {named!r}, not "
-                f"{start.experiment!r}: drop --experiment or pick the matching file."
-            )
+        if named and start.experiment:
+            # A file that does not say which module is for the experiment of that name.
+            module = data.get(MODULE_KEY, start.experiment_module)
+            theirs = spelled(str(module or ""), str(named))
+            if theirs != ours:
+                raise ConfigError(
+                    f"Config file {str(path)!r} is for experiment {theirs!r}, not "
+                    f"{ours!r}: drop --experiment or pick the matching file."
+                )
         merged = merge_config(merged, data, f"config file {str(path)!r}")
     if isinstance(overrides, Mapping):
         merged = merge_config(merged, oc.OmegaConf.create(dict(overrides)), "overrides")
@@ -179,6 +264,65 @@ def load_config(
     assert isinstance(config, ExperimentConfig)
     config.validate()
     return config
+
+
+ADDED_KEYS = frozenset({MODULE_KEY})
+"""Keys that configs saved before they existed lack: absent from a run's ``params.yaml``, they
+take their defaults (``experiment_module: ''``, a registered experiment)."""
+
+
+def missing_keys(data: Any, start: ExperimentConfig) -> list[str]:
+    """The key paths of `start`'s config classes that the loaded YAML `data` lacks (besides
+    `ADDED_KEYS`): every field of every nested config, where `data` holds a mapping for it."""
+    oc = _omegaconf()
+    plain = oc.OmegaConf.to_container(data, resolve=False) if isinstance(
+        data, oc.DictConfig) else data
+
+    def walk(config: Any, values: Any, prefix: str) -> list[str]:
+        missing: list[str] = []
+        for item in dataclasses.fields(config):
+            value = getattr(config, item.name)
+            if item.name not in values:
+                missing.append(f"{prefix}{item.name}")
+            elif dataclasses.is_dataclass(value) and isinstance(values[item.name], dict):
+                missing.extend(walk(value, values[item.name], f"{prefix}{item.name}."))
+        return missing
+
+    return [key for key in walk(start, plain, "") if key not in ADDED_KEYS]
+
+
+def incompleteness(path: str | os.PathLike[str], start: ExperimentConfig) -> str | None:
+    """What a config file written whole by `save_config` lacks of `start`'s config classes,
+    in words (``"it lacks runtime.seed, ... (was it cut short?)"``), or None if nothing.
+
+    Raises:
+        ConfigError: if the file is unreadable.
+    """
+    data = _read_yaml(Path(path))
+    data.pop(TASK_CLASS_KEY, None)
+    return _lacking(missing_keys(data, start))
+
+
+def _lacking(missing: list[str]) -> str | None:
+    if not missing:
+        return None
+    listed = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6
+                                       else "")
+    return f"it lacks {listed} (was it cut short?)"
+
+
+def _check_whole(path: Path, data: Any, start: ExperimentConfig) -> None:
+    """Refuses a run's ``params.yaml`` that lacks keys of its experiment's config."""
+    lacking = _lacking(missing_keys(data, start))
+    if lacking is not None:
+        raise ConfigError(
+            f"{str(path)!r} is not a whole config of experiment "
+            f"{spelled(start.experiment_module, start.experiment) or '(custom)'!r}: {lacking}. "
+            f"{_RESTORE}")
+
+
+_RESTORE = ("Restore it from a copy, or move it aside and run again with the experiment, config "
+            "files and --set values the run was started with (its checkpoints are kept).")
 
 
 def config_to_yaml(config: ExperimentConfig) -> str:

@@ -10,6 +10,9 @@ the built-in experiments and every package that declares an entry point in the
     [project.entry-points."cadence.experiments"]
     my_experiments = "my_package.experiments"
 
+An experiment in a module that is not a package's is named by its module instead,
+``mymodels:my_experiment`` (`cadence.task.module_experiments`).
+
 >>> sorted(experiments())[:2]
 ['char_lm', 'char_lm_large']
 >>> get_experiment_config("digits").experiment
@@ -41,6 +44,8 @@ ENTRY_POINT_GROUP = "cadence.experiments"
 _experiments: dict[str, Callable[[], ExperimentConfig]] = {}
 _tasks: dict[type, Callable[..., Any]] = {}
 _loaded = False
+_found_by_itself: set[str] = set()
+"""The experiments registered by the modules `_load_all` imports (built-ins, entry points)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -50,14 +55,21 @@ def _load_all() -> None:
     if _loaded:
         return
     _loaded = True
+    before = set(_experiments)
     for module in BUILTIN_MODULES:
         importlib.import_module(module)
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
+    entries = entry_points(group=ENTRY_POINT_GROUP)
+    for entry in entries:
         try:
             entry.load()
         except Exception as error:  # a broken plugin must not break the built-ins
             logger.warning("Could not load experiments from %s (%s): %s", entry.name,
                            entry.value, error)
+    # Those registered now, and those whose modules were imported before the registry was
+    # first asked (their names are already in `before`).
+    modules = {*BUILTIN_MODULES, *(entry.value.partition(":")[0].strip() for entry in entries)}
+    _found_by_itself.update(name for name, factory in _experiments.items()
+                            if name not in before or factory.__module__ in modules)
 
 
 def register_experiment(name: str) -> Callable[[F], F]:
@@ -105,6 +117,19 @@ def experiments() -> dict[str, str]:
             for name, factory in sorted(_experiments.items())}
 
 
+def experiment_functions() -> dict[str, Callable[[], ExperimentConfig]]:
+    """Registered experiment names and the function each one is registered with."""
+    _load_all()
+    return dict(sorted(_experiments.items()))
+
+
+def found_by_itself(name: str) -> bool:
+    """Whether the registry finds the experiment `name` without being told where: registered
+    by a built-in module or an installed package's entry point."""
+    _load_all()
+    return name in _found_by_itself
+
+
 def get_experiment_config(name: str) -> ExperimentConfig:
     """A fresh copy of the registered experiment's config.
 
@@ -116,8 +141,9 @@ def get_experiment_config(name: str) -> ExperimentConfig:
     if name not in _experiments:
         raise NotRegisteredError(
             f"Unknown experiment {name!r}. Registered: {', '.join(sorted(_experiments))}. "
-            "`cadence experiments` lists them; a package adds its own through the "
-            f"{ENTRY_POINT_GROUP!r} entry-point group."
+            "`cadence experiments` lists them; name one of your own by its module, e.g. "
+            "mymodels:my_experiment or path/to/mymodels.py:my_experiment, or a package adds "
+            f"its own through the {ENTRY_POINT_GROUP!r} entry-point group."
         )
     config = _experiments[name]()
     config.experiment = name

@@ -4,7 +4,8 @@ The model directory of a run is a `cadence.core.run_dir.RunDirectory`::
 
     model_dir/
       params.yaml        the final config (written by training modes once the run has started;
-                         reloads exactly, custom task configs included)
+                         reloads exactly, custom task configs included, and the module of an
+                         experiment of one's own: ``experiment_module``)
       train.lock         held while a process trains here: a second trainer is refused
       checkpoints/       ckpt-<step>/ (atomic, newest kept, resumed from automatically)
       resumes.jsonl      a line for each time training continued from a checkpoint
@@ -79,7 +80,9 @@ from cadence.task.config_callbacks import check_config_callbacks, config_callbac
 from cadence.task.config_files import (
     config_differences,
     flatten_config,
+    incompleteness,
     load_config,
+    load_run_config,
     save_config,
     saved_task_class,
 )
@@ -179,10 +182,14 @@ def check_saved_config(config: ExperimentConfig, run: RunDirectory,
     if not path.is_file():
         return []
     live_class = f"{type(config.task).__module__}.{type(config.task).__qualname__}"
+    start = ExperimentConfig(task=type(config.task)())  # imports no module the file records
     try:
         saved_class = saved_task_class(path)
-        saved = load_config(ExperimentConfig(task=type(config.task)()), [path])
-        differences = config_differences(saved, config)
+        lacking = incompleteness(path, start)
+        if lacking is not None:
+            differences = [f"the saved config is not whole: {lacking}"]
+        else:
+            differences = config_differences(load_run_config(path, start), config)
         if saved_class is not None and saved_class != live_class:
             differences.insert(0, f"task config class: {saved_class} -> {live_class}")
     except ConfigError as error:
@@ -357,7 +364,7 @@ def maybe_create_best_ckpt_exporter(config: ExperimentConfig,
 
 
 def run_experiment(
-    config: ExperimentConfig,
+    config: ExperimentConfig | str,
     mode: str,
     model_dir: str | os.PathLike[str],
     *,
@@ -373,6 +380,8 @@ def run_experiment(
     Args:
         config: the final config (see `cadence.load_config`); it is locked (see
             `cadence.task.config.Config.lock`) -- use ``config.replace()`` for a changed copy.
+            Or an experiment as `cadence.load_config` takes it, run with its defaults:
+            ``"digits"``, ``"mymodels:my_experiment"``, ``"path/to/mymodels.py:NAME"``.
         mode: one of `MODES`.
         model_dir: the run's directory; training in it again resumes.
         callbacks: more callbacks for the Controller (after the built-in ones).
@@ -389,7 +398,9 @@ def run_experiment(
 
     Raises:
         ValueError: for an unknown mode.
-        ConfigError: for a config that cannot run (``trainer.train_steps`` = 0 in a training
+        TypeError: if `config` is neither an `ExperimentConfig` nor an experiment's name.
+        ConfigError: for an experiment that cannot be loaded (`cadence.load_config`); for a
+            config that cannot run (``trainer.train_steps`` = 0 in a training
             mode, a device that does not exist, an optimizer argument it does not take, a best
             or early-stopping metric the task does not report, early stopping in a training
             mode without evaluations), or if `model_dir` is a file or holds a run with
@@ -404,9 +415,12 @@ def run_experiment(
             and the recovery policy says to stop.
     """
     check_mode(mode)
+    if isinstance(config, str):
+        config = load_config(config)
     if not isinstance(config, ExperimentConfig):
-        raise TypeError(f"`config` (got {type(config).__name__}) must be an ExperimentConfig: "
-                        "build it with cadence.load_config(...).")
+        raise TypeError(f"`config` (got {type(config).__name__}) must be an ExperimentConfig "
+                        "or an experiment's name ('digits', 'mymodels:my_experiment'): build "
+                        "it with cadence.load_config(...).")
     config.validate()
     config.lock()  # as TF Model Garden: nothing changes the config of a running experiment
     run = run_directory(config, model_dir)
