@@ -705,20 +705,26 @@ def test_a_full_disk_at_the_start_is_one_line_exit_1_and_leaves_nothing(capsys, 
 
 def test_a_denied_write_of_the_config_is_one_line_exit_1_and_the_run_is_kept(capsys, workdir,
                                                                              monkeypatch):
-    import cadence.task.train_lib as train_lib
+    import cadence.task.config_files as config_files
 
     def denied(config, path):
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    monkeypatch.setattr(train_lib, "save_config", denied)
+    monkeypatch.setattr(config_files, "save_config", denied)
     before = snapshot(workdir / "runs" / "good")
+    timeline = workdir / "runs" / "good" / "timeline" / "run.jsonl"
+    recorded = timeline.read_text()
     status = main(["train", "-m", "runs/good", "--set", "trainer.train_steps=30",
                    "--allow-config-change"])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 1 and err[-1].startswith(
         "cadence: error: Permission denied: 'runs/good/params.yaml'. Fix the permissions"), err
     after = snapshot(workdir / "runs" / "good")
-    assert {k: v for k, v in after.items() if not k.startswith("params.2")} == before
+    changed = {k for k in set(after) | set(before) if after.get(k) != before.get(k)}
+    assert {k for k in changed if not k.startswith("params.2")} == {"timeline/run.jsonl"}
+    # The timeline kept every line and added the failed attempt, which ended in an error.
+    added = timeline.read_text().removeprefix(recorded)
+    assert added != timeline.read_text() and '"outcome":"error"' in added.splitlines()[-1]
 
 
 def test_a_model_too_large_for_memory_is_one_line_exit_1(capsys, workdir):

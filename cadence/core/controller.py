@@ -69,6 +69,7 @@ from cadence.core.protocols import (
 )
 from cadence.core.rank import world_size
 from cadence.core.run_checkpoints import RunCheckpoints
+from cadence.core.run_record import RunRecord
 from cadence.core.summary import DEFAULT_WRITERS, RunSummaries, WriterSpec, to_host
 
 logger = logging.getLogger("cadence")
@@ -117,6 +118,10 @@ class Controller:
             False.
         run_dir: the run's directory (a `cadence.core.run_dir.RunDirectory`), where built-in
             callbacks write by default (``RunState.run_dir``).
+        record: the run's record (`cadence.core.run_record.RunRecord`) of a process that trains
+            in a run directory: the Controller records each loop's end (its time, and how long
+            it waited for input), evaluation, restore, save and signal in its timeline, and
+            adds the run's ``goodput`` so far to each loop's logs.
 
     Raises:
         ValueError: if neither a trainer nor an evaluator is given, an interval or
@@ -146,6 +151,7 @@ class Controller:
         handle_signals: bool = True,
         log_loops: bool = True,
         run_dir: Any = None,
+        record: RunRecord | None = None,
     ) -> None:
         if trainer is None and evaluator is None:
             raise ValueError("Controller needs a `trainer`, an `evaluator`, or both.")
@@ -198,9 +204,10 @@ class Controller:
         self._clock = (self._clocked.bind(self.state, self.callbacks)
                        if self._clocked is not None else RunClock(state=self.state,
                                                                  callbacks=self.callbacks))
+        self.record = record
         self._checkpoints = RunCheckpoints(checkpoint_manager, self._global_step,
-                                           self.callbacks, self.state)
-        self._preemption = Preemption(handle_signals)
+                                           self.callbacks, self.state, record)
+        self._preemption = self._new_preemption(handle_signals)
         if checkpoint_manager is not None:
             checkpoint_manager.track("controller", self)
             checkpoint_manager.track("callbacks", self.callbacks)
@@ -402,7 +409,7 @@ class Controller:
             self._sync_state()
             self.callbacks.fire("on_train_begin", self.state)
             try:
-                self._preemption = Preemption(self.handle_signals)
+                self._preemption = self._new_preemption(self.handle_signals)
                 with self._preemption.watch(self.state):
                     yield
             except BaseException as error:
@@ -475,6 +482,11 @@ class Controller:
         rank's training alone; the next loop's agreement takes it (`RunClock.stopping`)."""
         return self._clock.stopping
 
+    def _new_preemption(self, enabled: bool) -> Preemption:
+        """The signal watch of a run: a signal is recorded in the run's timeline too."""
+        return Preemption(enabled, on_signal=self.record.timeline.signal
+                          if self.record is not None else None)
+
     def _record_if(self, step: int) -> bool:
         return self.summary_interval is None or step % self.summary_interval == 0
 
@@ -482,6 +494,8 @@ class Controller:
         assert self.trainer is not None
         before = self._global_step()
         self.callbacks.fire("on_loop_begin", self.state)
+        view = self.state.trainer
+        waited = view.data_wait_s if view is not None else 0.0  # host seconds: no sync
         start = time.perf_counter()
         with self.summary_manager.as_default(record_if=self._record_if):
             output = self.trainer.train(num_steps)
@@ -508,6 +522,11 @@ class Controller:
                                    for k, v in rates.items())
             loop_logger.info("train | step: %d | %s | %s", after, rate_text, format_logs(logs))
         logs = {**logs, **rates}
+        record = self.record
+        if record is not None:  # this rank's loop, and on rank 0 the run's goodput so far
+            waited = (view.data_wait_s if view is not None else 0.0) - waited
+            record.timeline.loop_end(after, max(done, 0), elapsed, data_wait_s=max(waited, 0.0))
+            logs.update(record.loop_logs())
         self.state.put_metrics(logs)
         self._clock.end_pending_epoch()  # an epoch that ended with the loop: sees these logs
         self.summary_manager.write_summaries(logs, step=after)
@@ -538,9 +557,14 @@ class Controller:
     def _evaluate(self, steps: int) -> dict[str, Any]:
         self._sync_state()
         assert self.evaluator is not None
-        return self._evaluations.run(self.evaluator, steps, self._global_step(),
-                                     self._checkpoints.weights, self.eval_summary_manager,
-                                     self.eval_actions)
+        step, record = self._global_step(), self.record
+        if record is not None:
+            record.timeline.eval_begin(step)
+        logs = self._evaluations.run(self.evaluator, steps, step, self._checkpoints.weights,
+                                     self.eval_summary_manager, self.eval_actions)
+        if record is not None:
+            record.timeline.eval_end(step)
+        return logs
 
     def evaluate_continuously(
         self,

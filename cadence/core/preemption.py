@@ -35,10 +35,14 @@ class Preemption:
 
     Args:
         enabled: install the handlers (only ever from the main thread).
+        on_signal: called with the signal's name (``"SIGTERM"``) when one requests the stop, or
+            when another rank's becomes this rank's (the run's timeline records it).
     """
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True,
+                 on_signal: Callable[[str], None] | None = None) -> None:
         self.enabled = enabled
+        self.on_signal = on_signal
         self.received: int | None = None
         """The signal that requested the stop, if one did."""
         self._agreed: bool | None = None
@@ -60,6 +64,8 @@ class Preemption:
             name = signal.Signals(signum).name
             logger.warning("Received %s: stopping after this step and saving a checkpoint.", name)
             state.request_stop(name)
+            if self.on_signal is not None:
+                self.on_signal(name)
 
         previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
         try:
@@ -78,6 +84,8 @@ class Preemption:
         if agreed and self.received is None:
             self.received = signal.SIGTERM
             logger.warning("Another rank received a signal: stopping and saving a checkpoint.")
+            if self.on_signal is not None:
+                self.on_signal("SIGTERM")
         self._agreed = agreed
         return agreed
 

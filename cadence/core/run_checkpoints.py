@@ -3,18 +3,22 @@
 It saves at exact multiples of the manager's ``checkpoint_interval`` (`due`), restores, knows
 which checkpoint the weights in memory came from (`weights`: what an evaluation records), counts
 restores (a callback that restores during a loop rewinds training), and waits for saves that
-finish in the background before an entry point returns. Nothing here imports torch.
+finish in the background before an entry point returns. With a
+`cadence.core.run_record.RunRecord`, the run's timeline gets each restore and how long each save
+and wait kept the training thread. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from cadence.core.callbacks import CallbackList, RunState
 from cadence.core.intervals import Interval, check_interval
 from cadence.core.protocols import CheckpointManagerLike, SavesInBackground
 from cadence.core.rank import world_size
+from cadence.core.run_record import RunRecord
 
 logger = logging.getLogger("cadence")
 
@@ -27,6 +31,7 @@ class RunCheckpoints:
         global_step: returns the run's completed steps.
         callbacks: whose ``on_checkpoint_saved`` runs after each save.
         state: the run state those callbacks see.
+        record: the run's record (its timeline), or None.
 
     Attributes:
         interval: the manager's ``checkpoint_interval``, with the step of the last save.
@@ -38,8 +43,10 @@ class RunCheckpoints:
     """
 
     def __init__(self, manager: CheckpointManagerLike | None, global_step: Callable[[], int],
-                 callbacks: CallbackList, state: RunState) -> None:
+                 callbacks: CallbackList, state: RunState,
+                 record: RunRecord | None = None) -> None:
         self.manager = manager
+        self.record = record
         self._global_step = global_step
         self._callbacks, self._state = callbacks, state
         every = None if manager is None else check_interval(
@@ -64,11 +71,16 @@ class RunCheckpoints:
         """Restores `path`, or the newest complete checkpoint; with none on disk, runs the
         manager's ``init_fn``. Returns the restored path (None: nothing was restored)."""
         manager = self.require("restore_checkpoint()")
+        record = self.record
+        if record is not None:
+            record.timeline.restore_begin()
         if path is None:
             path = manager.restore_or_initialize()
         else:
             manager.restore(path)
         step = self._global_step()
+        if record is not None:
+            record.timeline.restore_end(step, path)
         self.restores += 1
         self.interval.mark(step)
         self.weights = path
@@ -86,7 +98,10 @@ class RunCheckpoints:
         """Saves now, and fires ``on_checkpoint_saved``. Returns the checkpoint's path."""
         manager = self.require("save_checkpoint()")
         step = self._global_step()
+        started = time.perf_counter()
         path = manager.save(step)
+        if self.record is not None:  # the training thread's stall: the write, or its snapshot
+            self.record.timeline.save(step, time.perf_counter() - started)
         self.interval.mark(step)
         self.weights = path
         if self._background is None or not self._background.logs_saves:
@@ -107,8 +122,12 @@ class RunCheckpoints:
         manager = self._background
         if manager is None:
             return
+        started = time.perf_counter()
         try:
             manager.abandon() if failing and world_size() > 1 else manager.wait()
+            waited = time.perf_counter() - started
+            if self.record is not None and not failing and waited >= 1e-3:  # it did wait
+                self.record.timeline.save(self._global_step(), waited)
         except Exception:
             if not quiet:
                 raise

@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from cadence.core.progress import Progress
 
 VIEW_MEMBERS = ("global_step", "model", "optimizer", "progress", "train_iterator",
-                "examples_per_step", "trainable_variables", "logdir")
+                "examples_per_step", "data_wait_s", "trainable_variables", "logdir")
 
 
 @runtime_checkable
@@ -55,6 +55,11 @@ class TrainerView(Protocol):
         """Examples in a step (one rank's), when the data says (for examples/sec)."""
 
     @property
+    def data_wait_s(self) -> float:
+        """Seconds the training thread has waited for its input so far (a host clock, read
+        around each fetch: no device sync); the run's timeline records each loop's share."""
+
+    @property
     def trainable_variables(self) -> Sequence[Any]:
         """The trained tensors (a loss guard checks that they are finite)."""
 
@@ -76,7 +81,7 @@ class PlainTrainerView:
 
     def __getattr__(self, name: str) -> Any:
         if name in VIEW_MEMBERS:  # read when asked: a trainer may set its model later
-            default: Any = () if name == "trainable_variables" else None
+            default: Any = {"trainable_variables": (), "data_wait_s": 0.0}.get(name)
             return getattr(self.trainer, name, default)
         return getattr(self.trainer, name)
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import array
 import itertools
 import math
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -99,6 +100,7 @@ class _RecordingSampler(Sampler[int]):
 
 
 _EXHAUSTED = object()
+_now = time.perf_counter
 
 
 def _generator_of(obj: Any) -> torch.Generator | None:
@@ -136,6 +138,9 @@ class DataIterator:
         """Completed passes over `source`."""
         self.batches = 0
         """Batches taken from the current pass."""
+        self.wait_s = 0.0
+        """Seconds spent waiting for batches so far: the host clock around each fetch (the run's
+        timeline records each loop's share as the training thread's wait for input)."""
         self._iterator: Iterator[Any] | None = None
         self._resuming = False
         self._skip = 0
@@ -205,7 +210,9 @@ class DataIterator:
             iterator = self._iterator = self._start()
         if self.prefetch_to is not None:
             return self._next_prefetched(iterator)
+        started = _now()
         batch = next(iterator)
+        self.wait_s += _now() - started
         self.batches += 1
         return batch
 
@@ -215,10 +222,12 @@ class DataIterator:
             ahead = self._fetch(iterator)
         elif ahead is _EXHAUSTED:
             raise StopIteration
+        started = _now()
         try:
             self._ahead = self._fetch(iterator)  # its copy overlaps the step on `ahead`
         except StopIteration:
             self._ahead = _EXHAUSTED
+        self.wait_s += _now() - started
         assert self._copier is not None
         batch = self._copier.use(*ahead)
         self.batches += 1

@@ -111,6 +111,11 @@ class NestedIterators(dict):
         for key, value in self.items():
             yield key, value if isinstance(value, NestedIterators) else value.data
 
+    @property
+    def wait_s(self) -> float:
+        """Seconds spent waiting for batches so far, over every dataset."""
+        return sum(part.wait_s for _, part in self._parts())
+
     def end_pass(self) -> None:
         """Nothing to do: each dataset starts its next pass when it runs out."""
 

@@ -122,6 +122,9 @@ class CheckpointManager:
             rank 0 at the next `save`, `wait` or restore, once every rank's write is done; the
             rest of a distributed checkpoint is written synchronously. "Saved checkpoint ..."
             is logged once the commit is done.
+        on_commit: called with the step and the path of each checkpoint once it is committed
+            (durable), on the rank that commits it, from the thread that does (the run's
+            timeline records it).
 
     Raises:
         TypeError: if `state` is neither a Module nor a dict of stateful objects, or `init_fn`
@@ -141,6 +144,7 @@ class CheckpointManager:
         strict: bool = True,
         read_only: bool = False,
         async_save: bool = False,
+        on_commit: Callable[[int, Path], None] | None = None,
     ) -> None:
         if isinstance(state, Module):
             self._state: Stateful = state
@@ -161,6 +165,7 @@ class CheckpointManager:
         self.strict = strict
         self.read_only = read_only
         self.async_save = async_save
+        self.on_commit = on_commit
         self._snapshot = HostSnapshot()
         self._rank_snapshot = HostSnapshot()  # this rank's random state and data position
         self._pending: threading.Thread | None = None
@@ -323,9 +328,11 @@ class CheckpointManager:
         if rank == 0:
             merged = {name: digest for digests, _ in gathered for name, digest in digests.items()}
             synced = {name: size for _, part in gathered for name, size in part.items()}
-            self._directory.commit(staging, step, extra={"world_size": world},
-                                   checksums=merged, synced=synced)
-            logger.info("Saved checkpoint %s.", self._directory.path_for(step))
+            final = self._directory.commit(staging, step, extra={"world_size": world},
+                                           checksums=merged, synced=synced)
+            logger.info("Saved checkpoint %s.", final)
+            if self.on_commit is not None:
+                self.on_commit(step, final)
         dist.barrier()
         if _distributed()[0] == 0:  # deletes thousands of files at scale: not in the way
             self._join_pruning()  # two prunes never overlap
@@ -370,6 +377,8 @@ class CheckpointManager:
                 raise CheckpointError(self._failure(step, error, background)) from error
             raise
         logger.info("Saved checkpoint %s.", final)
+        if self.on_commit is not None:
+            self.on_commit(step, final)
         self._prune()
 
     def _failure(self, step: int, error: BaseException, background: bool) -> str:

@@ -45,6 +45,12 @@ class AbstractTrainer(Module, metaclass=abc.ABCMeta):
         """Examples in a step, when the data says."""
         return None
 
+    @property
+    def data_wait_s(self) -> float:
+        """Seconds the training thread waited for input so far (0: a trainer that does not
+        say)."""
+        return 0.0
+
     @abc.abstractmethod
     def train(self, num_steps: int) -> Output | None:
         """Runs `num_steps` steps of training.

@@ -276,6 +276,11 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         """The batch size of the training data when it says (used for examples/sec)."""
         return self._train_data.batch_size
 
+    @property
+    def data_wait_s(self) -> float:
+        """Seconds the step has waited for training batches so far (the iterator's clock)."""
+        return self._train_data.wait_s
+
     def max_steps_to_epoch_end(self) -> int | None:
         """At most how many steps until the running epoch ends: the steps left of
         `steps_per_epoch`, or, for an epoch that is a pass over sized data, the batches left in

@@ -384,8 +384,9 @@ def _chosen_by_rank_zero(config: Any, choose: Any) -> Path:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from cadence.task.config_files import run_directory
     from cadence.task.module_experiments import spelled
-    from cadence.task.train_lib import run_directory, run_experiment
+    from cadence.task.train_lib import run_experiment
 
     _check_model_dir(args.model_dir)
     config = _load(args, args.model_dir)
@@ -403,7 +404,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from cadence.task.train_lib import run_directory, run_experiment
+    from cadence.task.config_files import run_directory
+    from cadence.task.train_lib import run_experiment
 
     model_dir = args.model_dir
     if model_dir is None:

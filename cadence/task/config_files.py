@@ -8,7 +8,9 @@
 The experiment is a registered one (``digits``) or one of one's own module (``mymodels:NAME``,
 ``path/to/mymodels.py:NAME``; `cadence.task.module_experiments`), which the config records
 (``experiment_module``) so that a saved file reloads through the same module.
-`load_run_config` reads a run's ``params.yaml`` this way and refuses one that is not whole.
+`load_run_config` reads a run's ``params.yaml`` this way and refuses one that is not whole;
+`check_saved_config` compares a run's with the config it is started with again, and
+`save_run_config` writes it once the run has started.
 
 Every step is strict: an unknown key, a value of the wrong type, or a value out of range raises
 `ConfigError` naming the key path, where it came from, and the valid choices. The merge and type
@@ -30,13 +32,18 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import math
 import os
+import shutil
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from cadence.core.errors import ConfigError
+from cadence.core.rank import process_rank
+from cadence.core.run_dir import RunDirectory
 from cadence.task.config import ExperimentConfig, config_error, merge_config
 from cadence.task.module_experiments import spelled
 from cadence.task.registry import (
@@ -50,6 +57,8 @@ TASK_CLASS_KEY = "task_config_class"
 """The key `config_to_yaml` adds: the ``module.QualName`` of the config's `TaskConfig` class."""
 MODULE_KEY = "experiment_module"
 """The field that records the module of an experiment of one's own (``mymodels``)."""
+
+logger = logging.getLogger("cadence")
 
 
 def _omegaconf() -> Any:
@@ -377,3 +386,74 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     return bool(a == b)
+
+
+# ---------------------------------------------------------------------------- a run's config
+
+
+def run_directory(config: ExperimentConfig, model_dir: str | os.PathLike[str]) -> RunDirectory:
+    """The run directory of `config` in `model_dir` (the config names its eval and best
+    sub-directories)."""
+    trainer = config.trainer
+    return RunDirectory(model_dir, eval_subdir=trainer.validation_summary_subdir,
+                        best_subdir=trainer.best_checkpoint_export_subdir)
+
+
+def check_saved_config(config: ExperimentConfig, run: RunDirectory,
+                       allow_config_change: bool = False) -> list[str]:
+    """Compares `config` with the run directory's ``params.yaml``; writes nothing.
+
+    The saved file is read with `config`'s own task config class, so a task of one's own
+    (``experiment: ''``) compares as well as a registered experiment.
+
+    Returns:
+        The differences (``"key: old -> new"``), empty when nothing is saved yet or the
+        configs are the same; `save_run_config` writes them once the run has started.
+
+    Raises:
+        ConfigError: listing the differences, when the directory holds another config and
+            `allow_config_change` is False.
+    """
+    path, model_dir = run.params, run.root
+    if not path.is_file():
+        return []
+    live_class = f"{type(config.task).__module__}.{type(config.task).__qualname__}"
+    start = ExperimentConfig(task=type(config.task)())  # imports no module the file records
+    try:
+        saved_class = saved_task_class(path)
+        lacking = incompleteness(path, start)
+        if lacking is not None:
+            differences = [f"the saved config is not whole: {lacking}"]
+        else:
+            differences = config_differences(load_run_config(path, start), config)
+        if saved_class is not None and saved_class != live_class:
+            differences.insert(0, f"task config class: {saved_class} -> {live_class}")
+    except ConfigError as error:
+        differences = [f"the saved config does not load as {type(config.task).__name__}: "
+                       f"{str(error).splitlines()[0]}"]
+    if differences and not allow_config_change:
+        raise ConfigError(
+            f"{str(model_dir)!r} holds a run with a different config ({'; '.join(differences)})"
+            ": use another model directory for a new run, or pass --allow-config-change "
+            "(allow_config_change=True) to continue this run with the new config."
+        )
+    return differences
+
+
+def save_run_config(config: ExperimentConfig, run: RunDirectory,
+                    differences: list[str]) -> None:
+    """Writes ``params.yaml`` once the run has started (rank 0 only).
+
+    With `differences` (an allowed config change), the old file is first copied to
+    ``params.<time>.yaml``; the new one then replaces it atomically, so ``params.yaml`` is never
+    missing, and a failure leaves the old one in place.
+    """
+    path = run.params
+    if process_rank() != 0 or (path.is_file() and not differences):
+        return
+    if differences:
+        backup = path.with_name(f"params.{time.strftime('%Y%m%d-%H%M%S')}.yaml")
+        shutil.copy2(path, backup)
+        logger.warning("The config changed (%s); the old one is kept as %s.",
+                       "; ".join(differences), backup)
+    save_config(config, path)

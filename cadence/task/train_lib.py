@@ -46,8 +46,6 @@ import functools
 import logging
 import os
 import random
-import shutil
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -61,9 +59,10 @@ from cadence.callbacks.progress import ProgressBar
 from cadence.core.callbacks import Callback
 from cadence.core.checkpoint_dir import CheckpointDirectory
 from cadence.core.controller import Action, Controller
-from cadence.core.errors import CheckpointError, ConfigError, DivergenceError
-from cadence.core.rank import process_rank
+from cadence.core.errors import CheckpointError, ConfigError, DivergenceError, Preempted
+from cadence.core.rank import process_rank, world_size
 from cadence.core.run_dir import PARAMS_FILE, RunDirectory
+from cadence.core.run_record import RunRecord
 from cadence.core.summary import SummaryManager, WriterSpec, writer_factory
 from cadence.engine.checkpoint import CheckpointManager
 from cadence.engine.distributed import (
@@ -78,13 +77,11 @@ from cadence.task.chosen_weights import chosen_weights, load_chosen
 from cadence.task.config import MODES, ExperimentConfig
 from cadence.task.config_callbacks import check_config_callbacks, config_callbacks
 from cadence.task.config_files import (
-    config_differences,
+    check_saved_config,
     flatten_config,
-    incompleteness,
     load_config,
-    load_run_config,
-    save_config,
-    saved_task_class,
+    run_directory,
+    save_run_config,
 )
 from cadence.task.optimization import create_optimizer
 from cadence.task.registry import get_task
@@ -153,74 +150,6 @@ def agree_on_checkpoint(manager: CheckpointManager) -> None:
             + f") in {str(manager.directory)!r}: the run directory must be on a filesystem "
             "every node mounts."
         )
-
-
-def run_directory(config: ExperimentConfig, model_dir: str | os.PathLike[str]) -> RunDirectory:
-    """The run directory of `config` in `model_dir` (the config names its eval and best
-    sub-directories)."""
-    trainer = config.trainer
-    return RunDirectory(model_dir, eval_subdir=trainer.validation_summary_subdir,
-                        best_subdir=trainer.best_checkpoint_export_subdir)
-
-
-def check_saved_config(config: ExperimentConfig, run: RunDirectory,
-                       allow_config_change: bool = False) -> list[str]:
-    """Compares `config` with the run directory's ``params.yaml``; writes nothing.
-
-    The saved file is read with `config`'s own task config class, so a task of one's own
-    (``experiment: ''``) compares as well as a registered experiment.
-
-    Returns:
-        The differences (``"key: old -> new"``), empty when nothing is saved yet or the
-        configs are the same; `save_run_config` writes them once the run has started.
-
-    Raises:
-        ConfigError: listing the differences, when the directory holds another config and
-            `allow_config_change` is False.
-    """
-    path, model_dir = run.params, run.root
-    if not path.is_file():
-        return []
-    live_class = f"{type(config.task).__module__}.{type(config.task).__qualname__}"
-    start = ExperimentConfig(task=type(config.task)())  # imports no module the file records
-    try:
-        saved_class = saved_task_class(path)
-        lacking = incompleteness(path, start)
-        if lacking is not None:
-            differences = [f"the saved config is not whole: {lacking}"]
-        else:
-            differences = config_differences(load_run_config(path, start), config)
-        if saved_class is not None and saved_class != live_class:
-            differences.insert(0, f"task config class: {saved_class} -> {live_class}")
-    except ConfigError as error:
-        differences = [f"the saved config does not load as {type(config.task).__name__}: "
-                       f"{str(error).splitlines()[0]}"]
-    if differences and not allow_config_change:
-        raise ConfigError(
-            f"{str(model_dir)!r} holds a run with a different config ({'; '.join(differences)})"
-            ": use another model directory for a new run, or pass --allow-config-change "
-            "(allow_config_change=True) to continue this run with the new config."
-        )
-    return differences
-
-
-def save_run_config(config: ExperimentConfig, run: RunDirectory,
-                    differences: list[str]) -> None:
-    """Writes ``params.yaml`` once the run has started (rank 0 only).
-
-    With `differences` (an allowed config change), the old file is first copied to
-    ``params.<time>.yaml``; the new one then replaces it atomically, so ``params.yaml`` is never
-    missing, and a failure leaves the old one in place.
-    """
-    path = run.params
-    if process_rank() != 0 or (path.is_file() and not differences):
-        return
-    if differences:
-        backup = path.with_name(f"params.{time.strftime('%Y%m%d-%H%M%S')}.yaml")
-        shutil.copy2(path, backup)
-        logger.warning("The config changed (%s); the old one is kept as %s.",
-                       "; ".join(differences), backup)
-    save_config(config, path)
 
 
 def _check_before_writing(config: ExperimentConfig, mode: str, run: RunDirectory,
@@ -463,9 +392,13 @@ def in_config_terms(error: BaseException) -> BaseException:
 
 
 def _remove_unstarted(run: RunDirectory) -> None:
-    """Removes the lock file and the empty directories of a run that never started."""
+    """Removes the lock file, the timeline and the empty directories of a run that never
+    started."""
     with contextlib.suppress(OSError):
         run.lock_file.unlink()
+    for path in (run.timeline.glob("*.jsonl") if run.timeline.is_dir() else ()):
+        with contextlib.suppress(OSError):
+            path.unlink()
     for path in sorted(run.root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
         if path.is_dir():
             with contextlib.suppress(OSError):
@@ -479,11 +412,45 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
          eval_actions: Iterable[Action], progress_bar: bool | None,
          chosen: Path | None = None) -> tuple[nn.Module, dict[str, Any]]:
     trains = mode.startswith("train")
-    evaluates = mode != "train"
-    trainer_config = config.trainer
     setup_runtime(config)
     agree_on_run(run)
+    # A training process records its run's timeline (cadence goodput reads it); rank 0 under
+    # the run's lock, every rank its own waits. An evaluation job records nothing.
+    record = RunRecord(run.root, rank=process_rank()) if trains else None
+    if record is not None:
+        record.timeline.start(world_size())
+    try:
+        model, logs = _run_recorded(config, mode, run, differences, record, callbacks=callbacks,
+                                    train_actions=train_actions, eval_actions=eval_actions,
+                                    progress_bar=progress_bar, chosen=chosen)
+    except BaseException as error:
+        if record is not None:
+            record.timeline.end(*_outcome_of(error))
+            record.close()
+        raise
+    if record is not None:
+        record.timeline.end("finished", None)
+        record.close()
+    return model, logs
 
+
+def _outcome_of(error: BaseException) -> tuple[str, int | None, str | None]:
+    """How a training process that raised `error` ends, as its timeline says it."""
+    if isinstance(error, Preempted):
+        return "preempted", None, None
+    if isinstance(error, KeyboardInterrupt):  # a second Ctrl-C: no checkpoint was saved
+        return "error", None, "KeyboardInterrupt"
+    return "error", None, f"{type(error).__name__}: {error}"
+
+
+def _run_recorded(config: ExperimentConfig, mode: str, run: RunDirectory,
+                  differences: list[str], record: RunRecord | None, *,
+                  callbacks: Iterable[Callback], train_actions: Iterable[Action],
+                  eval_actions: Iterable[Action], progress_bar: bool | None,
+                  chosen: Path | None) -> tuple[nn.Module, dict[str, Any]]:
+    trains = mode.startswith("train")
+    evaluates = mode != "train"
+    trainer_config = config.trainer
     task = get_task(config.task, logging_dir=str(run.root))
     if evaluates:
         check_best_metric(config, task)
@@ -502,7 +469,10 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
         checkpoint_interval=trainer_config.checkpoint_interval, init_fn=trainer.initialize,
         strict=trains, read_only=not trains,
         async_save=trainer_config.async_checkpoints and trains,
+        on_commit=record.timeline.commit if record is not None else None,
     )
+    if record is not None:
+        record.timeline.setup_end()
     if chosen is None:
         agree_on_checkpoint(manager)
     else:  # evaluating chosen weights: the manager restores nothing
@@ -526,8 +496,9 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
         callbacks=[*builtin, *callbacks],
         train_actions=train_actions,
         eval_actions=eval_actions,
+        run_dir=run,
+        record=record,
     )
-    controller.state.run_dir = run
     if trains:  # the run has started: its config is the directory's from now on
         save_run_config(config, run, differences)
         summaries.write_hparams(flatten_config(config))  # MLflow params, W&B config

@@ -290,6 +290,11 @@ class TrainLoop:
         return self._data.batch_size if self._data is not None else None
 
     @property
+    def data_wait_s(self) -> float:
+        """Seconds spent waiting for the batches of `iter_steps` so far."""
+        return self._data.wait_s if self._data is not None else 0.0
+
+    @property
     def trainable_variables(self) -> list[torch.Tensor]:
         """The trained parameters that require gradients."""
         return [p for p in self._params.named().values() if p.requires_grad]

@@ -169,7 +169,7 @@ def test_tfm_a_loaded_config_can_be_locked_and_then_refuses_assignments():
 def test_tfm_a_config_holding_nan_accepts_its_own_run_directory(tmp_path):
     """NaN != NaN must not make a config differ from itself on resume."""
     from cadence.core.run_dir import RunDirectory
-    from cadence.task.train_lib import check_saved_config, save_run_config
+    from cadence.task.config_files import check_saved_config, save_run_config
 
     def config(beta=".nan"):  # betas are checked to lie in [0, 1): a free-form kwarg holds NaN
         return load_config("digits", overrides=[

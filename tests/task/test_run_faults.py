@@ -206,7 +206,7 @@ def test_a_failed_config_change_leaves_params_yaml_as_it_was(tmp_path, capsys, m
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(cadence.task.train_lib, "save_config", disk_full)
+    monkeypatch.setattr(cadence.task.config_files, "save_config", disk_full)
     with pytest.raises(OSError, match="No space left"):  # fails as it starts: disk full
         run_experiment(digits("trainer.train_steps=30"), "train", run, allow_config_change=True)
     monkeypatch.undo()

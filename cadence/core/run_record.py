@@ -1,0 +1,67 @@
+"""`RunRecord`: what a training process records of its run as it goes -- its timeline, and on
+rank 0 the goodput so far.
+
+The front-end that trains in a run directory under its lock (``run_experiment``, the
+``cadence`` command) makes one and hands it to the Controller, which records the loops,
+evaluations, restores and saves it drives (`cadence.core.timeline` lists the events); the
+checkpoint manager records its commits. On rank 0 the record also keeps a live
+`cadence.core.goodput.GoodputCalculator`, seeded with the earlier attempts' timeline, so that the
+Controller can write a ``goodput`` scalar with every loop's logs: the same figure ``cadence
+goodput RUN`` prints afterwards. Other ranks write only their own waits. Nothing here imports
+torch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cadence.core.goodput import GoodputCalculator
+from cadence.core.timeline import Timeline, read_timeline
+
+
+class RunRecord:
+    """A training process's record of its run (see the module docstring).
+
+    Args:
+        run_dir: the run's directory.
+        rank: this process's rank (0 writes the run's record and keeps the goodput).
+        replica: its replica group in the fault-tolerant mode, else None.
+        clock: the wall clock (tests pass their own).
+
+    Attributes:
+        timeline: the `Timeline` every event goes to.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], *, rank: int = 0,
+                 replica: int | None = None, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._goodput: GoodputCalculator | None = None
+        if rank == 0:
+            self._goodput = GoodputCalculator()
+            # The earlier attempts, read once as untrusted input (a bad line is skipped).
+            earlier = read_timeline(run_dir)
+            self._goodput.add_all(earlier.run if replica is None
+                                  else earlier.replicas.get(replica, ()))
+        self.timeline = Timeline(run_dir, rank=rank, replica=replica, clock=clock,
+                                 listener=self._goodput.add if self._goodput else None)
+
+    def goodput(self) -> float | None:
+        """The run's goodput so far -- productive time over wall time, across its attempts, up
+        to now -- on rank 0; None on the other ranks, or before any time passed."""
+        if self._goodput is None:
+            return None
+        report = self._goodput.report(self._clock(), live="attempt", ideal=False)
+        return report.goodput
+
+    def loop_logs(self) -> dict[str, Any]:
+        """What the Controller adds to a loop's logs: ``{"goodput": ...}`` on rank 0 (once a
+        figure exists), else nothing."""
+        value = self.goodput()
+        return {} if value is None else {"goodput": value}
+
+    def close(self) -> None:
+        """Closes the timeline's file."""
+        self.timeline.close()
