@@ -73,6 +73,7 @@ _EXPORTS = {
     "StandardTrainer": "cadence.engine.standard_runner",
     "StandardTrainerOptions": "cadence.engine.standard_runner",
     "StateFileIO": "cadence.engine.checkpoint",
+    "StepDiscarded": "cadence.core.errors",
     "StopTraining": "cadence.core.errors",
     "Sum": "cadence.engine.metrics",
     "SummaryManager": "cadence.core.summary",
@@ -109,6 +110,7 @@ if TYPE_CHECKING:  # `name as name`: re-exported, for type checkers
     from cadence.core.errors import DivergenceError as DivergenceError
     from cadence.core.errors import NotRegisteredError as NotRegisteredError
     from cadence.core.errors import Preempted as Preempted
+    from cadence.core.errors import StepDiscarded as StepDiscarded
     from cadence.core.errors import StopTraining as StopTraining
     from cadence.core.summary import SummaryManager as SummaryManager
     from cadence.core.trainer_view import TrainerView as TrainerView

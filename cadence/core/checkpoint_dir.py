@@ -214,6 +214,10 @@ class CheckpointDirectory:
     Args:
         directory: where checkpoints live; created on the first commit.
         max_to_keep: how many of the newest complete checkpoints to keep; None keeps all.
+        writer: who writes here, when several jobs write into one directory (the replica
+            groups of a fault-tolerant job: ``"r1"``): its staging directories carry the name,
+            and `remove_stale` removes only its own leftovers -- never another writer's write
+            in progress. ``""``: the only writer.
 
     Raises:
         ConfigError: for an empty `directory` (the current one), or one that is a file --
@@ -221,7 +225,7 @@ class CheckpointDirectory:
     """
 
     def __init__(self, directory: str | os.PathLike[str],
-                 max_to_keep: int | None = DEFAULT_MAX_TO_KEEP) -> None:
+                 max_to_keep: int | None = DEFAULT_MAX_TO_KEEP, writer: str = "") -> None:
         if max_to_keep is not None and not (is_int(max_to_keep) and max_to_keep >= 1):
             raise ValueError(
                 f"`max_to_keep` (got {max_to_keep!r}) must be a positive int, or None to keep "
@@ -235,6 +239,7 @@ class CheckpointDirectory:
             raise ConfigError(f"The checkpoint directory {str(directory)!r} is a file: move it "
                              "away, or pass another directory.")
         self.max_to_keep = max_to_keep
+        self.writer = writer
         self._reported: set[str] = set()  # incomplete directories already warned about
         self._sized: set[tuple[str, int]] = set()
         """Checkpoints (name, inode) whose files' sizes this process checked once: listed again
@@ -297,7 +302,7 @@ class CheckpointDirectory:
         if not self.directory.is_dir():
             return
         for entry in self.directory.iterdir():
-            if entry.name.startswith((_TEMP_PREFIX, _TRASH_PREFIX)):
+            if entry.name.startswith((_TEMP_PREFIX, _TRASH_PREFIX)) and self._owns(entry.name):
                 logger.info("Removing %s, left by an interrupted checkpoint write.", entry)
                 shutil.rmtree(entry, ignore_errors=True)
 
@@ -308,7 +313,14 @@ class CheckpointDirectory:
         distributed job write into one staging directory.
         """
         suffix = f"-{uuid.uuid4().hex[:8]}" if unique else ""
-        return self.directory / f"{_TEMP_PREFIX}{step}{suffix}"
+        writer = f".{self.writer}" if self.writer else ""
+        return self.directory / f"{_TEMP_PREFIX}{step}{writer}{suffix}"
+
+    def _owns(self, name: str) -> bool:
+        """Whether a leftover named `name` is this writer's (every one, for the only writer)."""
+        if not self.writer:
+            return True
+        return "." in name[1:] and name[1:].rsplit(".", 1)[1].split("-")[0] == self.writer
 
     @contextlib.contextmanager
     def staging(self, step: int) -> Iterator[Path]:
@@ -395,7 +407,8 @@ class CheckpointDirectory:
         doomed = complete[: max(0, len(complete) - self.max_to_keep)]
         deleted = []
         for info in doomed:
-            trash = self.directory / f"{_TRASH_PREFIX}{info.step}-{uuid.uuid4().hex[:8]}"
+            writer = f".{self.writer}" if self.writer else ""
+            trash = self.directory / f"{_TRASH_PREFIX}{info.step}{writer}-{uuid.uuid4().hex[:8]}"
             os.rename(info.path, trash)
             shutil.rmtree(trash, ignore_errors=True)
             deleted.append(info.path)

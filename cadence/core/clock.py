@@ -94,6 +94,9 @@ class RunClock:
         self._steps_left: int | None = None  # the running loop's budget (None: unbounded)
         self._user_epoch = False  # the open epoch was begun by `begin_epoch` (TrainLoop's)
         self._pass_over = False  # the open epoch's pass over the data ended
+        self.jumped = 0
+        """Steps the global step jumped by, taking another replica group's counters (`adopt`):
+        steps this process did not run."""
 
     # ------------------------------------------------------------------ questions
 
@@ -150,6 +153,23 @@ class RunClock:
         """Sets the completed steps to `step`: a count that comes from elsewhere -- a trainer
         that counts its own steps (not on a clock), the step of weights loaded to evaluate."""
         self.progress.global_step = int(step)
+
+    def counters(self) -> dict[str, Any]:
+        """The completed steps and the epoch's counters, as another replica group takes them
+        when it heals from this one (a step in flight not counted: it takes part in it)."""
+        progress = self.progress
+        return {"global_step": progress.global_step, "epoch": progress.epoch,
+                "epoch_step": progress.epoch_step, "epoch_finished": progress.epoch_finished}
+
+    def adopt(self, counters: dict[str, Any]) -> None:
+        """Takes another replica group's `counters` (a heal, in the middle of a step): the
+        global step jumps; `jumped` adds by how much. This process's own bookkeeping -- an
+        open epoch, a step in flight -- stays as it is."""
+        progress = self.progress
+        before, running, open_ = progress.global_step, progress.step_running, progress.epoch_open
+        progress.load_state_dict(counters)
+        progress.step_running, progress.epoch_open = running, open_
+        self.jumped += progress.global_step - before
 
     def start_at_epoch(self, epoch: int) -> None:
         """A fresh run's first epoch is `epoch` (tensorpack's ``starting_epoch``): the epochs

@@ -496,6 +496,7 @@ class Controller:
         self.callbacks.fire("on_loop_begin", self.state)
         view = self.state.trainer
         waited = view.data_wait_s if view is not None else 0.0  # host seconds: no sync
+        jumped = self._clock.jumped
         start = time.perf_counter()
         with self.summary_manager.as_default(record_if=self._record_if):
             output = self.trainer.train(num_steps)
@@ -505,7 +506,7 @@ class Controller:
         logs = to_host(output)  # the one host-device synchronization of the loop
         elapsed = time.perf_counter() - start
         after = self._global_step()
-        done = after - before
+        done = after - before - (self._clock.jumped - jumped)  # a heal's jump: not run here
         if done != num_steps and not self.state.stop_requested:
             logger.warning(
                 "trainer.train(%d) advanced the global step by %d. A step may do several "

@@ -73,6 +73,12 @@ class StopTraining(Exception):
     (tensorpack's ``StopTraining``; every front-end honours it)."""
 
 
+class StepDiscarded(Exception):
+    """Raised by a training step whose update was not applied and must not count: a replica
+    group died during it, and no group committed it (`cadence.engine.fault_tolerance`). The
+    runner does not count the step and goes on with the next one."""
+
+
 class MissingMetricError(KeyError):
     """A callback (early stopping, a best-weights saver, ...) monitors a metric the run does not
     produce. The message lists the metrics there are."""

@@ -512,15 +512,54 @@ def run_goodput(run_dir: str | os.PathLike[str], *, now: float | None = None) ->
                 f"The timeline of {str(root)!r} ({TIMELINE_DIR}/{RUN_FILE}) holds no attempt: "
                 f"{len(timeline.run)} event(s) but no 'start'. It was not written by cadence, "
                 "or was damaged.")
-    else:  # the fault-tolerant mode: only the groups' records
-        report = GoodputReport(0.0, 0.0, None, dict.fromkeys(BADPUT_CAUSES, 0.0), [])
+    replicas = []
     for group, events in sorted(timeline.replicas.items()):
         replica = _report_of(events, None, now)
         replica.replica = group
-        report.replicas.append(replica)
+        replicas.append(replica)
+    if not timeline.run:  # the fault-tolerant mode: only the groups' records
+        report = capacity_report(replicas, _groups_of(timeline))
+    report.replicas = replicas
     report.skipped_lines += timeline.skipped_lines
     report.ranks = _rank_waits(timeline)
     return report
+
+
+def _groups_of(timeline: RunTimeline) -> int:
+    """How many replica groups the job has: what their ``start`` records say, at least as many
+    as recorded."""
+    said = [e.fields.get("replicas") for events in timeline.replicas.values() for e in events
+            if e.event == "start"]
+    return max([len(timeline.replicas), *(n for n in said if isinstance(n, int))])
+
+
+def capacity_report(replicas: list[GoodputReport], groups: int) -> GoodputReport:
+    """The job's report of a fault-tolerant run, in **capacity**: each of `groups` replica
+    groups could have trained for the whole of the job's wall time (its first attempt's
+    beginning to its last event, over every group), so the figures are group-seconds divided
+    by `groups`. A group's own time goes to its own causes; the time it was absent -- before
+    its first attempt, after its last, or never there -- is lost capacity, counted as
+    ``between_attempts``, while the other groups trained on. The parts still add up to the
+    wall time, and goodput is the share of the job's capacity that trained steps which
+    survived."""
+    buckets = dict.fromkeys(BADPUT_CAUSES, 0.0)
+    spans = [(r.attempts[0].start_t, r.attempts[-1].end_t) for r in replicas if r.attempts]
+    if not spans or groups < 1:
+        return GoodputReport(0.0, 0.0, None, buckets, [])
+    wall = max(end for _, end in spans) - min(begin for begin, _ in spans)
+    productive = 0.0
+    for replica in replicas:
+        productive += replica.productive_s
+        for cause, seconds in replica.badput_s.items():
+            buckets[cause] += seconds
+        buckets["between_attempts"] += max(0.0, wall - replica.wall_s)
+    buckets["between_attempts"] += (groups - len(replicas)) * wall  # never started
+    attempts = sorted((a for r in replicas for a in r.attempts), key=lambda a: a.start_t)
+    return GoodputReport(
+        wall_s=wall, productive_s=productive / groups,
+        goodput=productive / (groups * wall) if wall > 0 else None,
+        badput_s={cause: seconds / groups for cause, seconds in buckets.items()},
+        attempts=attempts, steps=max(r.steps for r in replicas))
 
 
 def _report_of(events: tuple[Event, ...], live: str | None, now: float) -> GoodputReport:

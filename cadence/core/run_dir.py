@@ -197,8 +197,8 @@ class RunDirectory:
                "plots", "profile", "stats.jsonl", "mlruns", "mlflow_run.json", "wandb",
                "wandb_run.json",
                self.eval_subdir.split("/")[0], self.best_subdir.split("/")[0]}
-        others = [p.name for p in root.iterdir()
-                  if p.name not in own and not _PARAMS_BACKUP.match(p.name)]
+        others = [p.name for p in root.iterdir() if p.name not in own
+                  and not _PARAMS_BACKUP.match(p.name) and not _REPLICA_LOCK.match(p.name)]
         if training and others and not is_run(root):
             named = ", ".join(sorted(others)[:3]) + (", ..." if len(others) > 3 else "")
             if any(is_run(root / name) for name in others):
@@ -213,14 +213,21 @@ class RunDirectory:
         """Another directory of the run (a callback's own, e.g. ``profile``)."""
         return self.root / name
 
+    def replica_lock_file(self, replica: int) -> Path:
+        """Held while replica group `replica` of a fault-tolerant job trains in the run: the
+        groups train in one run directory at once, each under its own lock."""
+        return self.root / f"train-replica-{int(replica)}.lock"
+
     @contextlib.contextmanager
-    def training_lock(self) -> Iterator[RunLock]:
-        """Holds the run's `RunLock` for the duration of a ``with`` block.
+    def training_lock(self, replica: int | None = None) -> Iterator[RunLock]:
+        """Holds the run's `RunLock` -- or, for a replica group of a fault-tolerant job, the
+        group's -- for the duration of a ``with`` block.
 
         Raises:
-            RunLockedError: if another live process trains in this run directory.
+            RunLockedError: if another live process trains in this run directory (in this
+                replica group).
         """
-        lock = RunLock(self.lock_file)
+        lock = RunLock(self.lock_file if replica is None else self.replica_lock_file(replica))
         lock.acquire()
         try:
             yield lock
@@ -229,6 +236,7 @@ class RunDirectory:
 
 
 _PARAMS_BACKUP = re.compile(r"^params\.[0-9-]+\.yaml$")
+_REPLICA_LOCK = re.compile(r"^train-replica-[0-9]+\.lock$")
 """The name of a replaced config (``params.<time>.yaml``)."""
 
 

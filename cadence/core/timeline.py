@@ -288,13 +288,15 @@ def timeline_dir(run_dir: str | os.PathLike[str]) -> Path:
 def timeline_file(run_dir: str | os.PathLike[str], rank: int = 0,
                   replica: int | None = None) -> Path:
     """The file a process of rank `rank` (of replica group `replica`, in the fault-tolerant
-    mode) writes: ``run.jsonl``, ``run-replica-<g>.jsonl`` or ``rank-<r>.jsonl``.
+    mode) writes: ``run.jsonl``, ``run-replica-<g>.jsonl``, ``rank-<r>.jsonl`` or
+    ``replica-<g>-rank-<r>.jsonl`` (not read by `read_timeline` yet).
 
     >>> timeline_file("runs/a").as_posix(), timeline_file("runs/a", 3).as_posix()
     ('runs/a/timeline/run.jsonl', 'runs/a/timeline/rank-3.jsonl')
     """
-    if rank != 0:
-        name = f"rank-{rank}.jsonl"
+    if rank != 0:  # in the fault-tolerant mode every group has its own ranks
+        name = (f"rank-{rank}.jsonl" if replica is None
+                else f"replica-{replica}-rank-{rank}.jsonl")
     elif replica is not None:
         name = f"run-replica-{replica}.jsonl"
     else:

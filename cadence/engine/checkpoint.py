@@ -125,6 +125,12 @@ class CheckpointManager:
         on_commit: called with the step and the path of each checkpoint once it is committed
             (durable), on the rank that commits it, from the thread that does (the run's
             timeline records it).
+        writes: asked at each save whether this job writes it (the same answer on all its
+            ranks); False: another job writes it -- the first live replica group of a
+            fault-tolerant job -- and `save` only returns its path. None: always.
+        writer: this job's name among several that write into `directory` (``"r1"`` for
+            replica group 1): its staging directories carry it, and the leftovers it removes
+            at start are its own (see `cadence.core.checkpoint_dir.CheckpointDirectory`).
 
     Raises:
         TypeError: if `state` is neither a Module nor a dict of stateful objects, or `init_fn`
@@ -145,6 +151,8 @@ class CheckpointManager:
         read_only: bool = False,
         async_save: bool = False,
         on_commit: Callable[[int, Path], None] | None = None,
+        writes: Callable[[], bool] | None = None,
+        writer: str = "",
     ) -> None:
         if isinstance(state, Module):
             self._state: Stateful = state
@@ -158,7 +166,7 @@ class CheckpointManager:
         if init_fn is not None and not callable(init_fn):
             raise TypeError(f"`init_fn` (got {type(init_fn).__name__}) must be callable or None.")
         self.checkpoint_interval = check_interval("checkpoint_interval", checkpoint_interval)
-        self._directory = CheckpointDirectory(directory, max_to_keep)
+        self._directory = CheckpointDirectory(directory, max_to_keep, writer)
         self.init_fn = init_fn
         self.io: CheckpointIO = io or StateFileIO()
         self._tracked: dict[str, Stateful] = {}
@@ -166,6 +174,7 @@ class CheckpointManager:
         self.read_only = read_only
         self.async_save = async_save
         self.on_commit = on_commit
+        self.writes = writes
         self._snapshot = HostSnapshot()
         self._rank_snapshot = HostSnapshot()  # this rank's random state and data position
         self._pending: threading.Thread | None = None
@@ -233,6 +242,9 @@ class CheckpointManager:
                 f"This CheckpointManager of {str(self.directory)!r} is read-only (an evaluation "
                 "job): it does not save."
             )
+        if self.writes is not None and not self.writes():
+            logger.debug("Checkpoint of step %d: another replica group writes it.", step)
+            return str(self._directory.path_for(step))
         self.wait()
         final = self._directory.path_for(step)
         rank, world = _distributed()

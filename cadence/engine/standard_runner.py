@@ -48,7 +48,7 @@ import torch
 
 from cadence.core.callbacks import CallbackList, RunState
 from cadence.core.clock import RunClock
-from cadence.core.errors import StopTraining
+from cadence.core.errors import StepDiscarded, StopTraining
 from cadence.core.intervals import check_int
 from cadence.core.progress import Progress
 from cadence.data.iterator import DataIterator
@@ -394,6 +394,9 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
                     empty_pass = data.at_pass_start
                     data.end_pass()
                     runs = clock.data_ran_out()  # the end of the data may end training
+                    continue
+                except StepDiscarded:  # no replica group committed it: it does not count
+                    clock.abort_step()
                     continue
                 empty_pass = False
                 runs = clock.end_step(data.end_pass_at_last_batch())

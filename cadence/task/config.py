@@ -98,7 +98,8 @@ _PATHS = {"ExperimentConfig": "config", "TrainerConfig": "trainer", "RuntimeConf
           "LearningRateConfig": "trainer.optimizer_config.learning_rate",
           "EMAConfig": "trainer.ema", "MLflowConfig": "runtime.mlflow",
           "WandbConfig": "runtime.wandb", "EarlyStoppingConfig": "trainer.early_stopping",
-          "ProfilerConfig": "runtime.profiler"}
+          "ProfilerConfig": "runtime.profiler",
+          "FaultToleranceConfig": "runtime.fault_tolerance"}
 """Where the built-in config classes sit in an `ExperimentConfig`, for error messages."""
 
 
@@ -411,6 +412,37 @@ class FSDPConfig(Config):
 
 
 @dataclass
+class FaultToleranceConfig(Config):
+    """Replica groups that train on when one dies (torchft; ``pip install 'cadence[ft]'``):
+    one ``torchrun`` per replica group, each group DDP or FSDP2 inside, the groups averaging
+    their gradients at every step through torchft's Manager and a lighthouse. A group that dies
+    is dropped at the next step (the step it was in is discarded by every group); one that comes
+    back takes a live group's state and trains on in step. ``docs/reliability.md`` says how to
+    launch it and what it does to the data.
+
+    Attributes:
+        enabled: train as one of several replica groups (mode ``train``).
+        replica_id: this group's number, from 0; null: the environment's ``REPLICA_GROUP_ID``.
+        replica_groups: how many groups the job has (the data is sharded over all of them).
+        min_live_groups: the fewest groups that may train on (torchft's ``min_replica_size``).
+        lighthouse: the torchft lighthouse's address (``http://host:29510``); null: the
+            environment's ``TORCHFT_LIGHTHOUSE``.
+        timeout: seconds a cross-group collective, a commit or a heal may take.
+        quorum_timeout: seconds a step waits for its quorum of groups.
+        connect_timeout: seconds to reach the lighthouse and the other groups' managers.
+    """
+
+    enabled: bool = False
+    replica_id: int | None = None
+    replica_groups: int = 2
+    min_live_groups: int = 1
+    lighthouse: str | None = None
+    timeout: float = 60.0
+    quorum_timeout: float = 60.0
+    connect_timeout: float = 10.0
+
+
+@dataclass
 class ProfilerConfig(Config):
     """A ``torch.profiler`` trace of some training steps (`cadence.callbacks.Profiler` on
     ``torch.profiler.schedule``), written by its TensorBoard trace handler as
@@ -462,6 +494,7 @@ class RuntimeConfig(Config):
         mlflow: where the ``mlflow`` writer logs.
         wandb: where the ``wandb`` writer logs.
         profiler: a ``torch.profiler`` trace of some training steps.
+        fault_tolerance: replica groups that train on when one dies (torchft).
     """
 
     device: str = "auto"
@@ -477,6 +510,7 @@ class RuntimeConfig(Config):
     mlflow: MLflowConfig = field(default_factory=MLflowConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
 
 
 @dataclass

@@ -145,6 +145,13 @@ RANGES: dict[str, tuple[Rule, str]] = {
     "runtime.profiler.warmup": (NON_NEGATIVE_INT, ""),
     "runtime.profiler.active": (POSITIVE_INT, "steps recorded in each trace"),
     "runtime.profiler.repeat": (NON_NEGATIVE_INT, "0: until training ends"),
+    "runtime.fault_tolerance.replica_id": (optional(NON_NEGATIVE_INT),
+                                           "null: the environment's REPLICA_GROUP_ID"),
+    "runtime.fault_tolerance.replica_groups": (POSITIVE_INT, ""),
+    "runtime.fault_tolerance.min_live_groups": (POSITIVE_INT, ""),
+    "runtime.fault_tolerance.timeout": (POSITIVE, "seconds"),
+    "runtime.fault_tolerance.quorum_timeout": (POSITIVE, "seconds"),
+    "runtime.fault_tolerance.connect_timeout": (POSITIVE, "seconds"),
     **{f"task.{data}.{key}": value
        for data in ("train_data", "validation_data")
        for key, value in {"global_batch_size": (POSITIVE_INT, ""),

@@ -73,6 +73,7 @@ from cadence.engine.distributed import (
     local_device,
 )
 from cadence.engine.exporter import BestCheckpointExporter
+from cadence.engine.fault_tolerance import LIGHTHOUSE_HINT, ReplicaGroups, ReplicaOptions
 from cadence.task.chosen_weights import chosen_weights, load_chosen
 from cadence.task.config import MODES, ExperimentConfig
 from cadence.task.config_callbacks import check_config_callbacks, config_callbacks
@@ -245,15 +246,19 @@ def create_writers(config: ExperimentConfig, run: RunDirectory) -> list[WriterSp
 
 
 def create_summaries(config: ExperimentConfig, run: RunDirectory,
-                     global_step: Callable[[], int]) -> tuple[SummaryManager, SummaryManager]:
-    """The train and eval summary managers of the run (one, when both write to one directory).
+                     global_step: Callable[[], int], replica: int | None = None,
+                     ) -> tuple[SummaryManager, SummaryManager]:
+    """The train and eval summary managers of the run (one, when both write to one directory);
+    a replica group of a fault-tolerant job writes its training summaries in
+    ``train/replica-<g>``.
 
     Raises:
         ConfigError: when a writer's library is not installed (on rank 0, the one that writes).
     """
     writers = create_writers(config, run)
+    train_dir = run.train if replica is None else run.train / f"replica-{replica}"
     try:
-        train = SummaryManager(run.train, global_step, writers=writers, run_dir=run.root)
+        train = SummaryManager(train_dir, global_step, writers=writers, run_dir=run.root)
         if run.eval == run.train:
             return train, train
         # An evaluation of a step evaluated before replaces its records (`cadence eval`).
@@ -264,7 +269,8 @@ def create_summaries(config: ExperimentConfig, run: RunDirectory,
 
 
 def create_trainer(config: ExperimentConfig, task: Task, train: bool, evaluate: bool,
-                   checkpoint_exporter: BestCheckpointExporter | None = None) -> Trainer:
+                   checkpoint_exporter: BestCheckpointExporter | None = None,
+                   replicas: ReplicaGroups | None = None) -> Trainer:
     """The `Trainer` for `task`: the model from ``task.build_model()`` and the optimizer from
     ``config.trainer.optimizer_config``."""
     model = task.build_model()
@@ -276,7 +282,7 @@ def create_trainer(config: ExperimentConfig, task: Task, train: bool, evaluate: 
     except ValueError as error:
         raise ConfigError(str(error)) from None
     return Trainer(config, task, model, optimizer, train=train, evaluate=evaluate,
-                   checkpoint_exporter=checkpoint_exporter)
+                   checkpoint_exporter=checkpoint_exporter, replicas=replicas)
 
 
 def maybe_create_best_ckpt_exporter(config: ExperimentConfig,
@@ -359,15 +365,16 @@ def run_experiment(
                           f"{mode!r} evaluates the checkpoints training writes.")
     chosen = chosen_weights(checkpoint, run)
     _check_before_writing(config, mode, run, chosen)
+    replicas = replica_options(config, mode)
     created = not run.root.exists()
-    lock = (run.training_lock() if trains and process_rank() == 0
-            else contextlib.nullcontext())
+    lock = (run.training_lock(replicas.replica_id if replicas is not None else None)
+            if trains and process_rank() == 0 else contextlib.nullcontext())
     try:
         with lock:
             differences = check_saved_config(config, run, allow_config_change) if trains else []
             return _run(config, mode, run, differences, callbacks=callbacks,
                         train_actions=train_actions, eval_actions=eval_actions,
-                        progress_bar=progress_bar, chosen=chosen)
+                        progress_bar=progress_bar, chosen=chosen, replicas=replicas)
     except BaseException:
         if created and trains and not run.params.exists():
             _remove_unstarted(run)  # a start that failed leaves no run directory behind
@@ -382,6 +389,44 @@ _CONFIG_KEYS: dict[type[BaseException], str] = {
     CollectiveTimeout: "In the Task config, the process group's timeout is "
                        "runtime.collective_timeout.",
 }
+
+
+def replica_options(config: ExperimentConfig, mode: str) -> ReplicaOptions | None:
+    """Where this process's replica group stands, when ``runtime.fault_tolerance`` is enabled
+    (its id and the lighthouse from the config, else from ``REPLICA_GROUP_ID`` and
+    ``TORCHFT_LIGHTHOUSE``); None otherwise.
+
+    Raises:
+        ConfigError: for a mode other than ``train``, or an id or a lighthouse that is missing
+            or does not fit.
+    """
+    ft = config.runtime.fault_tolerance
+    if not ft.enabled:
+        return None
+    key = "runtime.fault_tolerance"
+    if mode != "train":
+        raise ConfigError(f"{key}.enabled trains replica groups in mode 'train' (got {mode!r}): "
+                          "pass --mode train, and evaluate the checkpoints with cadence eval.")
+    replica_id = ft.replica_id
+    if replica_id is None:
+        text = os.environ.get("REPLICA_GROUP_ID", "")
+        if not text.isdigit():
+            raise ConfigError(f"{key}.replica_id is not set and REPLICA_GROUP_ID is "
+                              f"{text or 'not set'}: set one to this group's number, e.g. "
+                              f"--set {key}.replica_id=0.")
+        replica_id = int(text)
+    if replica_id >= ft.replica_groups:
+        raise ConfigError(f"{key}.replica_id (got {replica_id}) must be below {key}."
+                          f"replica_groups (got {ft.replica_groups}): groups count from 0.")
+    if ft.min_live_groups > ft.replica_groups:
+        raise ConfigError(f"{key}.min_live_groups (got {ft.min_live_groups}) must be at most "
+                          f"{key}.replica_groups (got {ft.replica_groups}).")
+    lighthouse = ft.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE", "")
+    if not lighthouse:
+        raise ConfigError(f"{key}.lighthouse is not set and TORCHFT_LIGHTHOUSE is not set: "
+                          f"{LIGHTHOUSE_HINT}.")
+    return ReplicaOptions(replica_id, ft.replica_groups, ft.min_live_groups, lighthouse,
+                          ft.timeout, ft.quorum_timeout, ft.connect_timeout)
 
 
 def in_config_terms(error: BaseException) -> BaseException:
@@ -410,24 +455,33 @@ def _remove_unstarted(run: RunDirectory) -> None:
 def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: list[str], *,
          callbacks: Iterable[Callback], train_actions: Iterable[Action],
          eval_actions: Iterable[Action], progress_bar: bool | None,
-         chosen: Path | None = None) -> tuple[nn.Module, dict[str, Any]]:
+         chosen: Path | None = None,
+         replicas: ReplicaOptions | None = None) -> tuple[nn.Module, dict[str, Any]]:
     trains = mode.startswith("train")
     setup_runtime(config)
     agree_on_run(run)
+    groups = (ReplicaGroups(replicas, process_rank(), world_size())
+              if replicas is not None else None)
     # A training process records its run's timeline (cadence goodput reads it); rank 0 under
     # the run's lock, every rank its own waits. An evaluation job records nothing.
-    record = RunRecord(run.root, rank=process_rank()) if trains else None
+    record = (RunRecord(run.root, rank=process_rank(),
+                        replica=replicas.replica_id if replicas is not None else None)
+              if trains else None)
     if record is not None:
-        record.timeline.start(world_size())
+        record.timeline.start(world_size(), replicas=replicas.replica_groups
+                              if replicas is not None else None)
     try:
         model, logs = _run_recorded(config, mode, run, differences, record, callbacks=callbacks,
                                     train_actions=train_actions, eval_actions=eval_actions,
-                                    progress_bar=progress_bar, chosen=chosen)
+                                    progress_bar=progress_bar, chosen=chosen, groups=groups)
     except BaseException as error:
         if record is not None:
             record.timeline.end(*_outcome_of(error))
             record.close()
         raise
+    finally:
+        if groups is not None:
+            groups.shutdown()
     if record is not None:
         record.timeline.end("finished", None)
         record.close()
@@ -447,7 +501,8 @@ def _run_recorded(config: ExperimentConfig, mode: str, run: RunDirectory,
                   differences: list[str], record: RunRecord | None, *,
                   callbacks: Iterable[Callback], train_actions: Iterable[Action],
                   eval_actions: Iterable[Action], progress_bar: bool | None,
-                  chosen: Path | None) -> tuple[nn.Module, dict[str, Any]]:
+                  chosen: Path | None,
+                  groups: ReplicaGroups | None) -> tuple[nn.Module, dict[str, Any]]:
     trains = mode.startswith("train")
     evaluates = mode != "train"
     trainer_config = config.trainer
@@ -457,7 +512,7 @@ def _run_recorded(config: ExperimentConfig, mode: str, run: RunDirectory,
     check_config_callbacks(config, mode, evaluation_metric_names(task))
     exporter = maybe_create_best_ckpt_exporter(config, run) if evaluates else None
     trainer = create_trainer(config, task, train=trains, evaluate=evaluates,
-                             checkpoint_exporter=exporter)
+                             checkpoint_exporter=exporter, replicas=groups)
     if trains:
         state: Any = trainer
     else:  # an evaluation job reads the weights (and the step) from training checkpoints
@@ -470,6 +525,8 @@ def _run_recorded(config: ExperimentConfig, mode: str, run: RunDirectory,
         strict=trains, read_only=not trains,
         async_save=trainer_config.async_checkpoints and trains,
         on_commit=record.timeline.commit if record is not None else None,
+        writes=(lambda: groups.writes_checkpoints) if groups is not None else None,
+        writer=f"r{groups.options.replica_id}" if groups is not None else "",
     )
     if record is not None:
         record.timeline.setup_end()
@@ -478,7 +535,9 @@ def _run_recorded(config: ExperimentConfig, mode: str, run: RunDirectory,
     else:  # evaluating chosen weights: the manager restores nothing
         logger.info("Evaluating %s (step %d).", chosen, load_chosen(chosen, state, trainer))
     trainer.coordinator_for_async().add_waitable(manager)
-    summaries, eval_summaries = create_summaries(config, run, lambda: trainer.global_step)
+    summaries, eval_summaries = create_summaries(
+        config, run, lambda: trainer.global_step,
+        replica=groups.options.replica_id if groups is not None else None)
     builtin: list[Callback] = [ProgressBar(enabled=progress_bar)] if trains else []
     if trains:
         builtin.append(LossGuard("training_loss", trainer_config.loss_upper_bound,

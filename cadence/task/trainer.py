@@ -27,7 +27,6 @@ coordinator); `join()` waits for all of it and re-raises its errors.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import copy
 import logging
@@ -38,9 +37,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cadence.core.errors import StepDiscarded
 from cadence.core.protocols import is_stateful
 from cadence.data.device import on_device, to_device
 from cadence.data.sharding import InputContext
+from cadence.engine.background import AsyncCoordinator
 from cadence.engine.compile import compile_step
 from cadence.engine.distributed import (
     gather_objects,
@@ -50,7 +51,8 @@ from cadence.engine.distributed import (
     resolve_strategy,
 )
 from cadence.engine.external_metrics import move_metrics, read_metric, reduce_across_ranks
-from cadence.engine.metrics import Mean
+from cadence.engine.fault_tolerance import ReplicaGroups
+from cadence.engine.metrics import Mean, Metric
 from cadence.engine.parallelize import ParallelOptions
 from cadence.engine.runner import Output
 from cadence.engine.sharded import full_model_state
@@ -87,50 +89,6 @@ def parallel_options(config: Any) -> ParallelOptions:
         reshard_after_forward=fsdp.reshard_after_forward)
 
 
-class AsyncCoordinator:
-    """Runs host-side work (file writes) in one background thread, in submission order.
-
-    `join` waits for everything submitted so far and re-raises the first error.
-    """
-
-    def __init__(self) -> None:
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pending: list[concurrent.futures.Future[Any]] = []
-        self._waitables: list[Any] = []
-
-    def renewed(self) -> AsyncCoordinator:
-        """A fresh coordinator (no thread, nothing scheduled) whose `join` waits for the same
-        waitables as this one's."""
-        fresh = AsyncCoordinator()
-        fresh._waitables = self._waitables
-        return fresh
-
-    def add_waitable(self, obj: Any) -> None:
-        """Makes `join` also call ``obj.wait(retention=...)`` (a `CheckpointManager` writing in
-        the background)."""
-        self._waitables.append(obj)
-
-    def schedule(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
-        """Runs ``fn(*args)`` in the background."""
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="cadence-async")
-        future = self._executor.submit(fn, *args)
-        self._pending.append(future)
-        return future
-
-    def join(self, waitables: bool = True, retention: bool = True) -> None:
-        """Waits for all scheduled work (and, with `waitables`, for what `add_waitable` added:
-        ``obj.wait(retention=...)``; False lets a checkpoint manager's deletion of old
-        checkpoints go on); raises the first error any of it raised."""
-        pending, self._pending = self._pending, []
-        for future in pending:
-            future.result()
-        if waitables:
-            for obj in self._waitables:
-                obj.wait(retention=retention)
-
-
 class Trainer(StandardTrainer, StandardEvaluator):
     """Trains and evaluates `task` (seed 002's ``base_trainer.Trainer``).
 
@@ -146,6 +104,10 @@ class Trainer(StandardTrainer, StandardEvaluator):
             through `distribute_dataset`.
         validation_dataset: the validation data; default from ``task.validation_data``.
         checkpoint_exporter: a `BestCheckpointExporter` called at the end of each evaluation.
+        replicas: this process's part in fault-tolerant replica groups
+            (`cadence.engine.fault_tolerance.ReplicaGroups`), or None: every step's gradients
+            are then averaged over the live groups, a step no group commits is discarded, the
+            data is this group's share, and a joining group heals from a live one.
 
     Raises:
         ValueError: if the config lacks ``task`` or ``trainer``, or the task config lacks the
@@ -169,6 +131,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
         train_dataset: Any = None,
         validation_dataset: Any = None,
         checkpoint_exporter: Any = None,
+        replicas: ReplicaGroups | None = None,
     ) -> None:
         for part in ("task", "trainer", "runtime"):
             if not hasattr(config, part):
@@ -185,6 +148,10 @@ class Trainer(StandardTrainer, StandardEvaluator):
         self._autocast_dtype = _AUTOCAST_DTYPES.get(runtime.mixed_precision or "")
         self._coordinator = AsyncCoordinator()
         self._checkpoint_exporter = checkpoint_exporter
+        self._replicas = replicas
+        if replicas is not None and optimizer is None:
+            raise ValueError("Replica groups need the Trainer to update the weights (it averages "
+                             "the gradients over the groups first): pass an optimizer.")
         self.task = task
         self.model = model.to(self._device)
         sharded = resolve_strategy(runtime.strategy, self.model) == "fsdp2"
@@ -264,6 +231,23 @@ class Trainer(StandardTrainer, StandardEvaluator):
         StandardEvaluator.__init__(self, validation_dataset, StandardEvaluatorOptions(),
                                    name=task.name)
         self.init_async()
+        if replicas is not None:
+            self._register_for_healing(replicas)
+
+    def _register_for_healing(self, replicas: ReplicaGroups) -> None:
+        """What a joining replica group takes from a live one: everything a checkpoint holds
+        but this group's own data position and random state, and the loop's metrics. The step
+        counters go through the clock, the one writer of the run's progress."""
+        for name, part in self.checkpoint_items().items():
+            if name not in ("progress", "train_data"):
+                replicas.register(name, part)
+        replicas.register("progress", self._progress, load=lambda counters: self.clock.adopt(
+            counters), save=lambda: self.clock.counters())
+        metrics = {"training_loss": self.training_loss, "gradient_norm": self.gradient_norm,
+                   **{name: metric for name, metric in self.train_metrics.items()
+                      if isinstance(metric, Metric)}}
+        for name, metric in metrics.items():
+            replicas.register(f"metrics.{name}", metric)
 
     def checkpoint_items(self) -> dict[str, Any]:
         """What a checkpoint of the Trainer holds: the model, the optimizer, the learning-rate
@@ -344,6 +328,9 @@ class Trainer(StandardTrainer, StandardEvaluator):
         if not callable(dataset_or_fn) or hasattr(dataset_or_fn, "__iter__"):
             return dataset_or_fn
         if accepts_argument(dataset_or_fn, "input_context"):
+            if self._replicas is not None:  # this group's share of every group's data
+                kwargs["input_context"] = self._replicas.input_context()
+                return dataset_or_fn(*args, **kwargs)
             world, rank = 1, 0
             if dist.is_available() and dist.is_initialized():
                 world, rank = dist.get_world_size(), dist.get_rank()
@@ -397,6 +384,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
                    [self.next_train_inputs(iterator) for _ in range(accumulation)])
         if self._train_data.prefetch_to is None and self._device.type != "cpu":
             batches = [to_device(inputs, self._device) for inputs in batches]
+        if self._replicas is not None:
+            self._replicas.begin_step()  # the quorum forms while the forward runs
         task_step = self._task_train_step or self.task.train_step
         model, optimizer, metrics = self._train_model, self.optimizer, self.train_metrics
         # Only until an overridden train_step has shown that it trains: host-side counters, read
@@ -487,14 +476,20 @@ class Trainer(StandardTrainer, StandardEvaluator):
                 "or update the weights in Task.train_step and return detached values."
             )
         scaler = self.grad_scaler
+        replicas = self._replicas
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if replicas is not None:  # the live groups' mean gradient, before clipping
+            replicas.reduce_gradients(params)
         if self._clip_norm is not None:
             if scaler is not None:
                 scaler.unscale_(optimizer)
-            params = [p for group in optimizer.param_groups for p in group["params"]]
             norm = torch.nn.utils.clip_grad_norm_(params, self._clip_norm)
             if type(norm) is not torch.Tensor:  # FSDP2: a DTensor; its value is everyone's
                 norm = norm.full_tensor()  # type: ignore[attr-defined]
             self.gradient_norm.update(norm)
+        if replicas is not None and not replicas.commit():
+            optimizer.zero_grad(set_to_none=True)  # a group died during the step: no update
+            raise StepDiscarded("a replica group died during the step")
         if scaler is not None:
             scaler.step(optimizer)  # reads the inf check on the host: fp16 costs a sync
             scaler.update()

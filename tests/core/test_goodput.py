@@ -403,15 +403,29 @@ def test_each_ranks_input_wait_is_summed_and_the_slowest_named(script):
     assert any("rank 1 waited longest, 4.5 s" in line for line in format_report(report))
 
 
-def test_the_groups_of_the_fault_tolerant_mode_are_reported_each_on_its_own(script):
+def test_a_fault_tolerant_job_counts_a_groups_absence_as_lost_capacity(script):
+    """Two replica groups: group 1 crashed at 31 and came back at 40 (its record is the crash
+    and restart above); group 0 trained on alone, 0..68, productive but for its waits. The
+    job's figures are in capacity: the groups' group-seconds over 2 groups."""
     crash_then_restart(script)
     script.write()
     directory = script.root / "timeline"
-    (directory / "run.jsonl").rename(directory / "run-replica-1.jsonl")
-    report = run_goodput(script.root)
-    assert report.attempts == [] and report.wall_s == 0.0
-    (group,) = report.replicas
-    assert group.replica == 1 and checked(group).productive_s == 30.0
+    group_1 = (directory / "run.jsonl").read_text()
+    (directory / "run.jsonl").unlink()
+    (directory / "run-replica-1.jsonl").write_text(group_1)
+    alone = [line for line in group_1.splitlines() if json.loads(line)["attempt"] == "A"]
+    (directory / "run-replica-0.jsonl").write_text("\n".join(alone) + "\n")
+    report = checked(run_goodput(script.root))
+    first, second = (checked(group) for group in report.replicas)
+    assert [g.replica for g in report.replicas] == [0, 1]
+    assert report.wall_s == 68.0  # the job: from its first group's start to its last event
+    assert report.productive_s == (first.productive_s + second.productive_s) / 2
+    assert report.goodput == report.productive_s / 68.0
+    # group 0's record ends at 31: the rest of the job's wall time it was absent
+    absent = 68.0 - first.wall_s
+    assert report.badput_s["between_attempts"] == pytest.approx(
+        (first.badput_s["between_attempts"] + second.badput_s["between_attempts"] + absent) / 2)
+    assert [a.attempt for a in report.attempts] == ["A", "A", "B"]
 
 
 # ---------------------------------------------------------------------------- incremental

@@ -1,0 +1,255 @@
+"""`ReplicaGroups`: replica groups that train on when one of them dies, through torchft.
+
+Restarting every rank after a failure costs every rank the restart, the restore and the steps
+since the last checkpoint. With replica groups, the job is several ``torchrun`` launches -- one
+per group, each group data-parallel inside (DDP or FSDP2) -- whose groups average their
+gradients at every step through torchft's ``Manager`` (PyPI ``torchft``, the PyTorch project's
+fault-tolerance library) and a lighthouse that keeps the quorum. Per step, on every rank::
+
+    replicas.begin_step()        # the step's quorum starts (in a thread: overlaps the forward)
+    ...forward, backward...      # in the group: DDP's or FSDP2's own reduction
+    replicas.reduce_gradients()  # across groups: the average of the live groups' gradients
+    if replicas.commit():        # every group agrees the step is whole
+        optimizer.step() ...
+    else:                        # a group died during the step: it is discarded everywhere
+        raise StepDiscarded
+
+When a group dies, the others' step fails to reduce, none commits it, and the next quorum goes
+on without the dead group (after the lighthouse's heartbeat timeout); when it comes back (its
+``torchrun`` started again), it joins the next quorum, takes a live group's state -- the
+model, optimizer, schedules, step counters and metrics registered with `register` -- before
+its own update of that step, and from then on applies the same averaged gradients: it is
+bitwise in step with the others. Nothing here stops a group's ranks: a dead rank of a group is
+that group's failure (its own process group's timeout ends it), not the job's.
+
+Across groups the gradients are reduced after backward, on each rank's local shards (the
+groups are sharded alike), as one flat buffer per dtype: nothing depends on DDP's buckets or
+FSDP2's hooks, so a group that joins in the middle meets the others' layout.
+
+The data of a group is its share: with ``G`` groups of ``W`` ranks, rank ``r`` of group ``g``
+reads shard ``g * W + r`` of ``G * W`` (`input_context`). `docs/reliability.md` says what a
+dead group's steps lose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from cadence.core.errors import ConfigError, JobFailure
+from cadence.core.protocols import Stateful
+from cadence.data.sharding import InputContext
+from cadence.engine.finite import local_shard
+
+logger = logging.getLogger("cadence")
+
+LIGHTHOUSE_HINT = ("start one with `torchft_lighthouse --min_replicas 1 --quorum_tick_ms 100 "
+                   "--join_timeout_ms 10000 --bind [::]:29510` and pass its address "
+                   "(runtime.fault_tolerance.lighthouse, or TORCHFT_LIGHTHOUSE=http://host:29510)")
+
+
+class ReplicaGroupFailure(JobFailure):
+    """The replica groups cannot go on: no quorum forms (the lighthouse is gone, or fewer groups
+    than the minimum are alive)."""
+
+
+@dataclass(frozen=True)
+class ReplicaOptions:
+    """Where this group stands among the replica groups, and how long to wait for the others.
+
+    Attributes:
+        replica_id: this group's number, from 0.
+        replica_groups: how many groups the job has (its data is sharded over all of them).
+        min_live_groups: the fewest groups that may train on.
+        lighthouse: the lighthouse's address, ``http://host:port``.
+        timeout: seconds a cross-group reduction, a commit or a heal may take.
+        quorum_timeout: seconds a step waits for its quorum.
+        connect_timeout: seconds to reach the lighthouse and the other groups.
+    """
+
+    replica_id: int
+    replica_groups: int
+    min_live_groups: int = 1
+    lighthouse: str = ""
+    timeout: float = 60.0
+    quorum_timeout: float = 60.0
+    connect_timeout: float = 10.0
+
+
+def reach_lighthouse(address: str, timeout: float) -> None:
+    """Checks that the lighthouse at `address` answers (its read-only status page): a replica
+    group that cannot reach it would otherwise wait `connect_timeout` inside torchft first.
+
+    Raises:
+        ConfigError: naming the address, what happened, and how to start a lighthouse.
+    """
+    if not address.startswith(("http://", "https://")):
+        raise ConfigError(f"runtime.fault_tolerance.lighthouse (got {address!r}) must be an "
+                          f"address such as http://localhost:29510: {LIGHTHOUSE_HINT}.")
+    try:
+        with urllib.request.urlopen(f"{address.rstrip('/')}/status", timeout=timeout) as answer:
+            answer.read(1)
+    except (OSError, urllib.error.URLError, ValueError) as error:
+        reason = getattr(error, "reason", error)
+        raise ConfigError(f"Cannot reach the torchft lighthouse at {address} ({reason}): "
+                          f"{LIGHTHOUSE_HINT}.") from None
+
+
+class ReplicaGroups:
+    """This process's part in the replica groups of a fault-tolerant job (see the module
+    docstring). Made under ``torchrun`` (torchft's Manager joins the launcher's store).
+
+    Args:
+        options: this group's place and the timeouts.
+        group_rank: this process's rank in its group.
+        group_size: the ranks of its group.
+
+    Raises:
+        ConfigError: when torchft is not installed, the job was not started by torchrun, or
+            the lighthouse cannot be reached.
+    """
+
+    def __init__(self, options: ReplicaOptions, group_rank: int = 0,
+                 group_size: int = 1) -> None:
+        # torchft's Rust side logs every quorum at INFO to stderr: warnings only, unless asked.
+        os.environ.setdefault("RUST_LOG", "warn")
+        try:
+            import torchft
+        except ImportError:
+            raise ConfigError("runtime.fault_tolerance.enabled needs torchft: pip install "
+                              "'cadence[ft]' (or torchft), then run the same command.") from None
+        if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+            raise ConfigError("runtime.fault_tolerance.enabled: start each replica group with "
+                              "torchrun (torchrun --standalone --nproc_per_node=N -m cadence "
+                              "train ...), also a group of one rank: torchft's Manager joins "
+                              "the launcher's store.")
+        reach_lighthouse(options.lighthouse, options.connect_timeout)
+        self.options = options
+        self.group_rank, self.group_size = group_rank, group_size
+        seconds = datetime.timedelta
+        self.manager = torchft.Manager(
+            pg=torchft.ProcessGroupGloo(timeout=seconds(seconds=options.timeout)),
+            load_state_dict=None, state_dict=None,
+            min_replica_size=options.min_live_groups,
+            use_async_quorum=True,
+            timeout=seconds(seconds=options.timeout),
+            quorum_timeout=seconds(seconds=options.quorum_timeout),
+            connect_timeout=seconds(seconds=options.connect_timeout),
+            replica_id=f"cadence_{options.replica_id}",
+            lighthouse_addr=options.lighthouse,
+            init_sync=False,  # every group starts from the same seed or checkpoint
+        )
+        self.discarded = 0
+        """Steps this group ran that were not committed (a group died during them)."""
+
+    # ------------------------------------------------------------------ healing
+
+    def register(self, name: str, part: Stateful,
+                 load: Callable[[dict[str, Any]], Any] | None = None,
+                 save: Callable[[], dict[str, Any]] | None = None) -> None:
+        """Makes `part` part of what a joining group takes from a live one (by `name`, the same
+        on every group): its ``state_dict`` is sent, its ``load_state_dict`` takes it -- or
+        `save` and `load` instead."""
+        self.manager.register_state_dict_fn(name, load or part.load_state_dict,
+                                            save or part.state_dict)
+
+    # ------------------------------------------------------------------ the step
+
+    def begin_step(self) -> None:
+        """Starts this step's quorum (in torchft's thread: it overlaps the forward).
+
+        Raises:
+            ReplicaGroupFailure: when the groups cannot agree any more (see `commit`).
+        """
+        with self._failures("starting a step's quorum"):
+            self.manager.start_quorum()
+
+    @torch.no_grad()
+    def reduce_gradients(self, parameters: Iterable[nn.Parameter]) -> None:
+        """Averages the gradients of `parameters` (each rank's local shards) over the live
+        groups, in one reduction per dtype. A parameter without a gradient counts as zeros, so
+        that every group reduces the same tensors."""
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for parameter in parameters:
+            if not parameter.requires_grad:
+                continue
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+            grad = local_shard(parameter.grad)
+            by_dtype.setdefault(grad.dtype, []).append(grad)
+        for grads in by_dtype.values():
+            flat = torch.cat([grad.reshape(-1) for grad in grads])
+            with self._failures("averaging the gradients over the groups"):
+                self.manager.allreduce(flat).wait()  # the mean over the live groups
+            offset = 0
+            for grad in grads:
+                grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+                offset += grad.numel()
+
+    def commit(self) -> bool:
+        """Whether every live group finished this step whole (then update; else discard it):
+        the same answer on every rank of every live group. A group that joined this step has
+        taken a live group's state by now.
+
+        Raises:
+            ReplicaGroupFailure: when no quorum can be formed within ``quorum_timeout`` (the
+                lighthouse is gone, or too few groups are alive).
+        """
+        with self._failures("agreeing on the step"):
+            committed = bool(self.manager.should_commit())
+        if not committed:
+            self.discarded += 1
+        return committed
+
+    @property
+    def writes_checkpoints(self) -> bool:
+        """Whether this group writes the job's checkpoints: the first of the live groups."""
+        with self._failures("choosing the group that writes the checkpoint"):
+            return int(self.manager.participating_rank() or 0) == 0
+
+    def live_groups(self) -> int:
+        """How many groups took part in the last quorum."""
+        with self._failures("counting the live groups"):
+            return int(self.manager.num_participants())
+
+    def input_context(self) -> InputContext:
+        """This rank's share of the data: shard ``replica_id * group_size + group_rank`` of
+        ``replica_groups * group_size``."""
+        options = self.options
+        shards = options.replica_groups * self.group_size
+        return InputContext(shards, options.replica_id * self.group_size + self.group_rank,
+                            shards)
+
+    @contextlib.contextmanager
+    def _failures(self, what: str) -> Iterator[None]:
+        """Turns torchft's failure to form a quorum into one `ReplicaGroupFailure`."""
+        try:
+            yield
+        except (TimeoutError, RuntimeError) as error:
+            text = str(error).strip()
+            found = re.search(r'message: "([^"]*)"', text)  # torchft's gRPC status
+            said = found.group(1) if found else (text.splitlines()[0][:300] if text else "")
+            raise ReplicaGroupFailure(
+                f"Replica group {self.options.replica_id} failed {what} ({type(error).__name__}"
+                f"{': ' + said if said else ''}): the lighthouse at {self.options.lighthouse} is "
+                "probably gone, or too few groups are alive "
+                f"(runtime.fault_tolerance.min_live_groups = {self.options.min_live_groups}). "
+                "The run's checkpoints are kept: start the lighthouse again and run the same "
+                "commands (or train without runtime.fault_tolerance: the checkpoints restore "
+                "either way)."
+            ) from error
+
+    def shutdown(self) -> None:
+        """Leaves the groups (torchft's threads stop)."""
+        self.manager.shutdown(wait=False)

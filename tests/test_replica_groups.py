@@ -1,0 +1,244 @@
+"""Replica groups that train on when one dies (runtime.fault_tolerance, torchft), with real
+processes and real signals on gloo: a torchft lighthouse, one torchrun per replica group, a
+whole group SIGKILLed -- its launcher and every worker -- at a random step. The other group's
+step keeps rising in the same process; the killed group, started again, joins within the join
+timeout, takes the live group's state, and at the end every group's weights are equal, bit for
+bit. Then the lighthouse itself is killed: one clear line, and the checkpoint still restores.
+"""
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("torchft")
+
+JOB = Path(__file__).parent / "replica_job.py"
+STEP_S = 0.05
+"""Each step is paced to this many seconds (a real model's step, not the digits MLP's 1 ms)."""
+JOIN_TIMEOUT_S = 5.0
+
+
+def executable(name):
+    found = shutil.which(name, path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.skip(f"{name} is not installed next to this Python")
+    return found
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def descendants(pid):
+    """`pid` and every process below it (torchrun starts its workers in sessions of their own,
+    so a process group does not hold them)."""
+    children = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, []))
+    return found
+
+
+def kill_tree(process):
+    for pid in descendants(process.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait(timeout=30)
+
+
+class Job:
+    """The lighthouse and the replica groups of one fault-tolerant job in `root`."""
+
+    def __init__(self, root, ranks, steps, settings=()):
+        self.root, self.ranks = root, ranks
+        self.run, self.prefix = root / "run", root / "final"
+        self.settings = [f"trainer.train_steps={steps}", "trainer.steps_per_loop=20",
+                         "trainer.checkpoint_interval=100", *settings]
+        self.address = f"http://localhost:{free_port()}"
+        self.processes = []
+        self.lighthouse = self.start(
+            [executable("torchft_lighthouse"), "--min_replicas", "1", "--quorum_tick_ms", "100",
+             "--join_timeout_ms", str(int(JOIN_TIMEOUT_S * 1000)), "--heartbeat_timeout_ms",
+             "1000", "--bind", f"[::]:{self.address.rsplit(':', 1)[1]}"], "lighthouse")
+
+    def start(self, command, name, env=None):
+        with open(self.root / f"{name}.log", "a") as log:
+            process = subprocess.Popen(command, cwd=self.root, stdout=log,
+                                       stderr=subprocess.STDOUT, env={
+                                           **os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+        self.processes.append(process)
+        return process
+
+    def group(self, replica, command=None):
+        command = command or [str(JOB), str(self.run), str(self.prefix), str(STEP_S),
+                              *self.settings]
+        return self.start(
+            [executable("torchrun"), "--standalone", f"--nproc_per_node={self.ranks}",
+             *command], f"group-{replica}",
+            env={"REPLICA_GROUP_ID": str(replica), "TORCHFT_LIGHTHOUSE": self.address})
+
+    def log(self, name):
+        return (self.root / f"{name}.log").read_text()[-4000:]
+
+    def loops(self, replica):
+        """The group's loop ends, from its timeline: (attempt, step, wall time)."""
+        path = self.run / "timeline" / f"run-replica-{replica}.jsonl"
+        lines = path.read_text().splitlines()[:-1] if path.exists() else []
+        return [(e["attempt"], e["step"], e["t"]) for e in map(json.loads, lines)
+                if e["event"] == "loop_end"]
+
+    def wait_for(self, predicate, timeout=180.0, alive=()):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            for replica, process in alive:
+                assert process.poll() is None, self.log(f"group-{replica}")
+            time.sleep(0.05)
+        raise AssertionError("timed out")
+
+    def close(self):
+        for process in self.processes:
+            if process.poll() is None:
+                kill_tree(process)
+
+
+@pytest.fixture
+def job_in(tmp_path):
+    jobs = []
+
+    def make(ranks, steps, settings=()):
+        jobs.append(Job(tmp_path, ranks, steps, settings))
+        return jobs[-1]
+
+    yield make
+    for job in jobs:
+        job.close()
+
+
+def kill_one_group_and_bring_it_back(job, seed):
+    rng = random.Random(seed)
+    victim, kill_at = rng.choice([0, 1]), rng.randrange(60, 240)
+    survivor = 1 - victim
+    groups = {0: job.group(0), 1: job.group(1)}
+    running = list(groups.items())
+    job.wait_for(lambda: any(step >= kill_at for _, step, _ in job.loops(victim)),
+                 alive=running)
+    kill_tree(groups[victim])
+    killed_at = time.time()
+    attempt, step_at_kill, _ = job.loops(survivor)[-1]
+    # The other group trains on, in the same process: its step keeps rising.
+    job.wait_for(lambda: job.loops(survivor)[-1][1] >= step_at_kill + 60,
+                 alive=[(survivor, groups[survivor])])
+    assert {a for a, _, t in job.loops(survivor) if t > killed_at} == {attempt}
+    restarted_at = time.time()
+    groups[victim] = job.group(victim)
+    for replica, process in groups.items():
+        assert process.wait(timeout=300) == 0, job.log(f"group-{replica}")
+    return victim, killed_at, restarted_at
+
+
+def assert_groups_equal(job):
+    for rank in range(job.ranks):
+        finals = [torch.load(f"{job.prefix}-g{g}-r{rank}.pt", weights_only=True) for g in (0, 1)]
+        assert finals[0]["step"] == finals[1]["step"]
+        assert finals[0]["model"].keys() == finals[1]["model"].keys()
+        for name, tensor in finals[0]["model"].items():
+            assert torch.equal(tensor, finals[1]["model"][name]), (rank, name)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize(("ranks", "strategy"), [(1, "none"), (2, "fsdp2")])
+def test_a_killed_replica_group_rejoins_and_every_group_ends_with_the_same_weights(
+        job_in, ranks, strategy):
+    job = job_in(ranks, 600, [f"runtime.strategy={strategy}",
+                              "task.train_data.global_batch_size=32"])
+    victim, _, restarted_at = kill_one_group_and_bring_it_back(job, seed=ranks)
+    # It joined within the join timeout of its start (the first loop it ended in step with
+    # the others: its step jumped to theirs, healed from the live group).
+    rejoined = [(step, t) for _, step, t in job.loops(victim) if t > restarted_at]
+    assert rejoined, job.log(f"group-{victim}")
+    assert_groups_equal(job)
+    checkpoints = sorted(os.listdir(job.run / "checkpoints"))
+    assert checkpoints[-1] == "ckpt-600"  # written by one group, the one the others follow
+
+
+@pytest.mark.soak
+@pytest.mark.distributed
+def test_ten_kills_in_a_row_each_end_with_equal_weights(tmp_path):
+    for trial in range(10):
+        job = Job(tmp_path / f"trial-{trial}", 1, 400, ["runtime.strategy=none"])
+        (tmp_path / f"trial-{trial}").mkdir(exist_ok=True)
+        try:
+            kill_one_group_and_bring_it_back(job, seed=100 + trial)
+            assert_groups_equal(job)
+        finally:
+            job.close()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_dead_lighthouse_is_one_line_and_the_checkpoint_still_restores(job_in):
+    job = job_in(1, 100000, ["runtime.strategy=none", "runtime.fault_tolerance.quorum_timeout=5",
+                             "runtime.fault_tolerance.timeout=5"])
+    command = ["-m", "cadence", "train", "-m", str(job.run), "--mode", "train",
+               "--set", "runtime.device=cpu", "--set", "runtime.fault_tolerance.enabled=true"]
+    for setting in job.settings:
+        command += ["--set", setting]
+    groups = {0: job.group(0, command), 1: job.group(1, command)}
+    job.wait_for(lambda: (job.run / "checkpoints" / "ckpt-100").is_dir(),
+                 alive=list(groups.items()))
+    job.lighthouse.send_signal(signal.SIGKILL)
+    for replica, process in groups.items():
+        assert process.wait(timeout=120) != 0
+        lines = [line for line in job.log(f"group-{replica}").splitlines()
+                 if line.startswith("cadence: error:")]
+        assert lines and "the lighthouse at" in lines[-1] and "probably gone" in lines[-1], (
+            job.log(f"group-{replica}"))
+    # The checkpoints the groups wrote restore without replica groups.
+    result = subprocess.run(
+        [sys.executable, "-m", "cadence", "train", "-m", str(job.run), "--mode", "train",
+         "--set", "runtime.fault_tolerance.enabled=false", "--allow-config-change",
+         "--set", "trainer.train_steps=" + str(_newest_step(job.run) + 20)],
+        cwd=job.root, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Restored" in result.stderr, result.stderr[-3000:]
+
+
+def _newest_step(run):
+    return max(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("ckpt-*"))
+
+
+def test_an_unreachable_lighthouse_is_one_line_before_anything_trains(tmp_path):
+    from cadence.core.errors import ConfigError
+    from cadence.engine.fault_tolerance import reach_lighthouse
+
+    with pytest.raises(ConfigError, match=r"^Cannot reach the torchft lighthouse at "
+                                          r"http://127\.0\.0\.1:1 .*torchft_lighthouse"):
+        reach_lighthouse("http://127.0.0.1:1", timeout=2.0)
+    with pytest.raises(ConfigError, match="must be an address such as http://localhost:29510"):
+        reach_lighthouse("localhost:29510", timeout=2.0)
