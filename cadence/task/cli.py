@@ -15,6 +15,8 @@
                                            `cadence train -m RUN` finds the module again
     cadence --version                      print the installed version
     cadence inspect runs/mine              what its newest checkpoint holds
+    cadence export runs/mine --out model/  its model as one model.safetensors (+ config.json
+                                           for a transformers model); --checkpoint best|PATH
     cadence goodput runs/mine [--json]     its goodput and badput by cause, every attempt
     cadence plot runs/a runs/b             PNG curves of the runs' scalars, resumes and best
                                            exports marked (needs matplotlib: cadence[plot])
@@ -176,6 +178,21 @@ def build_parser() -> argparse.ArgumentParser:
                          help="also check every file against its SHA-256 in the manifest")
     inspect.add_argument("--no-config", action="store_true", help="leave out the run's config")
 
+    export = commands.add_parser(
+        "export", help="write a checkpoint's model as one safetensors file",
+        description="Writes the model of a run's checkpoint -- sharded (FSDP2) ones included, "
+        "consolidated here -- as OUT/model.safetensors, plain tensors by the model's own names "
+        "that safetensors reads without cadence, and, for a transformers model, its "
+        "config.json beside it (a folder from_pretrained opens). Nothing in the run is "
+        "executed; the run's experiment module is imported, as by cadence eval -m RUN.")
+    export.add_argument("run", type=Path, metavar="RUN", help="a run directory")
+    export.add_argument("--checkpoint", metavar="WHICH", default="latest",
+                        help="latest (default: the newest checkpoint), best (the best export) "
+                        "or a path (a ckpt-<step>, a best-export directory, a .safetensors "
+                        "file)")
+    export.add_argument("--out", "-o", type=Path, metavar="DIR", required=True,
+                        help="the folder to write model.safetensors into (created if needed)")
+
     goodput = commands.add_parser(
         "goodput", help="where a run's time went: goodput, badput by cause, each attempt",
         description="Reads the run's timeline (timeline/ in the run directory) across every "
@@ -196,6 +213,25 @@ def _inspect(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     except BrokenPipeError:  # `cadence inspect ... | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from cadence.task.model_export import export_model
+
+    run = args.run
+    if not run.is_dir():
+        raise ConfigError(f"{str(run)!r} is not a directory: pass the directory of a run, e.g. "
+                          f"{RUNS_DIR}/<experiment>-<time>.")
+    config = None
+    if RunDirectory(run).params.is_file():  # its model names, ties and configures the weights
+        config = _load(argparse.Namespace(experiment=None, config_file=[], overrides=[]), run)
+    exported = export_model(run, args.out, args.checkpoint, config)
+    step = f"step {exported.step}" if exported.step is not None else "the weights"
+    beside = (f"; beside it {', '.join(path.name for path in exported.files)}"
+              if exported.files else "")
+    print(f"Exported {step} of {exported.source} ({exported.tensors} tensors): "
+          f"{exported.weights}{beside}")
     return 0
 
 
@@ -532,7 +568,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_command(args: argparse.Namespace) -> int:
     command = {"train": _train, "eval": _eval, "experiments": _experiments,
                "config": _config, "plot": _plot, "inspect": _inspect,
-               "goodput": _goodput}[args.command]
+               "goodput": _goodput, "export": _export}[args.command]
     try:
         return command(args)
     except Preempted as stop:
