@@ -86,7 +86,8 @@ def call_model(model: nn.Module, features: Any) -> Any:
     transformers batch: ``input_ids``, ``attention_mask``, ``labels``; see `takes_keywords`),
     else ``model(features)``. The outputs -- a transformers ``ModelOutput``, a dict, a tensor --
     are returned as they are."""
-    if isinstance(features, Mapping) and takes_keywords(model, tuple(features)):
+    if type(features) is not torch.Tensor and isinstance(features, Mapping) and (
+            takes_keywords(model, tuple(features))):  # a tensor: no ABC check in every step
         return model(**features)
     return model(features)
 
