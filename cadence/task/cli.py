@@ -179,17 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--no-config", action="store_true", help="leave out the run's config")
 
     export = commands.add_parser(
-        "export", help="write a checkpoint's model as one safetensors file",
-        description="Writes the model of a run's checkpoint -- sharded (FSDP2) ones included, "
-        "consolidated here -- as OUT/model.safetensors, plain tensors by the model's own names "
-        "that safetensors reads without cadence, and, for a transformers model, its "
-        "config.json beside it (a folder from_pretrained opens). Nothing in the run is "
-        "executed; the run's experiment module is imported, as by cadence eval -m RUN.")
+        "export", help="write a checkpoint's model as one safetensors file (FSDP2's too)",
+        description="Writes OUT/model.safetensors: whole tensors by the model's own names, "
+        "safetensors-readable without cadence; config.json beside them for a transformers model.")
     export.add_argument("run", type=Path, metavar="RUN", help="a run directory")
     export.add_argument("--checkpoint", metavar="WHICH", default="latest",
-                        help="latest (default: the newest checkpoint), best (the best export) "
-                        "or a path (a ckpt-<step>, a best-export directory, a .safetensors "
-                        "file)")
+                        help="latest (default), best, or a path (as cadence eval's)")
     export.add_argument("--out", "-o", type=Path, metavar="DIR", required=True,
                         help="the folder to write model.safetensors into (created if needed)")
 
@@ -219,19 +214,11 @@ def _inspect(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from cadence.task.model_export import export_model
 
-    run = args.run
-    if not run.is_dir():
-        raise ConfigError(f"{str(run)!r} is not a directory: pass the directory of a run, e.g. "
-                          f"{RUNS_DIR}/<experiment>-<time>.")
-    config = None
-    if RunDirectory(run).params.is_file():  # its model names, ties and configures the weights
-        config = _load(argparse.Namespace(experiment=None, config_file=[], overrides=[]), run)
-    exported = export_model(run, args.out, args.checkpoint, config)
-    step = f"step {exported.step}" if exported.step is not None else "the weights"
-    beside = (f"; beside it {', '.join(path.name for path in exported.files)}"
-              if exported.files else "")
-    print(f"Exported {step} of {exported.source} ({exported.tensors} tensors): "
-          f"{exported.weights}{beside}")
+    config = None  # with the run's params.yaml, the model names, ties and configures them
+    if args.run.is_dir() and RunDirectory(args.run).params.is_file():
+        config = _load(argparse.Namespace(experiment=None, config_file=[], overrides=[]),
+                       args.run)
+    print(export_model(args.run, args.out, args.checkpoint, config).summary())
     return 0
 
 

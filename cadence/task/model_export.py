@@ -58,6 +58,13 @@ class ExportedModel:
     tensors: int
     files: list[Path] = field(default_factory=list)
 
+    def summary(self) -> str:
+        """What was written, in one line (what ``cadence export`` prints)."""
+        step = f"step {self.step}" if self.step is not None else "the weights"
+        beside = (f"; beside it {', '.join(path.name for path in self.files)}"
+                  if self.files else "")
+        return f"Exported {step} of {self.source} ({self.tensors} tensors): {self.weights}{beside}"
+
 
 def _no_links(root: Path, path: Path) -> None:
     """Refuses `path` when it, or a folder between `root` and it, is a symbolic link: a link in
@@ -212,7 +219,8 @@ def export_model(run_dir: str | os.PathLike[str], out: str | os.PathLike[str],
 
     run_path, out = Path(run_dir), Path(out)
     if not run_path.is_dir():
-        raise ConfigError(f"{str(run_path)!r} is not a directory: pass the directory of a run.")
+        raise ConfigError(f"{str(run_path)!r} is not a directory: pass the directory of a run, "
+                          "e.g. runs/<experiment>-<time>.")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is a file: pass a folder for model.safetensors "
                           "(it is created if it does not exist).")
