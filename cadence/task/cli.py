@@ -216,8 +216,12 @@ def _export(args: argparse.Namespace) -> int:
 
     config = None  # with the run's params.yaml, the model names, ties and configures them
     if args.run.is_dir() and RunDirectory(args.run).params.is_file():
-        config = _load(argparse.Namespace(experiment=None, config_file=[], overrides=[]),
-                       args.run)
+        try:
+            config = _load(argparse.Namespace(experiment=None, config_file=[], overrides=[]),
+                           args.run)
+        except ConfigError as error:  # the weights need no config: said, then exported
+            print(f"cadence export: the run's config cannot be loaded ({error}); its weights are "
+                  "exported as saved, without a model config.", file=sys.stderr)
     print(export_model(args.run, args.out, args.checkpoint, config).summary())
     return 0
 

@@ -120,3 +120,18 @@ def test_links_inside_the_run_are_not_followed(sharded_run, tmp_path, capsys):
     line = error_line(capsys, ["export", str(run), "--checkpoint", "best", "--out",
                                str(tmp_path / "out")])
     assert "is a symbolic link" in line
+
+
+def test_a_run_whose_config_cannot_be_loaded_is_exported_as_saved_and_says_so(
+        sharded_run, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(sharded_run, run)
+    params = run / "params.yaml"
+    params.write_text(params.read_text().replace("experiment: digits", "experiment: elsewhere"))
+    assert main(["export", str(run), "--out", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith("cadence export: the run's config cannot be loaded (Unknown "
+                                   "experiment 'elsewhere'")
+    assert "without a model config" in captured.err and "Exported step 4" in captured.out
