@@ -190,35 +190,37 @@ class BestCheckpointExporter:
         # Decided on every rank, so that every rank reports the same best value; the files
         # follow on rank 0 alone (in the background if asked).
         self._entries = kept
+        weights = host_weights(model)  # a collective for a sharded model: on every rank
         if process_rank() != 0:
             return False
-        state = model.state_dict() if isinstance(model, nn.Module) else model
-        weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+        files = model_config_files(model) if isinstance(model, nn.Module) else {}
         if coordinator is not None:
-            coordinator.schedule(self._write, entry, weights, kept, dropped)
+            coordinator.schedule(self._write, entry, weights, kept, dropped, files)
         else:
-            self._write(entry, weights, kept, dropped)
+            self._write(entry, weights, kept, dropped, files)
         return True
 
     def _write(self, entry: dict[str, Any], weights: dict[str, torch.Tensor],
-               kept: list[dict[str, Any]], dropped: list[dict[str, Any]]) -> None:
-        from safetensors.torch import save_file
-
+               kept: list[dict[str, Any]], dropped: list[dict[str, Any]],
+               files: Mapping[str, str] | None = None) -> None:
         final = self.export_dir / entry["path"]
         temp = self.export_dir / f".tmp-{entry['path']}"
+        files = dict(files or {})
         try:
             self.export_dir.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(temp, ignore_errors=True)
             temp.mkdir()
-            save_file(weights, str(temp / WEIGHTS_FILE),
-                      metadata={"step": str(entry["step"]), "metric": self.metric_key,
-                                "value": repr(entry["value"])})
+            save_weights(weights, temp / WEIGHTS_FILE,
+                         {"step": str(entry["step"]), "metric": self.metric_key,
+                          "value": repr(entry["value"])})
             _write_json(temp / METRICS_FILE, {"step": entry["step"], "metric": self.metric_key,
                                               "value": entry["value"], "logs": entry["logs"]})
-            for name in (WEIGHTS_FILE, METRICS_FILE):
+            for name, text in files.items():
+                write_atomically(temp / name, text)
+            names = (WEIGHTS_FILE, METRICS_FILE, *files)
+            for name in names:
                 fsync_path(temp / name)
-            entry["sha256"] = {name: file_sha256(temp / name)
-                               for name in (WEIGHTS_FILE, METRICS_FILE)}
+            entry["sha256"] = {name: file_sha256(temp / name) for name in names}
             if final.exists():
                 shutil.rmtree(final)
             os.replace(temp, final)
@@ -236,6 +238,81 @@ class BestCheckpointExporter:
                 shutil.rmtree(self.export_dir / old["path"], ignore_errors=True)
         logger.info("Exported the weights of step %d (%s = %.6g) to %s.", entry["step"],
                     self.metric_key, entry["value"], final)
+
+
+# ---------------------------------------------------------------------------- writing weights
+
+
+def host_weights(model: nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`model`'s weights by the model's own names, whole, copied to host memory on rank 0 (the
+    other ranks get an empty dict): a plain model's state dict; a DDP- or compile-wrapped one's
+    without the wrappers' prefixes; an FSDP2 model's gathered from every rank's shards -- a
+    collective, which every rank must call. Tied weights appear under each of their names, as
+    the model's ``state_dict`` names them, so that ``load_state_dict(strict=True)`` takes them.
+    """
+    state: Mapping[str, Any] = model if not isinstance(model, nn.Module) else {}
+    if isinstance(model, nn.Module):
+        from cadence.engine.parallelize import unwrap_model
+        from cadence.engine.sharded import is_sharded_module
+
+        model = unwrap_model(model)
+        if is_sharded_module(model):
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                get_model_state_dict,
+            )
+
+            state = get_model_state_dict(model, options=StateDictOptions(
+                full_state_dict=True, cpu_offload=True))
+        elif process_rank() == 0:
+            state = model.state_dict()
+    if process_rank() != 0:
+        return {}
+    return {name: value.detach().to("cpu", copy=True).contiguous()
+            for name, value in state.items() if isinstance(value, torch.Tensor)}
+
+
+def save_weights(weights: Mapping[str, torch.Tensor], path: Path,
+                 metadata: Mapping[str, str] | None = None) -> None:
+    """Writes `weights` as one safetensors file at `path`, readable with
+    ``safetensors.torch.load_file`` alone (no cadence) and by transformers' ``from_pretrained``
+    (whose metadata must say ``format: pt``). Tensors that share memory (tied weights) are
+    written once per name."""
+    from safetensors.torch import save_file
+
+    seen: set[tuple[int, int]] = set()
+    plain = {}
+    for name, tensor in weights.items():
+        tensor = tensor.detach().contiguous()
+        key = (tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()))
+        if key in seen and tensor.numel():  # a second name of one tensor: its own copy
+            tensor = tensor.clone()
+        seen.add(key)
+        plain[name] = tensor
+    save_file(plain, str(path), metadata={"format": "pt", **(metadata or {})})
+
+
+def model_config_files(model: nn.Module) -> dict[str, str]:
+    """The files beside the weights that make an export a folder transformers'
+    ``from_pretrained`` opens: ``config.json`` (and ``generation_config.json``) of a
+    transformers ``PreTrainedModel``, its ``architectures`` the model's class as its author
+    named it (not FSDP2's subclass); nothing for any other model."""
+    import copy
+    import sys
+
+    from cadence.engine.parallelize import author_class, unwrap_model
+
+    transformers = sys.modules.get("transformers")
+    model = unwrap_model(model)
+    if transformers is None or not isinstance(model, transformers.PreTrainedModel):
+        return {}
+    config = copy.deepcopy(model.config)
+    config.architectures = [author_class(model).__name__]
+    files = {"config.json": config.to_json_string(use_diff=True)}
+    generation = getattr(model, "generation_config", None)
+    if generation is not None and hasattr(generation, "to_json_string"):
+        files["generation_config.json"] = generation.to_json_string(use_diff=True)
+    return files
 
 
 # ---------------------------------------------------------------------------- loading weights

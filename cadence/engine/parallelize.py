@@ -1,6 +1,8 @@
 """How a model is spread over the ranks and wrapped for memory and speed: `parallelize_model`.
 
-A real model is parallelized per **repeated block** -- a transformer's layers -- not per
+A real model is parallelized per **repeated block** -- a transformer's layers, wherever they
+are nested (``model.layers`` of a transformers decoder, ``encoder.block`` and ``decoder.block``
+of a T5, timm's ``blocks`` and ``stages[i].blocks``; see `find_repeated_blocks`) -- not per
 direct child: a block is the unit of FSDP2 (its parameters are gathered just before its
 forward and freed after), of activation checkpointing (its activations are recomputed in
 backward instead of kept) and of per-block ``torch.compile`` (one graph, reused by every
@@ -25,6 +27,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from cadence.core.rank import process_rank
 
 logger = logging.getLogger("cadence")
 
@@ -78,28 +82,129 @@ def plain_name(name: str) -> str:
     return name
 
 
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's model inside a ``DistributedDataParallel`` or ``torch.compile`` wrapper (an
+    FSDP2 model is its own: ``fully_shard`` works in place).
+
+    >>> inner = nn.Linear(2, 2)
+    >>> unwrap_model(torch.compile(inner)) is inner
+    True
+    """
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            inner = model.module
+        elif type(model).__name__ == "OptimizedModule":  # torch.compile(model)
+            inner = model._modules.get("_orig_mod")
+        else:
+            return model
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
+def author_class(module: nn.Module) -> type:
+    """`module`'s class as its author wrote it: FSDP2's ``fully_shard`` swaps the class for a
+    subclass named ``FSDP<name>``."""
+    cls = type(module)
+    if cls.__bases__ and cls.__name__ == f"FSDP{cls.__bases__[-1].__name__}":
+        return cls.__bases__[-1]
+    return cls
+
+
+@dataclass(frozen=True)
+class RepeatedBlocks:
+    """What `find_repeated_blocks` found in a model.
+
+    Attributes:
+        blocks: the repeated blocks, in the model's order.
+        names: each block's path in the model (``model.layers.0``).
+        left_out: ``(path, reason)`` of each module that looked like a repeated block but cannot
+            be one (a parameter tied to one outside it): its parameters stay with the root.
+    """
+
+    blocks: list[nn.Module]
+    names: list[str]
+    left_out: list[tuple[str, str]]
+
+
+def _is_repeated(container: nn.Module) -> bool:
+    """Whether `container` holds repeated blocks: an ``nn.ModuleList`` whose children are all of
+    one class and hold parameters (a transformer's layers, whatever they are), or an
+    ``nn.Sequential`` of two or more such children that are blocks rather than layers -- a class
+    not of ``torch.nn``, with modules of its own (timm's ``blocks``; never a
+    ``Sequential(Linear, Linear)`` or a stem of a convolution and a norm)."""
+    if not isinstance(container, (nn.ModuleList, nn.Sequential)):
+        return False
+    children = list(container.children())
+    if not children or len({type(child) for child in children}) != 1:
+        return False
+    if not all(any(True for _ in child.parameters()) for child in children):
+        return False
+    if isinstance(container, nn.ModuleList):
+        return True
+    kind = type(children[0])
+    return (len(children) >= 2 and not kind.__module__.startswith("torch.nn")
+            and all(any(True for _ in child.children()) for child in children))
+
+
+def _shape(module: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
+    return [(name, tuple(p.shape)) for name, p in module.named_parameters()]
+
+
+def _holds_repeated(module: nn.Module) -> bool:
+    return any(_is_repeated(sub) for sub in module.modules() if sub is not module)
+
+
+def find_repeated_blocks(model: nn.Module) -> RepeatedBlocks:
+    """The model's repeated blocks, wherever they are nested, and what could not be one.
+
+    A container of repeated blocks is an ``nn.ModuleList`` of one class (``model.layers`` of a
+    transformers decoder, ``encoder.block`` and ``decoder.block`` of a T5) or an
+    ``nn.Sequential`` of two or more composite modules of one class that ``torch.nn`` does not
+    define (timm's ``blocks``). The outermost one on each path is taken -- the blocks of a
+    mixture of experts, not its experts -- unless its children differ in shape and hold
+    containers of their own: then those are looked into (timm ConvNeXt's ``stages``, four
+    stages of four widths, each with its ``blocks``). A block whose parameters are also used
+    outside it (tied) cannot be a unit of its own: it is in `RepeatedBlocks.left_out` and its
+    parameters stay with the root.
+
+    >>> layers = nn.ModuleList(nn.Linear(2, 2) for _ in range(3))
+    >>> found = find_repeated_blocks(nn.ModuleDict({"layers": layers, "head": nn.Linear(2, 1)}))
+    >>> found.names
+    ['layers.0', 'layers.1', 'layers.2']
+    """
+    names = {id(module): name for name, module in model.named_modules()}
+    found: list[nn.Module] = []
+    pending = [model]
+    while pending:
+        module = pending.pop()
+        if _is_repeated(module):
+            children = list(module.children())
+            shapes = {repr(_shape(child)) for child in children}
+            if len(shapes) == 1 or not any(_holds_repeated(child) for child in children):
+                found.extend(children)
+                continue
+        pending.extend(reversed(list(module.children())))
+    blocks, left_out = [], []
+    for block in found:
+        if _shares_parameters(block, model):
+            left_out.append((names[id(block)], "a parameter tied to one outside it"))
+        else:
+            blocks.append(block)
+    return RepeatedBlocks(blocks, [names[id(block)] for block in blocks], left_out)
+
+
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """The model's repeated blocks: the children of each outermost ``nn.ModuleList`` whose
-    children are all of one class and hold parameters (a transformer's layers). A block whose
-    parameters are also used outside it (tied) is left to the root's group.
+    """The model's repeated blocks (`find_repeated_blocks`): the children of each outermost
+    ``nn.ModuleList`` of one class, or ``nn.Sequential`` of composite modules of one class,
+    wherever it is nested. A block whose parameters are also used outside it (tied) is left to
+    the root's group.
 
     >>> layers = nn.ModuleList(nn.Linear(2, 2) for _ in range(3))
     >>> len(repeated_blocks(nn.ModuleDict({"layers": layers, "head": nn.Linear(2, 1)})))
     3
     """
-    blocks: list[nn.Module] = []
-    inside: set[int] = set()
-    for _, module in model.named_modules():
-        if id(module) in inside or not isinstance(module, nn.ModuleList):
-            continue
-        children = list(module.children())
-        if not children or len({type(child) for child in children}) != 1:
-            continue
-        if not all(any(True for _ in child.parameters()) for child in children):
-            continue
-        blocks.extend(children)
-        inside.update(id(sub) for child in children for sub in child.modules())
-    return [block for block in blocks if not _shares_parameters(block, model)]
+    return find_repeated_blocks(model).blocks
 
 
 def _shares_parameters(block: nn.Module, model: nn.Module) -> bool:
@@ -112,6 +217,53 @@ def _shares_parameters(block: nn.Module, model: nn.Module) -> bool:
         if any(id(p) in own for p in module.parameters(recurse=False)):
             return True
     return False
+
+
+def name_pattern(names: Sequence[str]) -> str:
+    """Paths of modules, those of one container's consecutive children as one range.
+
+    >>> name_pattern(["model.layers.0", "model.layers.1", "model.layers.2", "head"])
+    'model.layers.0-2, head'
+    >>> name_pattern(["blocks.0", "blocks.2", "stages.1.blocks.0"])
+    'blocks.0, blocks.2, stages.1.blocks.0'
+    """
+    parts: list[str] = []
+    run: list[int] = []
+    prefix: str | None = None
+
+    def close() -> None:
+        if run:
+            span = str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
+            parts.append(f"{prefix}{span}")
+            run.clear()
+
+    for name in names:
+        head, _, last = name.rpartition(".")
+        here = f"{head}." if head else ""
+        if last.isdigit() and here == prefix and run and int(last) == run[-1] + 1:
+            run.append(int(last))
+            continue
+        close()
+        if last.isdigit():
+            prefix, run[:] = here, [int(last)]
+        else:
+            prefix = None
+            parts.append(name)
+    close()
+    return ", ".join(parts)
+
+
+def describe_blocks(names: Sequence[str], blocks: Sequence[nn.Module]) -> str:
+    """`name_pattern` of the blocks, each run of one class followed by the class's name:
+    ``model.layers.0-3 (LlamaDecoderLayer)``."""
+    groups: list[tuple[str, list[str]]] = []
+    for name, block in zip(names, blocks):
+        kind = author_class(block).__name__
+        if groups and groups[-1][0] == kind:
+            groups[-1][1].append(name)
+        else:
+            groups.append((kind, [name]))
+    return ", ".join(f"{name_pattern(group)} ({kind})" for kind, group in groups)
 
 
 def _parents(model: nn.Module) -> dict[int, tuple[nn.Module, str]]:
@@ -168,13 +320,16 @@ def parallelize_model(model: nn.Module, mesh: Any, options: ParallelOptions,
     In this order: activation checkpointing of each block, per-block compile, then the
     strategy -- ``fsdp2``: each block and the root sharded in place over `mesh` (the returned
     module is `model`); ``ddp``: a ``DistributedDataParallel`` wrapper (checkpoints hold
-    `model`); ``none``: `model`.
+    `model`); ``none``: `model`. When it changes anything, rank 0 logs one line of what it made
+    of the model: its FSDP2 units, checkpointed and compiled blocks by path
+    (``model.layers.0-3 (LlamaDecoderLayer)``), and the modules that looked repeated but could
+    not be units (tied parameters).
 
     Args:
         model: the model, on its device.
         mesh: the device mesh of the data-parallel ranks (None without a process group).
         options: what to apply.
-        blocks: the repeated blocks; default `repeated_blocks(model)`. Without any, FSDP2
+        blocks: the repeated blocks; default `find_repeated_blocks(model)`. Without any, FSDP2
             shards the whole model as one group.
 
     Raises:
@@ -186,18 +341,44 @@ def parallelize_model(model: nn.Module, mesh: Any, options: ParallelOptions,
     if options.strategy != "none" and mesh is None:
         raise ValueError(f"strategy {options.strategy!r} needs a device mesh: call "
                          "cadence.engine.distributed.prepare_model, which makes one.")
-    blocks = list(repeated_blocks(model) if blocks is None else blocks)
+    if blocks is None:
+        found = find_repeated_blocks(model)
+    else:
+        paths = {id(module): name for name, module in model.named_modules()}
+        found = RepeatedBlocks(list(blocks), [paths.get(id(b), "?") for b in blocks], [])
+    blocks = found.blocks
     if options.activation_checkpointing:
         blocks = apply_activation_checkpointing(model, blocks)
     if options.compile_blocks:
         compile_blocks(blocks, options.compile_mode)
+    if options.wraps and process_rank() == 0:
+        logger.info("%s", plan_line(model, found, options))
     if options.strategy == "fsdp2":
         shard_model(model, mesh, blocks, options)
     elif options.strategy == "ddp":
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         return nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
-    if blocks:
-        logger.debug("Parallelized %d blocks of %s (%s).", len(blocks), type(model).__name__,
-                     options)
     return model
+
+
+def plan_line(model: nn.Module, found: RepeatedBlocks, options: ParallelOptions) -> str:
+    """The one line `parallelize_model` logs: what it makes of `model` with `options`."""
+    root = author_class(model).__name__
+    described = describe_blocks(found.names, found.blocks) if found.blocks else ""
+    if options.strategy == "fsdp2":
+        units = (f"FSDP2 units {described} and the root {root} (the rest)" if described else
+                 f"FSDP2 unit the root {root} alone (no repeated blocks found)")
+    elif options.strategy == "ddp":
+        units = f"DDP over the whole {root}"
+    else:
+        units = f"no data parallelism for {root}"
+    parts = [f"Parallelized ({options.strategy}): {units}"]
+    for asked, what in ((options.activation_checkpointing, "activation checkpointing"),
+                        (options.compile_blocks, "compiled")):
+        if asked:
+            parts.append(f"{what} {name_pattern(found.names) or 'nothing (no blocks)'}")
+    if found.left_out:
+        parts.append("not units, left to the root: " + ", ".join(
+            f"{name} ({reason})" for name, reason in found.left_out))
+    return "; ".join(parts) + "."

@@ -15,6 +15,8 @@
                                            `cadence train -m RUN` finds the module again
     cadence --version                      print the installed version
     cadence inspect runs/mine              what its newest checkpoint holds
+    cadence export runs/mine --out model/  its model as one model.safetensors (+ config.json
+                                           for a transformers model); --checkpoint best|PATH
     cadence goodput runs/mine [--json]     its goodput and badput by cause, every attempt
     cadence plot runs/a runs/b             PNG curves of the runs' scalars, resumes and best
                                            exports marked (needs matplotlib: cadence[plot])
@@ -176,6 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
                          help="also check every file against its SHA-256 in the manifest")
     inspect.add_argument("--no-config", action="store_true", help="leave out the run's config")
 
+    export = commands.add_parser(
+        "export", help="write a checkpoint's model as one safetensors file (FSDP2's too)",
+        description="Writes OUT/model.safetensors: whole tensors by the model's own names, "
+        "safetensors-readable without cadence; config.json beside them for a transformers model.")
+    export.add_argument("run", type=Path, metavar="RUN", help="a run directory")
+    export.add_argument("--checkpoint", metavar="WHICH", default="latest",
+                        help="latest (default), best, or a path (as cadence eval's)")
+    export.add_argument("--out", "-o", type=Path, metavar="DIR", required=True,
+                        help="the folder to write model.safetensors into (created if needed)")
+
     goodput = commands.add_parser(
         "goodput", help="where a run's time went: goodput, badput by cause, each attempt",
         description="Reads the run's timeline (timeline/ in the run directory) across every "
@@ -196,6 +208,21 @@ def _inspect(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     except BrokenPipeError:  # `cadence inspect ... | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from cadence.task.model_export import export_model
+
+    config = None  # with the run's params.yaml, the model names, ties and configures them
+    if args.run.is_dir() and RunDirectory(args.run).params.is_file():
+        try:
+            config = _load(argparse.Namespace(experiment=None, config_file=[], overrides=[]),
+                           args.run)
+        except ConfigError as error:  # the weights need no config: said, then exported
+            print(f"cadence export: the run's config cannot be loaded ({error}); its weights are "
+                  "exported as saved, without a model config.", file=sys.stderr)
+    print(export_model(args.run, args.out, args.checkpoint, config).summary())
     return 0
 
 
@@ -534,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_command(args: argparse.Namespace) -> int:
     command = {"train": _train, "eval": _eval, "experiments": _experiments,
                "config": _config, "plot": _plot, "inspect": _inspect,
-               "goodput": _goodput}[args.command]
+               "goodput": _goodput, "export": _export}[args.command]
     try:
         return command(args)
     except Preempted as stop:

@@ -50,20 +50,61 @@ logger = logging.getLogger("cadence")
 
 
 def split_inputs(inputs: Any) -> tuple[Any, Any]:
-    """``(features, labels)`` from a batch: a pair is split, anything else is both."""
+    """``(features, labels)`` from a batch: a pair is split, anything else is both (a dict of
+    ``input_ids``, ``attention_mask`` and ``labels``, as transformers users write batches, is
+    the model's keyword arguments and the labels `Task.build_losses` gets)."""
     if isinstance(inputs, (tuple, list)) and len(inputs) == 2:
         return inputs[0], inputs[1]
     return inputs, inputs
 
 
+_KEYWORD_CALLS: dict[tuple[type, tuple[Any, ...]], bool] = {}
+"""Whether a model class's ``forward`` takes a batch's keys as keyword arguments, by class and
+keys: found once (`inspect.signature` costs tens of microseconds), not in every step."""
+
+
+def takes_keywords(model: nn.Module, keys: tuple[Any, ...]) -> bool:
+    """Whether `model` (wrapped or not) is called with a mapping's `keys` as keyword arguments:
+    each key names a parameter of its ``forward``, or the ``forward`` takes ``**kwargs``."""
+    found = _KEYWORD_CALLS.get((type(model), keys))
+    if found is None:
+        from cadence.engine.parallelize import unwrap_model
+
+        try:
+            parameters = inspect.signature(unwrap_model(model).forward).parameters
+        except (TypeError, ValueError):
+            parameters = {}  # type: ignore[assignment]
+        found = all(isinstance(key, str) for key in keys) and (
+            all(key in parameters for key in keys) or any(
+                p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()))
+        _KEYWORD_CALLS[(type(model), keys)] = found
+    return found
+
+
+def call_model(model: nn.Module, features: Any) -> Any:
+    """``model(**features)`` for a mapping whose keys are ``forward``'s keyword arguments (a
+    transformers batch: ``input_ids``, ``attention_mask``, ``labels``; see `takes_keywords`),
+    else ``model(features)``. The outputs -- a transformers ``ModelOutput``, a dict, a tensor --
+    are returned as they are."""
+    if type(features) is not torch.Tensor and isinstance(features, Mapping) and (
+            takes_keywords(model, tuple(features))):  # a tensor: no ABC check in every step
+        return model(**features)
+    return model(features)
+
+
 def aux_losses_of(model: Any) -> Any:
-    """``model.aux_losses`` when the model has them (e.g. set in ``forward``), else None.
+    """``model.aux_losses`` when the model has them (e.g. set in ``forward``), else None; the
+    user's model's inside a ``DistributedDataParallel`` or ``torch.compile`` wrapper.
 
     Same answer as ``getattr(model, "aux_losses", None)``, without its cost on an ``nn.Module``
     that has none: there a missing attribute raises (and formats) an ``AttributeError`` inside
     ``__getattr__``, about a microsecond in every step.
     """
     if isinstance(model, nn.Module):
+        if "module" in model._modules or "_orig_mod" in model._modules:
+            from cadence.engine.parallelize import unwrap_model
+
+            model = unwrap_model(model)
         if "aux_losses" in vars(model):
             return vars(model)["aux_losses"]
         if not (hasattr(type(model), "aux_losses") or "aux_losses" in model._parameters
@@ -200,12 +241,22 @@ class Task(Module):
         )
 
     def build_losses(self, labels: Any, model_outputs: Any, aux_losses: Any = None) -> Any:
-        """The loss to minimize; the default is the sum of `aux_losses` (0 without any)."""
-        if aux_losses is None:
-            return torch.zeros(())
-        if isinstance(aux_losses, torch.Tensor):
-            return aux_losses
-        return torch.stack([torch.as_tensor(loss) for loss in aux_losses]).sum()
+        """The loss to minimize, from `labels` (the batch's, see `split_inputs`), the model's
+        outputs as the model returned them (a tensor, a dict, a transformers ``ModelOutput``)
+        and the model's `aux_losses` (see `aux_losses_of`).
+
+        The default: the loss the model computed itself -- ``model_outputs["loss"]`` of a
+        mapping that holds one, as a transformers model given ``labels`` returns -- plus the sum
+        of `aux_losses`; 0 without either.
+        """
+        total = None
+        if isinstance(model_outputs, Mapping) and model_outputs.get("loss") is not None:
+            total = model_outputs["loss"]
+        if aux_losses is not None:
+            aux = (aux_losses if isinstance(aux_losses, torch.Tensor) else
+                   torch.stack([torch.as_tensor(loss) for loss in aux_losses]).sum())
+            total = aux if total is None else total + aux
+        return torch.zeros(()) if total is None else total
 
     def build_metrics(self, training: bool = True) -> Mapping[str, Any]:
         """Metrics by name, built once for training and once for evaluation: cadence's
@@ -251,7 +302,7 @@ class Task(Module):
         (a `RuntimeError` from the `Trainer`).
         """
         features, labels = split_inputs(inputs)
-        outputs = model(features)
+        outputs = call_model(model, features)
         loss = self.build_losses(labels, outputs, aux_losses=aux_losses_of(model))
         self.process_metrics(metrics, labels, outputs)
         return {self.loss: loss}
@@ -267,8 +318,10 @@ class Task(Module):
         return {self.loss: loss}
 
     def inference_step(self, inputs: Any, model: nn.Module) -> Any:
-        """The model's outputs for `inputs` (the model is in eval mode)."""
-        return model(inputs)
+        """The model's outputs for `inputs` (the model is in eval mode): ``model(**inputs)``
+        for a mapping of ``forward``'s keyword arguments, else ``model(inputs)``
+        (`call_model`)."""
+        return call_model(model, inputs)
 
     # ------------------------------------------------------------------ host-side aggregation
 

@@ -103,3 +103,42 @@ def test_load_weights_reads_exports_and_checkpoints_and_names_mismatches(tmp_pat
         load_weights(model_with(0), tmp_path)
     with pytest.raises(cadence.CheckpointError, match="does not exist"):
         load_weights(model_with(0), tmp_path / "nowhere")
+
+
+def fresh_gpt():
+    from cadence.task.experiments.gpt import GPT, GPTModelConfig
+
+    return GPT(GPTModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=8))
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_the_export_of_a_wrapped_or_sharded_model_loads_strictly_by_its_own_names_tied_as_it_ties(
+        tmp_path, strategy):
+    """A DDP wrapper (``module.`` names) and an FSDP2 model (DTensor shards), checkpointed
+    blocks and all, export the plain model's whole weights: a fresh model takes them with
+    ``load_state_dict(strict=True)`` and keeps its tied head, and safetensors alone reads them
+    (the metadata says ``format: pt``, as transformers' loader wants)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from cadence.engine.distributed import shutdown
+
+    model = fresh_gpt()
+    expected = {name: value.clone() for name, value in model.state_dict().items()}
+    try:
+        trained = cadence.prepare_model(model, strategy, torch.device("cpu"),
+                                        options=cadence.ParallelOptions(
+                                            activation_checkpointing=True))
+        exporter = BestCheckpointExporter(tmp_path, "loss", "lower")
+        assert exporter.maybe_export_checkpoint(trained, {"loss": 1.0}, 3)
+    finally:
+        shutdown()
+    weights = load_file(str(exporter.best_ckpt_path))
+    assert sorted(weights) == sorted(expected)  # the head under its own name too
+    fresh = fresh_gpt()
+    fresh.load_state_dict(weights, strict=True)
+    assert fresh.lm_head.weight is fresh.wte.weight
+    for name, value in fresh.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+    with safe_open(str(exporter.best_ckpt_path), framework="pt") as opened:
+        assert opened.metadata()["format"] == "pt"

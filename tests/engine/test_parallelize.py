@@ -15,9 +15,13 @@ import cadence
 from cadence.engine.distributed import prepare_model, shutdown
 from cadence.engine.parallelize import (
     ParallelOptions,
+    describe_blocks,
+    find_repeated_blocks,
+    name_pattern,
     parallelize_model,
     plain_name,
     repeated_blocks,
+    unwrap_model,
 )
 from cadence.task.experiments.char_lm import CharLMModelConfig, CharTransformer
 from cadence.task.experiments.gpt import GPT, GPTModelConfig
@@ -195,3 +199,77 @@ def test_a_gpt_that_cannot_be_built_is_one_config_error_naming_the_key(setting, 
     with pytest.raises(cadence.ConfigError, match=re.escape(says)):
         get_task(config.task).build_model()
 
+
+
+class Residual(nn.Module):
+    """A block as timm writes one: a composite module, repeated in an ``nn.Sequential``."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, width))
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+class Stage(nn.Module):
+    """A stage of its own width: a projection, then its blocks (timm ConvNeXt's stages)."""
+
+    def __init__(self, width, depth):
+        super().__init__()
+        self.project = nn.Linear(4, width)
+        self.blocks = nn.Sequential(*(Residual(width) for _ in range(depth)))
+
+
+def test_blocks_in_a_sequential_are_found_and_small_sequentials_of_layers_are_not():
+    vit = nn.Module()
+    vit.stem = nn.Sequential(nn.Conv2d(3, 4, 2), nn.BatchNorm2d(4))  # mixed layers
+    vit.blocks = nn.Sequential(Residual(4), Residual(4), Residual(4))
+    vit.head = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))  # layers of one torch class
+    vit.wrapped = nn.Sequential(nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4)))
+    vit.single = nn.Sequential(Residual(4))  # one is not repeated
+    found = find_repeated_blocks(vit)
+    assert found.blocks == list(vit.blocks) and found.names == ["blocks.0", "blocks.1", "blocks.2"]
+
+
+def test_stages_of_different_widths_are_looked_into_and_blocks_holding_experts_are_not():
+    convnext = nn.Module()
+    convnext.stages = nn.Sequential(Stage(4, 2), Stage(8, 2), Stage(16, 1))
+    found = find_repeated_blocks(convnext)
+    assert found.names == ["stages.0.blocks.0", "stages.0.blocks.1", "stages.1.blocks.0",
+                           "stages.1.blocks.1"]  # a stage of one block keeps it in the root
+    same = nn.Module()
+    same.stages = nn.Sequential(Stage(4, 2), Stage(4, 2))  # repeated as they are
+    assert find_repeated_blocks(same).names == ["stages.0", "stages.1"]
+    from user_moe import MoEConfig, MoEDecoder
+
+    moe = MoEDecoder(MoEConfig(), 8)
+    assert find_repeated_blocks(moe).blocks == list(moe.blocks)  # not their experts
+
+
+def test_the_plan_is_one_line_with_the_units_the_wrappers_and_the_blocks_left_out(
+        one_process_group, caplog):
+    model = GPT(TINY)
+    model.blocks[1].mlp.c_fc.weight = model.blocks[0].mlp.c_fc.weight  # tied across blocks
+    with caplog.at_level("INFO", logger="cadence"):
+        prepare_model(model, "fsdp2", torch.device("cpu"),
+                      options=ParallelOptions(activation_checkpointing=True))
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Parallel")]
+    assert line == (
+        "Parallelized (fsdp2): FSDP2 units blocks.2 (Block) and the root GPT (the rest); "
+        "activation checkpointing blocks.2; not units, left to the root: blocks.0 (a parameter "
+        "tied to one outside it), blocks.1 (a parameter tied to one outside it).")
+
+
+def test_name_patterns_join_consecutive_children_of_one_container():
+    names = ["model.layers.0", "model.layers.1", "model.layers.2", "model.layers.3"]
+    layers = [nn.Linear(1, 1) for _ in names]
+    assert describe_blocks(names, layers) == "model.layers.0-3 (Linear)"
+    assert name_pattern(["a.0", "a.1", "b.0", "b.1", "a.3"]) == "a.0-1, b.0-1, a.3"
+
+
+def test_the_users_model_is_found_inside_ddp_and_compile_wrappers(one_process_group):
+    model = GPT(TINY)
+    assert unwrap_model(prepare_model(model, "ddp", torch.device("cpu"))) is model
+    assert unwrap_model(torch.compile(model)) is model
