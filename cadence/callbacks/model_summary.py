@@ -22,6 +22,7 @@ from torch.nn.parameter import is_lazy
 
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.rank import process_rank
+from cadence.engine.parallelize import author_class, unwrap_model
 
 logger = logging.getLogger("cadence")
 
@@ -58,36 +59,16 @@ def _bytes(n: int) -> str:
     raise AssertionError  # unreachable
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user's model inside a ``DistributedDataParallel`` or ``torch.compile`` wrapper."""
-    while True:
-        inner = getattr(model, "_orig_mod", None)  # torch.compile
-        if inner is None and type(model).__name__ == "DistributedDataParallel":
-            inner = model.module
-        if not isinstance(inner, nn.Module):
-            return model
-        model = inner
-
-
-def class_name(module: nn.Module) -> str:
-    """The name of `module`'s class as its author wrote it: FSDP2's ``fully_shard`` swaps the
-    class for a subclass named ``FSDP<name>``."""
-    cls = type(module)
-    if cls.__bases__ and cls.__name__ == f"FSDP{cls.__bases__[-1].__name__}":
-        cls = cls.__bases__[-1]
-    return cls.__name__
-
-
 def summary_table(model: nn.Module) -> str:
     """The summary of `model`: a line for the whole model and a row per top-level module
     (parameters of the model's own, outside its modules, are the row ``(own)``)."""
-    model = unwrap(model)
+    model = unwrap_model(model)
     total = count_parameters(model.parameters())
     lazy = f", and {total.lazy} uninitialized (lazy) parameters" if total.lazy else ""
-    head = (f"Model {class_name(model)}: {total.params:,} parameters "
+    head = (f"Model {author_class(model).__name__}: {total.params:,} parameters "
             f"({total.trainable:,} trainable), {_bytes(total.bytes)}{lazy}")
     rows: list[tuple[str, ...]] = [
-        (name, class_name(module), *_columns(count_parameters(module.parameters())))
+        (name, author_class(module).__name__, *_columns(count_parameters(module.parameters())))
         for name, module in model.named_children()]
     own = list(model.parameters(recurse=False))
     if own:
