@@ -291,7 +291,7 @@ def run(mode: str, directory: Path, args: list[str]) -> None:
         manager = cadence.CheckpointManager(trainer, directory / "ckpt", async_save=True)
         path = Path(manager.save(1))
         committed_early = path.is_dir()
-        pending = manager._pending_commit is not None
+        pending = manager.writer.pending_commit is not None
         expected = {name: value.clone() for name, value in trainer.model.state_dict().items()}
         with torch.no_grad():  # the weights change while the write is under way
             for parameter in trainer.model.parameters():

@@ -24,23 +24,16 @@ good checkpoint it fails with one error listing what is wrong with each.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import shutil
-import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
-
-import torch.distributed as dist
 
 from cadence.core.checkpoint_dir import (
     DEFAULT_MAX_TO_KEEP,
     CheckpointDirectory,
     CheckpointInfo,
-    fsync_path,
     read_manifest,
 )
 from cadence.core.errors import (
@@ -49,37 +42,32 @@ from cadence.core.errors import (
     CheckpointMismatchError,
 )
 from cadence.core.intervals import check_interval
-from cadence.core.protocols import Stateful
-from cadence.engine.background import in_background, yield_cpu_to_training
+from cadence.core.protocols import Stateful, is_stateful
 from cadence.engine.checkpoint_io import (
     CheckpointIO,
     StateFileIO,
     TorchSaveIO,
     read_checkpoint,
-    save_with_digests,
 )
-from cadence.engine.distributed import any_rank, gather_on_rank_zero
-from cadence.engine.module import DictState, Module, load_stateful
+from cadence.engine.checkpoint_writer import CheckpointWriter, distributed
+from cadence.engine.distributed import any_rank
+from cadence.engine.external_metrics import checkpoint_part
+from cadence.engine.module import Module, load_stateful
 from cadence.engine.rank_state import (
-    rank_file,
     rank_payload,
     read_rank_states,
     restore_rank_state,
-    write_rank_state,
 )
 from cadence.engine.rng import capture_rng_state
 from cadence.engine.sharded import (
     dcp_parts,
     load_sharded,
-    own_shard_digests,
-    save_sharded,
-    save_sharded_async,
     sharded_names,
     sharded_reader,
     uses_dcp,
     verify_sharded_reads,
 )
-from cadence.engine.state_file import HostSnapshot, PackedState
+from cadence.engine.state_file import HostSnapshot
 
 __all__ = ["CheckpointIO", "CheckpointManager", "HostSnapshot", "StateFileIO", "TorchSaveIO",
            "read_checkpoint"]
@@ -89,10 +77,27 @@ logger = logging.getLogger("cadence")
 _RESERVED = frozenset({"state"})
 
 
-def _distributed() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+class DictState:
+    """A dict of stateful objects, saved and loaded as one (what a `CheckpointManager` of
+    ``{"model": model, "optimizer": optimizer}`` saves)."""
+
+    def __init__(self, objects: Mapping[str, Any]) -> None:
+        for name, obj in objects.items():
+            if not is_stateful(obj):
+                raise TypeError(
+                    f"state[{name!r}] (got {type(obj).__name__}) has no state_dict() and "
+                    "load_state_dict(); pass modules, optimizers, schedulers or other stateful "
+                    "objects."
+                )
+        # A torchmetrics metric is saved with its states (see cadence.engine.external_metrics).
+        self.objects = {name: checkpoint_part(obj) for name, obj in objects.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: obj.state_dict() for name, obj in self.objects.items()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        load_stateful(self.objects, state_dict, "state")
+
 
 
 class CheckpointManager:
@@ -173,20 +178,13 @@ class CheckpointManager:
         self.strict = strict
         self.read_only = read_only
         self.async_save = async_save
-        self.on_commit = on_commit
         self.writes = writes
-        self._snapshot = HostSnapshot()
-        self._rank_snapshot = HostSnapshot()  # this rank's random state and data position
-        self._pending: threading.Thread | None = None
-        # a DCP write of this rank: (future, staging, step, world size, rank 0's digests)
-        self._pending_commit: tuple[Any, Path, int, int, dict[str, str]] | None = None
-        self._pending_error: BaseException | None = None
-        self._pruning: Future[Any] | None = None
-        """Rank 0 of a distributed job deletes old checkpoints in a thread (`wait` joins it)."""
+        self.writer = CheckpointWriter(self._directory, self.io, async_save, on_commit)
+        """How the checkpoints are written and committed (`cadence.engine.checkpoint_writer`)."""
         self.logs_saves = True
         """The manager logs "Saved checkpoint ..." itself, after the commit (the Controller
         does not log a save whose files may still be being written)."""
-        if _distributed()[0] == 0 and not read_only:
+        if distributed()[0] == 0 and not read_only:
             self._directory.remove_stale()
 
     @property
@@ -247,14 +245,8 @@ class CheckpointManager:
             return str(self._directory.path_for(step))
         self.wait()
         final = self._directory.path_for(step)
-        rank, world = _distributed()
-        if final.is_dir():
-            try:
-                read_manifest(final)
-                logger.info("Checkpoint %s exists already: kept.", final)
-                return str(final)
-            except CheckpointError:
-                pass  # incomplete or damaged: the commit moves it aside
+        if self._saved_already(final):
+            return str(final)
         items = self._items()
         sharded = dcp_parts(items) if uses_dcp(items) else {}  # FSDP2: every rank its shards
         payload = {
@@ -263,184 +255,41 @@ class CheckpointManager:
                       if sharded else self._state.state_dict()),
             "tracked": {name: obj.state_dict() for name, obj in self._tracked.items()},
         }
-        rank_state = rank_payload(items, capture_rng_state())
-        if world == 1 and self.async_save and not sharded:
-            # The copy into host memory is the only part the training loop waits for. The
-            # default writer writes the packed buffer as it is: the background thread then
-            # holds the GIL for a few calls, whatever the number of tensors.
-            copied = (self._snapshot.pack(payload) if isinstance(self.io, StateFileIO)
-                      else self._snapshot.take(payload))
-            own = self._rank_snapshot.pack(rank_state)
-            self._pending = threading.Thread(
-                target=self._write_in_background,
-                args=(copied, own, step),
-                name=f"cadence-checkpoint-{step}")
-            self._pending.start()
-            return str(final)
-        if world == 1:
-            self._write(payload, rank_state, step, sharded=sharded)
-        else:
-            staging = self._directory.temp_path(step, unique=False)
-            if rank == 0:
-                staging.mkdir(parents=True, exist_ok=True)
-            dist.barrier()
-            if any_rank(not staging.is_dir(), "checking the checkpoint directory"):
-                raise CheckpointError(
-                    f"Not every rank sees the checkpoint directory {str(self.directory)!r} "
-                    f"(rank {rank} {'does not' if not staging.is_dir() else 'does'}): the ranks "
-                    "of a job must share it. Put the run directory on a filesystem every node "
-                    "mounts (NFS, Lustre, a shared volume)."
-                )
-            if self.async_save and not sharded:
-                # As in one process: the training thread waits only for the copy into host
-                # memory; this rank's files are written by a thread of its own, and committed
-                # by the training thread at the next wait() (the commit is a collective).
-                copied = ((self._snapshot.pack(payload) if isinstance(self.io, StateFileIO)
-                           else self._snapshot.take(payload)) if rank == 0 else None)
-                own = self._rank_snapshot.pack(rank_state)
-                writing = in_background(f"cadence-checkpoint-{step}", self._write_files,
-                                         copied, own, staging, rank)
-                self._pending_commit = (writing, staging, step, world, {})
-                return str(final)
-            # Every rank's digests, computed while writing: the commit reads nothing back.
-            checksums = self._write_files(payload if rank == 0 else None, rank_state, staging)
-            if sharded and self.async_save:  # shards written by DCP's thread: commit later
-                future = save_sharded_async(sharded, staging)
-                self._pending_commit = (future, staging, step, world, checksums)
-                return str(final)
-            if sharded:
-                save_sharded(sharded, staging)
-            self._commit_distributed(staging, step, world, checksums)
+        self.writer.write(step, payload, rank_payload(items, capture_rng_state()), sharded)
         return str(final)
 
-    def _write_files(self, payload: dict[str, Any] | PackedState | None,
-                     rank_state: dict[str, Any] | PackedState, staging: Path,
-                     rank: int | None = None) -> dict[str, str]:
-        """Writes this rank's file of a distributed checkpoint (and, with `payload`, rank 0's
-        shared state: `save_with_digests`) into `staging`; returns every file's SHA-256."""
-        rank = _distributed()[0] if rank is None else rank
-        checksums = {rank_file(staging, rank).name: write_rank_state(rank_state, staging, rank)}
-        if payload is not None:
-            checksums.update(save_with_digests(self.io, payload, staging))
-        return checksums
-
-    def _commit_distributed(self, staging: Path, step: int, world: int,
-                            checksums: dict[str, str]) -> None:
-        """Once every rank has written its files: each hashes its own shards (DCP's) and fsyncs
-        its own files, rank 0 gathers every rank's digests and sizes -- which is also the wait
-        for every rank's write -- and commits without reading, listing or fsyncing a file, then
-        applies retention."""
-        rank = _distributed()[0]
-        own = {**checksums, **own_shard_digests(staging, rank)}
-        sizes = {}
-        for name in own:  # each rank makes its own files durable, in parallel
-            fsync_path(staging / name)
-            sizes[name] = (staging / name).stat().st_size
-        gathered = gather_on_rank_zero((own, sizes), "gathering the checkpoint's digests")
-        if rank == 0:
-            merged = {name: digest for digests, _ in gathered for name, digest in digests.items()}
-            synced = {name: size for _, part in gathered for name, size in part.items()}
-            final = self._directory.commit(staging, step, extra={"world_size": world},
-                                           checksums=merged, synced=synced)
-            logger.info("Saved checkpoint %s.", final)
-            if self.on_commit is not None:
-                self.on_commit(step, final)
-        dist.barrier()
-        if _distributed()[0] == 0:  # deletes thousands of files at scale: not in the way
-            self._join_pruning()  # two prunes never overlap
-            self._pruning = in_background(f"cadence-prune-{step}", self._prune)
-
-    def _wait_for_the_ranks_writes(self) -> None:
-        """Waits for this rank's background write (cadence's thread, or DCP's for shards);
-        commits once every rank's is done, or discards the checkpoint on every rank when one
-        failed (a collective, in the training thread)."""
-        pending, self._pending_commit = self._pending_commit, None
-        if pending is None:
-            return
-        future, staging, step, world, checksums = pending
-        error: BaseException | None = None
+    def _saved_already(self, final: Path) -> bool:
+        """Whether a complete checkpoint is at `final` (kept: the step is not saved again); an
+        incomplete or damaged one is not -- the commit moves it aside."""
+        if not final.is_dir():
+            return False
         try:
-            written = future.result()  # DCP's: None; cadence's own thread: the digests
-            checksums = {**checksums, **(written if isinstance(written, dict) else {})}
-        except Exception as failure:
-            error = failure
-        if any_rank(error is not None, "finishing a background checkpoint write"):
-            if _distributed()[0] == 0:
-                shutil.rmtree(staging, ignore_errors=True)
-            reason = str(error) if error is not None else "another rank's write failed"
-            raise CheckpointError(self._failure(step, RuntimeError(reason), background=True))
-        self._commit_distributed(staging, step, world, checksums)
+            read_manifest(final)
+        except CheckpointError:
+            return False
+        logger.info("Checkpoint %s exists already: kept.", final)
+        return True
 
-    def _write(self, payload: dict[str, Any] | PackedState,
-               rank_state: dict[str, Any] | PackedState, step: int, background: bool = False,
-               sharded: dict[str, Any] | None = None) -> None:
-        """Writes and commits the checkpoint of a single process, then applies retention."""
-        staging = self._directory.temp_path(step)
-        try:
-            staging.mkdir(parents=True)
-            checksums = dict(self.io.save(payload, staging) or {})  # type: ignore[arg-type]
-            checksums[rank_file(staging, 0).name] = write_rank_state(rank_state, staging, 0)
-            if sharded:
-                save_sharded(sharded, staging)
-            final = self._directory.commit(staging, step, checksums=checksums)
-        except BaseException as error:
-            shutil.rmtree(staging, ignore_errors=True)
-            if isinstance(error, (OSError, RuntimeError, TypeError, ValueError)):
-                raise CheckpointError(self._failure(step, error, background)) from error
-            raise
-        logger.info("Saved checkpoint %s.", final)
-        if self.on_commit is not None:
-            self.on_commit(step, final)
-        self._prune()
+    @property
+    def on_commit(self) -> Callable[[int, Path], None] | None:
+        """Called with the step and the path of each checkpoint once it is committed."""
+        return self.writer.on_commit
 
-    def _failure(self, step: int, error: BaseException, background: bool) -> str:
-        """What a failed write says: what failed, why, and what is still good."""
-        what = "Writing a checkpoint in the background" if background else "Saving a checkpoint"
-        reason = str(error).strip() or type(error).__name__
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            hint = (f"Free space on the disk of {str(self.directory)!r} (or lower max_to_keep), "
-                    "then run again: training resumes from the newest good checkpoint.")
-        else:
-            hint = "Fix the cause, then run again: training resumes from the newest good one."
-        latest = self._directory.latest()
-        good = (f"the newest good checkpoint is still {latest.path} (step {latest.step})"
-                if latest is not None else "there is no good checkpoint yet")
-        return (f"{what} failed: {reason}. {self._directory.path_for(step).name} was not "
-                f"committed; {good}. {hint}")
-
-    def _prune(self) -> None:
-        for deleted in self._directory.prune():
-            logger.info("Deleted old checkpoint %s (max_to_keep=%s).", deleted,
-                        self.max_to_keep)
-
-    def _write_in_background(self, payload: dict[str, Any] | PackedState,
-                             rank_state: PackedState, step: int) -> None:
-        yield_cpu_to_training()
-        try:
-            self._write(payload, rank_state, step, background=True)
-        except BaseException as error:  # handed to the training thread by wait()
-            self._pending_error = error
+    @on_commit.setter
+    def on_commit(self, callback: Callable[[int, Path], None] | None) -> None:
+        self.writer.on_commit = callback
 
     @property
     def writing(self) -> bool:
         """Whether a background write (``async_save``) is still running."""
-        shards = self._pending_commit
-        return ((self._pending is not None and self._pending.is_alive())
-                or (shards is not None and not shards[0].done()))
+        return self.writer.writing
 
     def abandon(self) -> None:
         """On a rank failing while the others may train on: waits for its own background work
         and drops an uncommitted distributed checkpoint without a commit's collectives (they
         would meet the others' training ones and hang the job until the collective timeout).
         The previous checkpoint stays the newest. In one process this is `wait`."""
-        if _distributed()[1] == 1:
-            self.wait()
-            return
-        pending, self._pending_commit = self._pending_commit, None
-        for work in (pending[0] if pending else None, self._pruning):
-            if work is not None:
-                work.exception()  # waits; what failed is dropped with the checkpoint
-        self._pruning = None
+        self.writer.abandon()
 
     def wait(self, retention: bool = True) -> None:
         """Waits for a background write to be committed, and for old checkpoints to be deleted.
@@ -455,25 +304,7 @@ class CheckpointManager:
             CheckpointError: if the background write failed (the message names the newest
                 good checkpoint, which is still the newest complete one).
         """
-        self._wait_for_the_ranks_writes()
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.join()
-        if retention:
-            self._join_pruning()
-        error, self._pending_error = self._pending_error, None
-        if isinstance(error, CheckpointError):
-            raise error
-        if error is not None:
-            raise CheckpointError(
-                f"Writing a checkpoint in the background failed: {error}. The previous "
-                "checkpoint is still the newest complete one.") from error
-
-    def _join_pruning(self) -> None:
-        pruning, self._pruning = self._pruning, None
-        failed = pruning.exception() if pruning is not None else None  # (waits for it)
-        if failed is not None:  # the old checkpoints stay; nothing is lost
-            logger.warning("Deleting old checkpoints failed: %s", failed)
+        self.writer.wait(retention)
 
     def restore(self, path: str | os.PathLike[str]) -> int:
         """Restores the checkpoint at `path`; returns its step.
@@ -530,7 +361,7 @@ class CheckpointManager:
             else:
                 logger.warning("Checkpoint %s has no state for %r: it starts fresh.", path, name)
         said = restore_rank_state(path, items, saved_world, rank_states)
-        rank, world = _distributed()
+        rank, world = distributed()
         if saved_world != world and rank == 0:
             weights = ("the model and optimizer are resharded from their shards (DCP)"
                        if in_shards else "the model and optimizer are loaded whole on every "
@@ -600,7 +431,7 @@ class CheckpointManager:
     def _set_aside(self, bad: CheckpointInfo, why: CheckpointError,
                    restored: CheckpointInfo) -> None:
         reason = " ".join(line.strip().removeprefix("- ") for line in str(why).splitlines())
-        if self.read_only or _distributed()[0] != 0:
+        if self.read_only or distributed()[0] != 0:
             logger.warning("Skipped checkpoint %s: %s Restored %s (step %d) instead.", bad.path,
                            reason, restored.path, restored.step)
             return

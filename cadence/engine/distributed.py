@@ -27,13 +27,9 @@ import datetime
 import logging
 import os
 import signal
-import socket
 import threading
-import time
-import uuid
 import weakref
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,7 +45,7 @@ import torch.distributed as dist
 import torch.distributed.nn
 from torch import nn
 
-from cadence.core.errors import CheckpointError, JobFailure
+from cadence.core.errors import JobFailure
 from cadence.core.intervals import check_int
 from cadence.core.rank import local_rank, process_rank, world_size
 from cadence.engine.parallelize import ParallelOptions, parallelize_model, plain_name
@@ -487,52 +483,3 @@ def prepare_model(model: nn.Module, strategy: str, device: torch.device,
                     "change the model in place (fully_shard, wrappers registered in its "
                     "parents), not build a new one.")
     return trained
-
-
-def check_shared_directory(directory: str | os.PathLike[str], timeout: float = 5.0) -> None:
-    """Checks, before training, that every rank of a job sees one `directory`: rank 0 writes a
-    random token there, and every rank must read it back within `timeout` seconds (a shared
-    filesystem may show a new file late). A collective; nothing to do in one process.
-
-    The ranks write their parts of every checkpoint into one directory, and all restore the
-    newest one there: on nodes that do not share it, the first save would fail after a whole
-    interval of training, and a node that sees no checkpoint would start again from step 0.
-
-    Raises:
-        CheckpointError: naming the ranks (and hosts) that do not see rank 0's token.
-    """
-    if not is_distributed():
-        return
-    rank = process_rank()
-    directory = Path(directory)
-    token: str | None = None
-    if rank == 0:
-        token = uuid.uuid4().hex
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / f".shared-{token}").write_text(token, encoding="utf-8")
-    token = broadcast_object(token)  # sent once rank 0 has written it
-    probe = directory / f".shared-{token}"
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(OSError):
-            if probe.read_text(encoding="utf-8") == token:
-                break
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(0.1)
-    views = gather_on_rank_zero((probe.is_file(), socket.gethostname()),
-                                "checking that the ranks share the checkpoint directory")
-    blind = None
-    if rank == 0:
-        with contextlib.suppress(OSError):
-            probe.unlink()
-        blind = ([f"rank {r} on {host}" for r, (ok, host) in enumerate(views) if not ok],
-                 views[0][1])
-    missing, host0 = broadcast_object(blind)  # every rank refuses, or none does
-    if missing:
-        raise CheckpointError(
-            f"The ranks of this job do not share the checkpoint directory {str(directory)!r}: "
-            f"{', '.join(missing)} cannot see the file rank 0 (on {host0}) wrote there. "
-            "Every rank writes its part of each checkpoint there and restores from it: put the "
-            "run directory on a filesystem every node mounts (NFS, Lustre, a shared volume) "
-            "and pass that path to every node.")

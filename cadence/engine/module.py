@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -282,28 +282,6 @@ class Module:
                 parameter and every shape mismatch. Nothing is loaded in that case.
         """
         load_stateful(self.checkpoint_items(), state_dict, type(self).__name__)
-
-
-class DictState:
-    """A dict of stateful objects, saved and loaded as one (what a `CheckpointManager` of
-    ``{"model": model, "optimizer": optimizer}`` saves)."""
-
-    def __init__(self, objects: Mapping[str, Any]) -> None:
-        for name, obj in objects.items():
-            if not is_stateful(obj):
-                raise TypeError(
-                    f"state[{name!r}] (got {type(obj).__name__}) has no state_dict() and "
-                    "load_state_dict(); pass modules, optimizers, schedulers or other stateful "
-                    "objects."
-                )
-        # A torchmetrics metric is saved with its states (see cadence.engine.external_metrics).
-        self.objects = {name: checkpoint_part(obj) for name, obj in objects.items()}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {name: obj.state_dict() for name, obj in self.objects.items()}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        load_stateful(self.objects, state_dict, "state")
 
 
 def load_stateful(objects: dict[str, Any], state_dict: dict[str, Any], owner: str) -> None:

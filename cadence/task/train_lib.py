@@ -65,9 +65,9 @@ from cadence.core.run_dir import PARAMS_FILE, RunDirectory
 from cadence.core.run_record import RunRecord
 from cadence.core.summary import SummaryManager, WriterSpec, writer_factory
 from cadence.engine.checkpoint import CheckpointManager
+from cadence.engine.checkpoint_writer import check_shared_directory
 from cadence.engine.distributed import (
     CollectiveTimeout,
-    check_shared_directory,
     gather_objects,
     init_distributed,
     local_device,

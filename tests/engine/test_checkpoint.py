@@ -251,8 +251,8 @@ def test_an_async_save_returns_before_the_write_and_commits_the_state_of_the_cal
 def test_async_saves_reuse_host_buffers_and_wait_for_each_other(tmp_path):
     net = Net()
     manager = cadence.CheckpointManager(net, tmp_path, io=SlowIO(delay=0.2), async_save=True)
-    first = manager._snapshot.take(net.state_dict())
-    second = manager._snapshot.take(net.state_dict())
+    first = manager.writer._snapshot.take(net.state_dict())
+    second = manager.writer._snapshot.take(net.state_dict())
     assert first["model"]["weight"] is second["model"]["weight"]  # the same buffer
     manager.save(1)
     manager.save(2)  # waits for the first write before reusing the buffers
