@@ -134,7 +134,7 @@ class Controller:
     def __init__(
         self,
         *,
-        trainer: Trainable | None = None,
+        trainer: Trainable | ClockedTrainer | None = None,
         evaluator: Evaluable | None = None,
         global_step: Callable[[], int] | None = None,
         steps_per_loop: int | Callable[[int], int] | None = None,
@@ -498,8 +498,9 @@ class Controller:
         waited = view.data_wait_s if view is not None else 0.0  # host seconds: no sync
         jumped = self._clock.jumped
         start = time.perf_counter()
+        run = self._clocked.train_steps if self._clocked is not None else self.trainer.train
         with self.summary_manager.as_default(record_if=self._record_if):
-            output = self.trainer.train(num_steps)
+            output = run(num_steps)
         output = output if output is not None else {}
         for action in self.train_actions:
             action(output)

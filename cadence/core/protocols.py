@@ -72,7 +72,7 @@ class StopAgreementLike(Protocol):
 
 
 @runtime_checkable
-class ClockedTrainer(Trainable, Protocol):
+class ClockedTrainer(Protocol):
     """A trainer that counts steps and epochs on a run clock it builds (`cadence.StandardTrainer`,
     and so every front-end's trainer). The Controller hands it its run state and callbacks
     (`bind`), and trains to a number of epochs, ends loops at epochs' ends and agrees on stops
@@ -85,6 +85,10 @@ class ClockedTrainer(Trainable, Protocol):
     @property
     def examples_per_step(self) -> int | None:
         """Examples in a step, when the data says (for examples/sec)."""
+
+    def train_steps(self, num_steps: int) -> Mapping[str, Any] | None:
+        """One inner loop of `num_steps` steps -- the runner protocol's ``train``, by a name of
+        its own: a front-end may give ``train`` another meaning (tensorpack's)."""
 
     def bind(self, state: Any, callbacks: Any) -> RunClock:
         """Counts from now on with a clock of the Controller's run state (a `RunState` of this

@@ -337,7 +337,17 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         return None
 
     def train(self, num_steps: int) -> Output | None:
-        """Runs `num_steps` steps of training; see the module docstring for the order.
+        """Runs `num_steps` steps of training; see the module docstring for the order. (The
+        runner protocol's method: `train_steps`, which a Controller calls by that name, so that
+        a front-end whose ``train`` means something else -- tensorpack's -- stays drivable.)
+
+        Raises:
+            ValueError: if `num_steps` is negative, or the data yields nothing in a pass.
+        """
+        return self.train_steps(num_steps)
+
+    def train_steps(self, num_steps: int) -> Output | None:
+        """One inner loop of `num_steps` steps: what `train` does (see the module docstring).
 
         Raises:
             ValueError: if `num_steps` is negative, or the data yields nothing in a pass.

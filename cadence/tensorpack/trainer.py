@@ -266,23 +266,24 @@ class Trainer(StandardTrainer):
 
     # ------------------------------------------------------------------ training
 
-    def train(  # tensorpack's train and Orbit's share the name
-        self, callbacks: Iterable[Callback] | int = (), monitors: Iterable[Callback] = (),
+    # tensorpack's train: not the runner protocol's, which the Controller reaches by its own
+    # name (`train_steps`) -- the override of another signature is the point.
+    def train(  # type: ignore[override]
+        self, callbacks: Iterable[Callback] = (), monitors: Iterable[Callback] = (),
         session_init: str | Path | None = None, steps_per_epoch: int | None = None,
         starting_epoch: int = 1, max_epoch: int = 9999999,
     ) -> Output | None:
         """tensorpack's ``train``: `setup_callbacks`, `resume_or_initialize`, then `main_loop`.
 
-        Orbit's runner protocol has a ``train`` too: called with one int, as the Controller does
-        (``train(num_steps)``), this runs one inner loop of `StandardTrainer.train` instead.
+        Orbit's runner protocol has a ``train(num_steps)`` too: the Controller that drives
+        this trainer runs its loops with `StandardTrainer.train_steps`, the protocol's method
+        by its own name, so this ``train`` is only tensorpack's.
 
         Raises:
             ValueError: before anything runs, if `steps_per_epoch` (required), `max_epoch` or
                 `starting_epoch` is not a positive int, or `starting_epoch` is after
                 `max_epoch`: such a schedule would train nothing.
         """
-        if isinstance(callbacks, int):
-            return StandardTrainer.train(self, callbacks)
         steps_per_epoch, max_epoch, starting_epoch = self._check_schedule(
             steps_per_epoch, max_epoch, starting_epoch)
         self.setup_callbacks(callbacks, monitors)
