@@ -44,7 +44,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.clock import RunClock
@@ -79,6 +79,37 @@ them without quieting evaluations and checkpoints."""
 
 Action = Callable[[Mapping[str, Any]], None]
 """An Orbit action: called with a loop's (or an evaluation's) raw output."""
+
+
+def _check_runners(trainer: Any, evaluator: Any,
+                   steps_per_loop: int | Callable[[int], int] | None,
+                   ) -> int | Callable[[int], int] | None:
+    """Refuses a Controller that has nothing to drive, or runners it cannot drive; returns the
+    checked `steps_per_loop` (None without a trainer).
+
+    Raises:
+        ValueError: without a trainer and an evaluator, or without `steps_per_loop` for a
+            trainer.
+        TypeError: for a trainer without ``train``, an evaluator without ``evaluate``.
+    """
+    if trainer is None and evaluator is None:
+        raise ValueError("Controller needs a `trainer`, an `evaluator`, or both.")
+    if trainer is not None and not isinstance(trainer, Trainable):
+        raise TypeError(
+            f"`trainer` (got {type(trainer).__name__}) must have a train(num_steps) method; "
+            "subclass cadence.StandardTrainer or cadence.AbstractTrainer."
+        )
+    if evaluator is not None and not isinstance(evaluator, Evaluable):
+        raise TypeError(
+            f"`evaluator` (got {type(evaluator).__name__}) must have an evaluate(num_steps) "
+            "method; subclass cadence.StandardEvaluator or cadence.AbstractEvaluator."
+        )
+    if trainer is None:
+        return None
+    if steps_per_loop is None:
+        raise ValueError(
+            "`steps_per_loop` is required when a trainer is given, e.g. steps_per_loop=100.")
+    return check_steps_per_loop(steps_per_loop)
 
 
 class Controller:
@@ -153,25 +184,7 @@ class Controller:
         run_dir: Any = None,
         record: RunRecord | None = None,
     ) -> None:
-        if trainer is None and evaluator is None:
-            raise ValueError("Controller needs a `trainer`, an `evaluator`, or both.")
-        if trainer is not None and not isinstance(trainer, Trainable):
-            raise TypeError(
-                f"`trainer` (got {type(trainer).__name__}) must have a train(num_steps) method; "
-                "subclass cadence.StandardTrainer or cadence.AbstractTrainer."
-            )
-        if evaluator is not None and not isinstance(evaluator, Evaluable):
-            raise TypeError(
-                f"`evaluator` (got {type(evaluator).__name__}) must have an evaluate(num_steps) "
-                "method; subclass cadence.StandardEvaluator or cadence.AbstractEvaluator."
-            )
-        self._steps_per_loop: int | Callable[[int], int] | None = None
-        if trainer is not None:
-            if steps_per_loop is None:
-                raise ValueError(
-                    "`steps_per_loop` is required when a trainer is given, e.g. steps_per_loop=100."
-                )
-            self._steps_per_loop = check_steps_per_loop(steps_per_loop)
+        self._steps_per_loop = _check_runners(trainer, evaluator, steps_per_loop)
         self.trainer = trainer
         self.evaluator = evaluator
         self._global_step = global_step or self._find_global_step()
@@ -180,31 +193,21 @@ class Controller:
         self.callbacks = callbacks if isinstance(callbacks, CallbackList) else CallbackList(
             callbacks)
         self.train_actions = tuple(train_actions)
+        self.eval_actions = tuple(eval_actions)
         self.handle_signals = handle_signals
         self.log_loops = log_loops
         """Log a line after each training loop (``cadence.loop``); a front-end whose monitors
         print the loop's scalars themselves (tensorpack's `ScalarPrinter`) turns it off."""
-
+        self.record = record
         # Managers built here are closed at the end of every entry point (train,
         # train_and_evaluate, evaluate, evaluate_continuously); injected ones are flushed.
         self._summaries = RunSummaries(summary_dir, eval_summary_dir, summary_manager,
                                        eval_summary_manager, self._global_step, writers)
         self.summary_manager = self._summaries.train
         self.eval_summary_manager = self._summaries.eval
-
         self._clocked = trainer if isinstance(trainer, ClockedTrainer) else None
-        progress = self._clocked.progress if self._clocked is not None else Progress()
-        self.state = RunState(progress=progress, trainer=trainer, evaluator=evaluator,
-                              controller=self, run_dir=run_dir)
-        self.eval_actions = tuple(eval_actions)
+        self.state, self._clock = self._state_and_clock(run_dir)
         self._evaluations = Evaluations(self.callbacks, self.state)
-        # A trainer that counts on a clock builds it (with the length of its epochs and the
-        # agreement of its ranks) around this state and these callbacks; for any other, the
-        # Controller's own clock only takes the trainer's count and agrees on stops.
-        self._clock = (self._clocked.bind(self.state, self.callbacks)
-                       if self._clocked is not None else RunClock(state=self.state,
-                                                                 callbacks=self.callbacks))
-        self.record = record
         self._checkpoints = RunCheckpoints(checkpoint_manager, self._global_step,
                                            self.callbacks, self.state, record)
         self._preemption = self._new_preemption(handle_signals)
@@ -213,6 +216,19 @@ class Controller:
             checkpoint_manager.track("callbacks", self.callbacks)
             self.restore_checkpoint()
         self._sync_state()
+
+    def _state_and_clock(self, run_dir: Any) -> tuple[RunState, RunClock]:
+        """The run state callbacks see, and the clock that counts the run: a trainer that counts
+        on a clock builds it (with the length of its epochs and the agreement of its ranks)
+        around this state -- which reads its progress -- and these callbacks; for any other,
+        the Controller's own clock only takes the trainer's count and agrees on stops."""
+        clocked = self._clocked
+        state = RunState(progress=clocked.progress if clocked is not None else Progress(),
+                         trainer=self.trainer, evaluator=self.evaluator, controller=self,
+                         run_dir=run_dir)
+        clock = (clocked.bind(state, self.callbacks) if clocked is not None
+                 else RunClock(state=state, callbacks=self.callbacks))
+        return state, clock
 
     # ------------------------------------------------------------------ properties and state
 
@@ -498,7 +514,9 @@ class Controller:
         waited = view.data_wait_s if view is not None else 0.0  # host seconds: no sync
         jumped = self._clock.jumped
         start = time.perf_counter()
-        run = self._clocked.train_steps if self._clocked is not None else self.trainer.train
+        # A clocked trainer's loop by the protocol's own name (`train_steps`); any other's train
+        run = (self._clocked.train_steps if self._clocked is not None
+               else cast(Trainable, self.trainer).train)
         with self.summary_manager.as_default(record_if=self._record_if):
             output = run(num_steps)
         output = output if output is not None else {}

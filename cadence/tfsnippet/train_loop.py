@@ -66,6 +66,40 @@ from cadence.tfsnippet.reporting import LoopReport
 from cadence.tfsnippet.statistics import StatisticsCollector
 
 
+def _check_arguments(max_epoch: Any, max_step: Any, checkpoint_dir: Any,
+                     checkpoint_epoch_freq: Any, checkpoint_max_to_keep: Any,
+                     checkpoint_save_objects: Any, summary_commit_freqs: Any,
+                     early_stopping: Any) -> tuple[Any, Any, Any, Any]:
+    """Refuses `TrainLoop` arguments that cannot work, before anything is made (see the
+    class's Raises); returns ``(max_epoch, max_step, checkpoint_epoch_freq,
+    checkpoint_max_to_keep)`` as plain ints (or None)."""
+    counts = (
+        check_int("TrainLoop", "max_epoch", max_epoch, "Pass the last epoch to train, e.g. "
+                  "max_epoch=10, or None for no limit.", none_ok=True),
+        check_int("TrainLoop", "max_step", max_step, "Pass the last global step to train, e.g. "
+                  "max_step=1000, or None for no limit.", none_ok=True),
+        check_int("TrainLoop", "checkpoint_epoch_freq", checkpoint_epoch_freq,
+                  "Pass how many epochs apart to checkpoint, e.g. checkpoint_epoch_freq=1, or "
+                  "None to checkpoint only with make_checkpoint().", none_ok=True),
+        check_int("TrainLoop", "checkpoint_max_to_keep", checkpoint_max_to_keep,
+                  "Pass how many checkpoints to keep, e.g. checkpoint_max_to_keep=5, or None to "
+                  "keep all.", minimum=0, none_ok=True))
+    for metric, freq in (summary_commit_freqs or {}).items():
+        check_int("TrainLoop", f"summary_commit_freqs[{metric!r}]", freq,
+                  f"Pass how many prints apart to write {metric!r}, e.g. "
+                  f"summary_commit_freqs={{{metric!r}: 2}}; 1 writes it at every print.")
+    if not isinstance(early_stopping, bool):
+        raise TypeError(
+            f"TrainLoop: `early_stopping` (got {early_stopping!r}) must be True or False: "
+            "it keeps the best parameters and restores them on exit, and has no patience. "
+            "To stop after epochs without improvement, add the callback "
+            "cadence.callbacks.EarlyStopping(monitor, patience=...) instead.")
+    if checkpoint_dir is None and (checkpoint_epoch_freq or checkpoint_save_objects):
+        raise ValueError("`checkpoint_epoch_freq` and `checkpoint_save_objects` need a "
+                         "`checkpoint_dir`.")
+    return counts
+
+
 class TrainLoop:
     """A context manager that keeps the bookkeeping of a hand-written training loop.
 
@@ -143,31 +177,9 @@ class TrainLoop:
         handle_signals: bool = True,
         writers: Sequence[WriterSpec] = DEFAULT_WRITERS,
     ) -> None:
-        max_epoch = check_int("TrainLoop", "max_epoch", max_epoch, "Pass the last epoch to "
-                              "train, e.g. max_epoch=10, or None for no limit.", none_ok=True)
-        max_step = check_int("TrainLoop", "max_step", max_step, "Pass the last global step to "
-                             "train, e.g. max_step=1000, or None for no limit.", none_ok=True)
-        checkpoint_epoch_freq = check_int(
-            "TrainLoop", "checkpoint_epoch_freq", checkpoint_epoch_freq,
-            "Pass how many epochs apart to checkpoint, e.g. checkpoint_epoch_freq=1, or None "
-            "to checkpoint only with make_checkpoint().", none_ok=True)
-        checkpoint_max_to_keep = check_int(
-            "TrainLoop", "checkpoint_max_to_keep", checkpoint_max_to_keep,
-            "Pass how many checkpoints to keep, e.g. checkpoint_max_to_keep=5, or None to keep "
-            "all.", minimum=0, none_ok=True)
-        for metric, freq in (summary_commit_freqs or {}).items():
-            check_int("TrainLoop", f"summary_commit_freqs[{metric!r}]", freq,
-                      f"Pass how many prints apart to write {metric!r}, e.g. "
-                      f"summary_commit_freqs={{{metric!r}: 2}}; 1 writes it at every print.")
-        if not isinstance(early_stopping, bool):
-            raise TypeError(
-                f"TrainLoop: `early_stopping` (got {early_stopping!r}) must be True or False: "
-                "it keeps the best parameters and restores them on exit, and has no patience. "
-                "To stop after epochs without improvement, add the callback "
-                "cadence.callbacks.EarlyStopping(monitor, patience=...) instead.")
-        if checkpoint_dir is None and (checkpoint_epoch_freq or checkpoint_save_objects):
-            raise ValueError("`checkpoint_epoch_freq` and `checkpoint_save_objects` need a "
-                             "`checkpoint_dir`.")
+        max_epoch, max_step, checkpoint_epoch_freq, checkpoint_max_to_keep = _check_arguments(
+            max_epoch, max_step, checkpoint_dir, checkpoint_epoch_freq, checkpoint_max_to_keep,
+            checkpoint_save_objects, summary_commit_freqs, early_stopping)
         self._checkpoints = LoopCheckpoints(checkpoint_dir, checkpoint_max_to_keep,
                                             checkpoint_save_objects, restore_checkpoint)
         self._checkpoint_epoch_freq = checkpoint_epoch_freq
@@ -196,19 +208,26 @@ class TrainLoop:
         self._preemption = Preemption(handle_signals)
         self._signals = contextlib.ExitStack()
 
-        skip = (re.compile(summary_skip_pattern) if isinstance(summary_skip_pattern, str)
-                else summary_skip_pattern)
-        mode = (None if valid_metric_smaller_is_better is None
-                else "min" if valid_metric_smaller_is_better else "max")
-        self._report = LoopReport(  # it reads the summary writer when used: opened on entering
-            self._run_clock,
-            MetricLog(metric_formatter or DefaultMetricFormatter(), summary_metric_prefix, skip,
-                      summary_commit_freqs or {}),
-            BestTracker(valid_metric_name, mode), self._params, self._events, self,
-            lambda: self._summary_writer, print_func, clock, show_eta=show_eta,
-            var_groups=self._var_groups, early_stopping=early_stopping)
+        self._report = self._new_report(
+            MetricLog(metric_formatter or DefaultMetricFormatter(), summary_metric_prefix,
+                      re.compile(summary_skip_pattern) if isinstance(summary_skip_pattern, str)
+                      else summary_skip_pattern, summary_commit_freqs or {}),
+            valid_metric_name, valid_metric_smaller_is_better, print_func, clock, show_eta,
+            early_stopping)
         # Called every step: the report's own method, bound once (the class's documents it).
         self.collect_metrics = self._report.collect_metrics  # type: ignore[method-assign]
+
+    def _new_report(self, log: MetricLog, valid_metric_name: str,
+                    valid_metric_smaller_is_better: bool | None,
+                    print_func: Callable[[str], Any], clock: Callable[[], float],
+                    show_eta: bool, early_stopping: bool) -> LoopReport:
+        """The loop's `LoopReport`: it reads the summary writer when used (opened on entering)."""
+        mode = (None if valid_metric_smaller_is_better is None
+                else "min" if valid_metric_smaller_is_better else "max")
+        return LoopReport(self._run_clock, log, BestTracker(valid_metric_name, mode),
+                          self._params, self._events, self, lambda: self._summary_writer,
+                          print_func, clock, show_eta=show_eta, var_groups=self._var_groups,
+                          early_stopping=early_stopping)
 
     # ------------------------------------------------------------------ properties
 
