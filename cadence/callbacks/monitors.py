@@ -21,7 +21,13 @@ from cadence.callbacks.logdir import resolve_directory, run_directory
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.logs import format_logs
 from cadence.core.rank import is_chief
-from cadence.core.summary import DEFAULT_WRITERS, SummaryManager, WriterSpec, check_writers
+from cadence.core.summary import (
+    DEFAULT_WRITERS,
+    SummaryManager,
+    WriterSpec,
+    check_writers,
+    close_summaries,
+)
 from cadence.writers.jsonl import JSONLWriter
 
 logger = logging.getLogger("cadence")
@@ -99,7 +105,8 @@ class TFEventWriter(Callback):
 
     def on_train_end(self, state: RunState) -> None:
         if self._summaries is not None:
-            self._summaries.close(state.error)  # MLflow's status, W&B's exit code
+            # with how the run ended: MLflow's status, W&B's exit code
+            close_summaries(state.error, close=[self._summaries])
             self._summaries = None
 
 
