@@ -79,7 +79,6 @@ _EXPORTS = {
     "SummaryManager": "cadence.core.summary",
     "Task": "cadence.task.task",
     "TaskConfig": "cadence.task.config",
-    "TorchSaveIO": "cadence.engine.checkpoint",
     "TrainConfig": "cadence.tensorpack",
     "Trainer": "cadence.task.trainer",
     "TrainerView": "cadence.core.trainer_view",
@@ -123,7 +122,6 @@ if TYPE_CHECKING:  # `name as name`: re-exported, for type checkers
     from cadence.engine.checkpoint import CheckpointIO as CheckpointIO
     from cadence.engine.checkpoint import CheckpointManager as CheckpointManager
     from cadence.engine.checkpoint import StateFileIO as StateFileIO
-    from cadence.engine.checkpoint import TorchSaveIO as TorchSaveIO
     from cadence.engine.distributed import prepare_model as prepare_model
     from cadence.engine.exporter import BestCheckpointExporter as BestCheckpointExporter
     from cadence.engine.exporter import load_weights as load_weights

@@ -99,7 +99,7 @@ def records(directory, mode, ranks=2):
     return [json.loads((directory / f"{mode}-{rank}.json").read_text()) for rank in range(ranks)]
 
 
-SHARED_MODES = ("torchsaveio", "tensorpack", "trainloop", "late", "trainloop-late", "ddpasync",
+SHARED_MODES = ("nodigests", "tensorpack", "trainloop", "late", "trainloop-late", "ddpasync",
                 "dcpasync")
 """Independent 2-rank modes run by one launch (``job.py modes``), each in its own folder: a
 torchrun job takes seconds to start on 2 cores, most of these modes about a second (a mode
@@ -419,16 +419,18 @@ def test_an_async_save_of_fsdp2_shards_commits_once_every_rank_has_written(share
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_checkpoint_io_that_returns_no_digests_is_still_listed_and_verified(shared_job):
-    """`TorchSaveIO` returns no digests; rank 0, which wrote its file, hashes it: the commit
-    lists no file itself, and a file it was not told of would be left out of the manifest --
-    neither fsynced nor ever verified."""
-    tmp_path = shared_job / "torchsaveio"
-    record = records(tmp_path, "torchsaveio")[0]
+    """A custom `CheckpointIO` may return no digests (tests/distributed_resume_job.py's
+    `NoDigestsIO`); rank 0, which wrote its file, hashes it: the commit lists no file itself,
+    and a file it was not told of would be left out of the manifest -- neither fsynced nor
+    ever verified."""
+    tmp_path = shared_job / "nodigests"
+    record = records(tmp_path, "nodigests")[0]
     assert record["restored"] == 3
     checkpoint = tmp_path / "ckpt" / "ckpt-3"
-    assert set(record["manifest"]["files"]) == {"state.pt", "rank-0.cadence", "rank-1.cadence"}
-    digest = hashlib.sha256((checkpoint / "state.pt").read_bytes()).hexdigest()
-    assert record["manifest"]["sha256"]["state.pt"] == digest
+    assert set(record["manifest"]["files"]) == {"payload.cadence", "rank-0.cadence",
+                                                "rank-1.cadence"}
+    digest = hashlib.sha256((checkpoint / "payload.cadence").read_bytes()).hexdigest()
+    assert record["manifest"]["sha256"]["payload.cadence"] == digest
     assert not [p for p in checkpoint.iterdir() if p.name.startswith(".payload")]
 
 

@@ -11,9 +11,9 @@ from cadence.task.cli import main
 ROOT = Path(__file__).parent.parent
 
 
-def test_cadence_version_prints_the_installed_version_and_exits_0(capsys):
+def test_cadence_version_prints_the_version_and_exits_0(capsys):
     assert main(["--version"]) == 0
-    assert capsys.readouterr().out == f"cadence {metadata.version('cadence')}\n"
+    assert capsys.readouterr().out == f"cadence {cadence.__version__}\n"
     result = subprocess.run([sys.executable, "-m", "cadence", "--version"],
                             capture_output=True, text=True, check=False)
     assert (result.returncode, result.stdout, result.stderr) == (
@@ -21,7 +21,19 @@ def test_cadence_version_prints_the_installed_version_and_exits_0(capsys):
 
 
 def test_the_version_has_one_source():
+    """``cadence.__version__``: the package metadata reads it (pyproject's dynamic version),
+    ``cadence --version`` prints it, and no other file writes it as a string (the machine line
+    of docs/benchmarks.md records the version a measurement ran: benchmarks/run.py reads it)."""
     assert metadata.version("cadence") == cadence.__version__
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in pyproject
+    assert 'version = { attr = "cadence.__version__" }' in pyproject
+    files = [ROOT / "README.md", ROOT / "mkdocs.yml", *(
+        path for folder in ("cadence", "docs", "examples", "benchmarks", "tests")
+        for path in (ROOT / folder).rglob("*") if path.suffix in (".py", ".md", ".toml", ".yml"))]
+    written = [str(path.relative_to(ROOT)) for path in files
+               if f'"{cadence.__version__}"' in path.read_text()]
+    assert written == ["cadence/__init__.py"]
 
 
 def test_the_metadata_names_the_license_by_spdx_and_ships_its_text():

@@ -28,12 +28,7 @@ callback                               what it does (default: at each epoch's en
 =====================================  =========================================================
 
 Scheduling wrappers: `PeriodicTrigger`, `PeriodicCallback`, `EnableCallbackIf`.
-
-``TensorBoardWriter``, the old name of `TFEventWriter`, still imports from here, with a
-`DeprecationWarning`.
 """
-
-from typing import Any
 
 from cadence.callbacks.control import EarlyStopping, StopAtTimeLimit
 from cadence.callbacks.hyperparams import (
@@ -45,12 +40,7 @@ from cadence.callbacks.hyperparams import (
 )
 from cadence.callbacks.inference import InferenceRunner
 from cadence.callbacks.model_summary import ModelSummary
-from cadence.callbacks.monitors import (
-    JSONWriter,
-    ScalarPrinter,
-    TFEventWriter,
-    renamed_tensorboard_writer,
-)
+from cadence.callbacks.monitors import JSONWriter, ScalarPrinter, TFEventWriter
 from cadence.callbacks.profiler import Profiler
 from cadence.callbacks.savers import MaxSaver, MinSaver, ModelSaver
 from cadence.callbacks.scheduling import EnableCallbackIf, PeriodicCallback, PeriodicTrigger
@@ -81,8 +71,3 @@ __all__ = [
     "cosine_schedule",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "TensorBoardWriter":  # deprecated: warns, and names TFEventWriter
-        return renamed_tensorboard_writer()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

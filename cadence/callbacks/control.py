@@ -16,6 +16,7 @@ import torch
 from cadence.core.best import BestTracker, check_mode, lookup
 from cadence.core.callbacks import Callback, RunState, overridden_hooks
 from cadence.core.intervals import check_int
+from cadence.core.logs import is_scalar
 from cadence.core.trainer_view import trained_model
 
 logger = logging.getLogger("cadence")
@@ -128,8 +129,7 @@ class StopAtTimeLimit(Callback):
     """
 
     def __init__(self, seconds: float) -> None:
-        if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-                and 0 < seconds < math.inf):
+        if not (is_scalar(seconds) and 0 < seconds < math.inf):
             raise ValueError(f"StopAtTimeLimit: `seconds` (got {seconds!r}) must be a positive "
                              "number of seconds. Pass e.g. StopAtTimeLimit(3600) for an hour.")
         self.seconds = seconds

@@ -2,17 +2,12 @@
 
 They listen to ``on_loop_end``, which every front-end fires with host values, so they add
 nothing per step. Put them last: they then see what every other callback recorded.
-
-`TFEventWriter` was called ``TensorBoardWriter``, the name of the metric writer it drives
-(`cadence.writers.tensorboard.TensorBoardWriter`); the old name still works, with a
-`DeprecationWarning`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +16,13 @@ from cadence.callbacks.logdir import resolve_directory, run_directory
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.logs import format_logs
 from cadence.core.rank import is_chief
-from cadence.core.summary import DEFAULT_WRITERS, SummaryManager, WriterSpec, check_writers
+from cadence.core.summary import (
+    DEFAULT_WRITERS,
+    SummaryManager,
+    WriterSpec,
+    check_writers,
+    close_summaries,
+)
 from cadence.writers.jsonl import JSONLWriter
 
 logger = logging.getLogger("cadence")
@@ -62,8 +63,8 @@ class JSONWriter(Callback):
 
 class TFEventWriter(Callback):
     """Writes every scalar of each loop as summaries at the global step: TensorBoard event files
-    and JSON lines, or the metric `writers` given (tensorpack's ``TFEventWriter``; formerly
-    ``TensorBoardWriter``).
+    and JSON lines, or the metric `writers` given (tensorpack's ``TFEventWriter``; it drives the
+    metric writer `cadence.writers.tensorboard.TensorBoardWriter`).
 
     Args:
         directory: where; default ``<logdir>/train``.
@@ -99,7 +100,8 @@ class TFEventWriter(Callback):
 
     def on_train_end(self, state: RunState) -> None:
         if self._summaries is not None:
-            self._summaries.close(state.error)  # MLflow's status, W&B's exit code
+            # with how the run ended: MLflow's status, W&B's exit code
+            close_summaries(state.error, close=[self._summaries])
             self._summaries = None
 
 
@@ -110,17 +112,3 @@ class ScalarPrinter(Callback):
         logger.info("epoch %d | step %d | %s", state.epoch, state.global_step,
                     format_logs(_snapshot(state, logs)))
 
-
-def renamed_tensorboard_writer(stacklevel: int = 3) -> type[TFEventWriter]:
-    """`TFEventWriter`, for its old name ``TensorBoardWriter``, with a `DeprecationWarning` at
-    the user's line (`stacklevel` frames up). Not cached, so each use warns."""
-    warnings.warn("cadence.callbacks.TensorBoardWriter is now TFEventWriter (the metric writer "
-                  "keeps the name TensorBoardWriter); import TFEventWriter instead.",
-                  DeprecationWarning, stacklevel=stacklevel)
-    return TFEventWriter
-
-
-def __getattr__(name: str) -> Any:
-    if name == "TensorBoardWriter":
-        return renamed_tensorboard_writer()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

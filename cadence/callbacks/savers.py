@@ -21,6 +21,7 @@ from cadence.callbacks.logdir import resolve_directory
 from cadence.core.best import lookup
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.checkpoint_dir import DEFAULT_MAX_TO_KEEP
+from cadence.core.logs import is_scalar
 from cadence.core.rank import is_chief
 from cadence.core.trainer_view import trained_model
 from cadence.engine.exporter import BestCheckpointExporter
@@ -70,8 +71,7 @@ class ModelSaver(Callback):
                  checkpoint_dir: str | Path | None = None,
                  keep_checkpoint_every_n_hours: float | None = None) -> None:
         hours = keep_checkpoint_every_n_hours
-        if hours is not None and (isinstance(hours, bool) or not isinstance(hours, (int, float))
-                                  or not 0 < hours < math.inf):
+        if hours is not None and not (is_scalar(hours) and 0 < hours < math.inf):
             raise ValueError(f"ModelSaver: `keep_checkpoint_every_n_hours` (got {hours!r}) must "
                              "be a positive number of hours or None. Pass e.g. "
                              "keep_checkpoint_every_n_hours=0.5.")

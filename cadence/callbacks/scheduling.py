@@ -28,6 +28,7 @@ from cadence.core.callbacks import (  # triggers_only is importable from here to
     triggers_only,
 )
 from cadence.core.intervals import check_int
+from cadence.core.logs import is_scalar
 
 
 def _check_periods(owner: str, every_k_steps: Any, every_k_epochs: Any) -> tuple[Any, Any]:
@@ -130,8 +131,7 @@ class PeriodicTrigger(_Wrapper):
         every_k_steps, every_k_epochs = _check_periods("PeriodicTrigger", every_k_steps,
                                                        every_k_epochs)
         if every_k_seconds is not None and not (
-                isinstance(every_k_seconds, (int, float)) and not isinstance(every_k_seconds, bool)
-                and 0 < every_k_seconds < math.inf):
+                is_scalar(every_k_seconds) and 0 < every_k_seconds < math.inf):
             raise ValueError(f"PeriodicTrigger: `every_k_seconds` (got {every_k_seconds!r}) "
                              "must be a positive number of seconds or None. Pass e.g. "
                              "every_k_seconds=600.")

@@ -17,11 +17,14 @@ class CheckpointMismatchError(CheckpointError, ValueError):
 
 class CheckpointIncompatibleError(CheckpointError):
     """A sound checkpoint that this job cannot continue from: written by another number of
-    processes, with a data position or a rank-local state that cannot be dealt to this one.
+    processes, with a data position or a rank-local state that cannot be dealt to this one; or
+    written by an earlier cadence in a format this one does not read (``torch.save``'s
+    ``state.pt``).
 
     Not damage: `CheckpointManager.restore_or_initialize` stops with it and leaves the checkpoint
     where and as it was, instead of setting it aside and resuming an older one (a refusal is
-    never a rollback). The message names both world sizes and what to run instead.
+    never a rollback). The message says what to run instead (and names both world sizes for
+    the first kind).
     """
 
 

@@ -57,8 +57,27 @@ def _plain(value: Any) -> Any:
 
 
 def is_scalar(value: Any) -> bool:
-    """Whether a host value (after `cadence.core.summary.to_host`) is a single real number."""
+    """Whether `value` is a single real number: a Python int or float (NumPy's float64 is one),
+    not a bool, which Python counts as an int.
+
+    This is the package's one "a real number, not a bool" test: for host logs (after
+    `cadence.core.summary.to_host`: the scalars a writer shows) and for arguments that must be
+    numbers. `is_finite_scalar` adds "finite".
+
+    >>> is_scalar(2), is_scalar(0.5), is_scalar(float("nan")), is_scalar(True), is_scalar("1")
+    (True, True, True, False, False)
+    """
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_finite_scalar(value: Any) -> bool:
+    """Whether `value` is a finite real number: `is_scalar`, and neither NaN nor an infinity
+    (a config's ranges, the points of a plotted series).
+
+    >>> is_finite_scalar(0.5), is_finite_scalar(float("inf")), is_finite_scalar(False)
+    (True, False, False)
+    """
+    return is_scalar(value) and math.isfinite(value)
 
 
 def format_value(value: Any) -> str:

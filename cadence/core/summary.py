@@ -26,7 +26,7 @@ import contextvars
 import functools
 import importlib
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -336,6 +336,55 @@ class SummaryManager:
             _ACTIVE.reset(token)
 
 
+def close_summaries(error: BaseException | None, *, close: Iterable[SummaryManager] = (),
+                    flush: Iterable[SummaryManagerLike] = ()) -> None:
+    """Ends a use of summary managers with how the run ended: this is the one place where the
+    summary writers of a run are closed with its outcome.
+
+    The managers the caller built (`close`) are closed with `error` (`SummaryManager.close`),
+    so that the writers that record outcomes get it: MLflow's run status, W&B's exit code,
+    TensorBoard's session status. The managers it was given (`flush`) are its owner's to close:
+    they are only flushed. A manager listed twice (the train and eval managers of one
+    directory) is handled once, the first way it is listed.
+
+    Args:
+        error: the exception the run ends with; None when it completed.
+        close: the managers to close.
+        flush: the managers to flush.
+    """
+    done: set[int] = set()
+    for manager in close:
+        if id(manager) not in done:
+            done.add(id(manager))
+            manager.close(error)
+    for injected in flush:
+        if id(injected) not in done:
+            done.add(id(injected))
+            injected.flush()
+
+
+@contextlib.contextmanager
+def closing_summaries(*, close: Iterable[SummaryManager] = (),
+                      flush: Iterable[SummaryManagerLike] = (),
+                      error: BaseException | None = None) -> Iterator[None]:
+    """`close_summaries` when the block ends, with the exception the block raised.
+
+    Args:
+        close, flush: as `close_summaries`.
+        error: the outcome when the block raises nothing: an exception already on its way
+            when the block runs (an ``__exit__``'s), None for a run that completed.
+    """
+    ended_with = error
+    try:
+        yield
+    except BaseException as raised:
+        ended_with = raised
+        raise
+    finally:
+        close_summaries(ended_with, close=close, flush=flush)
+        del ended_with  # its traceback holds the frames of the run (the trainer's)
+
+
 class RunSummaries:
     """The train and evaluation summary managers of a run, and who closes them.
 
@@ -374,35 +423,30 @@ class RunSummaries:
                 self._owned.append(eval_summary_manager)
         self.train: SummaryManagerLike = summary_manager
         self.eval: SummaryManagerLike = eval_summary_manager
+        self._injected = [m for m in (self.train, self.eval)
+                          if not any(m is owned for owned in self._owned)]
         self._depth = 0  # nesting of sessions (entry points): the outermost one releases
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
         """Wraps a use of the managers (a Controller's entry point): when the outermost one
-        ends, `release` is called with the exception it raised, if any, so that the writers
-        that record how a run ended get it (MLflow's run status, W&B's exit code)."""
+        ends, they are released with the exception it raised, if any (`closing_summaries`),
+        so that the writers that record how a run ended get it (MLflow's run status, W&B's
+        exit code)."""
+        ending: contextlib.AbstractContextManager[None] = (
+            closing_summaries(close=self._owned, flush=self._injected) if self._depth == 0
+            else contextlib.nullcontext())
         self._depth += 1
-        error: BaseException | None = None
         try:
-            yield
-        except BaseException as raised:
-            error = raised
-            raise
+            with ending:
+                yield
         finally:
             self._depth -= 1
-            if self._depth == 0:
-                self.release(error)
-            del error  # its traceback holds the frames of the run (the trainer's)
 
     def release(self, error: BaseException | None = None) -> None:
         """Closes the managers built here, with the exception the run ends with (`error`,
-        None when it completed: see `SummaryManager.close`), and flushes the injected ones."""
-        for manager in {id(m): m for m in (self.train, self.eval)}.values():
-            owned = next((m for m in self._owned if m is manager), None)
-            if owned is not None:
-                owned.close(error)
-            else:
-                manager.flush()
+        None when it completed: see `close_summaries`), and flushes the injected ones."""
+        close_summaries(error, close=self._owned, flush=self._injected)
 
 
 _ACTIVE: contextvars.ContextVar[

@@ -92,6 +92,7 @@ from typing import IO, Any
 from cadence.core.errors import ConfigError
 from cadence.core.files import open_append, open_regular, plain_name
 from cadence.core.intervals import is_int
+from cadence.core.logs import is_scalar
 from cadence.core.notebook import in_notebook
 from cadence.core.run_dir import TIMELINE_DIR
 
@@ -126,7 +127,7 @@ class _Bad(Exception):
 
 
 def _number(value: Any, top: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_scalar(value):
         raise _Bad
     if isinstance(value, int) and not -2**1023 < value < 2**1023:
         raise _Bad  # float() of it would overflow

@@ -8,12 +8,10 @@ callbacks' and the Controller's own state.
 
 Files are committed atomically by `cadence.core.checkpoint_dir.CheckpointDirectory`, with the
 SHA-256 of each in the manifest. The default `StateFileIO` writes ``state.cadence``
-(`cadence.engine.state_file`: a safetensors file, no pickle), so a background
-write releases the GIL for nearly all of its time, and loading never unpickles anything;
-checkpoints written with ``torch.save`` (`TorchSaveIO`, earlier versions) are read with
-``torch.load(weights_only=True)``. The bytes go through a small `CheckpointIO` interface, so a
-sharded writer (``torch.distributed.checkpoint``) can replace the default one without changing
-callers.
+(`cadence.engine.state_file`: a safetensors file, no pickle), so a background write releases
+the GIL for nearly all of its time, and loading never unpickles anything. The bytes go through
+a small `CheckpointIO` interface, so a sharded writer (``torch.distributed.checkpoint``) can
+replace the default one without changing callers.
 
 What a restore does with a damaged checkpoint (truncated, flipped bytes, unreadable, not
 cadence's, written for another model): `restore_or_initialize` falls back to the newest good
@@ -46,7 +44,6 @@ from cadence.core.protocols import Stateful, is_stateful
 from cadence.engine.checkpoint_io import (
     CheckpointIO,
     StateFileIO,
-    TorchSaveIO,
     read_checkpoint,
 )
 from cadence.engine.checkpoint_writer import CheckpointWriter, distributed
@@ -69,8 +66,7 @@ from cadence.engine.sharded import (
 )
 from cadence.engine.state_file import HostSnapshot
 
-__all__ = ["CheckpointIO", "CheckpointManager", "HostSnapshot", "StateFileIO", "TorchSaveIO",
-           "read_checkpoint"]
+__all__ = ["CheckpointIO", "CheckpointManager", "HostSnapshot", "StateFileIO", "read_checkpoint"]
 
 logger = logging.getLogger("cadence")
 

@@ -1,28 +1,32 @@
 """How a checkpoint's files are written and read: the `CheckpointIO` interface, `StateFileIO`
-(the default: ``state.cadence``, no pickle) and `TorchSaveIO` (``state.pt``), and
-`read_checkpoint`, which verifies every file before its content is trusted.
+(the default: ``state.cadence``, no pickle), and `read_checkpoint`, which verifies every file
+before its content is trusted.
+
+The payload of earlier cadence versions written with ``torch.save`` (``state.pt``, by the
+``TorchSaveIO`` that issue 30 removed) is refused in words: no saved checkpoint in the tests
+(``tests/fixtures``) shows a user who needs it read. State files of format 1 are still read
+(`cadence.engine.state_file`): ``tests/fixtures/state_format_1`` is such a checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import pickle
 import re
 import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
-
 from cadence.core.checkpoint_dir import read_manifest, verify_files
-from cadence.core.errors import CheckpointError
+from cadence.core.errors import CheckpointError, CheckpointIncompatibleError
 from cadence.engine.sharded import SHARDED_DIR
 from cadence.engine.state_file import PackedState, StateFileError, read_state, write_state
 
 logger = logging.getLogger("cadence")
 
 STATE_FILE = "state.cadence"
+_TORCH_SAVE_FILE = "state.pt"
+"""The payload of checkpoints that earlier versions wrote with ``torch.save``: refused."""
 
 
 class CheckpointIO(Protocol):
@@ -35,41 +39,6 @@ class CheckpointIO(Protocol):
     def save(self, payload: dict[str, Any], directory: Path) -> dict[str, str] | None: ...
 
     def load(self, directory: Path) -> dict[str, Any]: ...
-
-
-def torch_load(path: Path) -> Any:
-    """A file of ``torch.save``, read with ``weights_only=True`` (no code runs)."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        raise CheckpointError(
-            f"{str(path)!r} holds objects other than tensors and plain values; cadence loads "
-            "checkpoints with weights_only=True and never unpickles arbitrary objects. Make "
-            f"state_dict() return tensors, numbers, strings, lists and dicts. ({error})"
-        ) from error
-    except (RuntimeError, EOFError, OSError, ValueError) as error:
-        raise CheckpointError(
-            f"Cannot read {str(path)!r}: {error}. The file is corrupt; restore an older "
-            "checkpoint instead."
-        ) from error
-
-
-class TorchSaveIO:
-    """A `CheckpointIO` writing one ``state.pt`` with ``torch.save`` (read back with
-    ``weights_only=True``): the format of earlier cadence versions, readable by ``torch.load``.
-    Its pickling holds the GIL per tensor, so a background save slows training more than
-    `StateFileIO` does."""
-
-    filename = "state.pt"
-
-    def save(self, payload: dict[str, Any], directory: Path) -> None:
-        torch.save(payload, directory / self.filename)
-
-    def load(self, directory: Path) -> dict[str, Any]:
-        payload = torch_load(directory / self.filename)
-        if not isinstance(payload, dict):
-            raise CheckpointError(f"{str(directory)!r} does not hold a cadence checkpoint payload.")
-        return payload
 
 
 def read_state_file(path: Path, sha256: str | None) -> Any:
@@ -87,8 +56,11 @@ class StateFileIO:
     """The default `CheckpointIO`: one ``state.cadence`` (`cadence.engine.state_file`).
 
     Writing is one large write per tensor, hashed on the way (the GIL is released for nearly
-    all of it); reading checks the SHA-256 in the same pass and executes nothing. A checkpoint
-    written by `TorchSaveIO` (``state.pt``) is read too.
+    all of it); reading checks the SHA-256 in the same pass and executes nothing.
+
+    Raises:
+        CheckpointIncompatibleError: from `load`, for a checkpoint of an earlier cadence whose
+            payload is ``torch.save``'s ``state.pt``, which is not read (nothing unpickled).
     """
 
     filename = STATE_FILE
@@ -100,8 +72,12 @@ class StateFileIO:
 
     def load(self, directory: Path) -> dict[str, Any]:
         path = directory / self.filename
-        if not path.is_file() and (directory / TorchSaveIO.filename).is_file():
-            return TorchSaveIO().load(directory)
+        if not path.is_file() and (directory / _TORCH_SAVE_FILE).is_file():
+            raise CheckpointIncompatibleError(
+                f"{str(directory)!r} was written by an earlier cadence with torch.save "
+                f"({_TORCH_SAVE_FILE}), a format this version does not read. Continue that run "
+                "with the cadence that wrote it, or load its weights in an `init_fn` "
+                f"(torch.load(<checkpoint>/{_TORCH_SAVE_FILE}, weights_only=True)).")
         manifest = read_manifest(directory, sizes_of=(self.filename,))
         payload = read_state_file(path, manifest.get("sha256", {}).get(self.filename))
         if not isinstance(payload, dict):
@@ -159,9 +135,9 @@ def save_with_digests(io: CheckpointIO, payload: Any, directory: Path) -> dict[s
     """`io.save(payload, directory)`, returning the SHA-256 of every file it wrote, by name.
 
     `io` writes into a folder of its own first, so that its files are known whatever `io` is;
-    a digest it did not return (``TorchSaveIO`` returns none) is computed here, by the process
-    that wrote the file. A distributed commit lists, hashes and fsyncs no file itself: a file
-    without a digest would be left out of the manifest, and never verified."""
+    a digest it did not return (a custom `CheckpointIO` may return none) is computed here, by
+    the process that wrote the file. A distributed commit lists, hashes and fsyncs no file
+    itself: a file without a digest would be left out of the manifest, and never verified."""
     from cadence.core.checkpoint_dir import file_sha256
 
     own = directory / ".payload"

@@ -49,13 +49,9 @@ from cadence.core.errors import JobFailure
 from cadence.core.intervals import check_int
 from cadence.core.rank import local_rank, process_rank, world_size
 from cadence.engine.parallelize import ParallelOptions, parallelize_model, plain_name
+from cadence.engine.strategies import STRATEGIES
 
 logger = logging.getLogger("cadence")
-
-STRATEGIES = ("auto", "none", "ddp", "fsdp2")
-"""How a model is spread over the ranks (``runtime.strategy``): ``auto`` is DDP when there are
-several ranks and the model trains, else none; ``fsdp2`` shards parameters, gradients and
-optimizer state with ``torch.distributed.fsdp.fully_shard``."""
 
 DEFAULT_TIMEOUT = 600.0
 """Seconds a collective may wait for the other ranks before the job is ended."""

@@ -30,7 +30,7 @@ import torch
 
 from cadence.core.errors import CheckpointError, CheckpointIncompatibleError
 from cadence.core.rank import process_rank, world_size
-from cadence.engine.checkpoint_io import read_state_file, torch_load
+from cadence.engine.checkpoint_io import read_state_file
 from cadence.engine.rng import restore_rng_state
 from cadence.engine.state_file import PackedState, write_state
 
@@ -60,23 +60,20 @@ def write_rank_state(payload: dict[str, Any] | PackedState, directory: Path, ran
 
 
 def _read(directory: Path, rank: int, manifest: dict[str, Any]) -> dict[str, Any] | None:
-    """Rank `rank`'s file, verified against the manifest; also the formats of earlier
-    versions (``rank-<r>.pt``; ``rng-<r>.cadence`` and ``rng-<r>.pt``, random state only)."""
-    checksums, listed = manifest.get("sha256", {}), manifest.get("files", {})
-    for name in (f"rank-{rank}.cadence", f"rank-{rank}.pt", f"rng-{rank}.cadence",
-                 f"rng-{rank}.pt"):
-        path = directory / name
-        if name not in listed or not path.is_file():  # a file the manifest does not list
-            continue  # was not written with the checkpoint: it is never read
-        content = (read_state_file(path, checksums.get(name)) if path.suffix == ".cadence"
-                   else torch_load(path))
-        payload = content if name.startswith("rank-") else {"rng": content, "state": {}}
-        if (not isinstance(payload, dict) or not isinstance(payload.get("rng"), dict)
-                or not isinstance(payload.get("state"), dict)):
-            raise CheckpointError(f"{str(path)!r} is not a cadence rank file: the checkpoint is "
-                                  "damaged or not cadence's.")
-        return payload
-    return None
+    """Rank `rank`'s file, verified against the manifest; None when there is none.
+
+    Only ``rank-<r>.cadence`` is read: the per-rank files of earlier versions (``rank-<r>.pt``,
+    ``rng-<r>.cadence``, ``rng-<r>.pt``) went with issue 30, no saved checkpoint in the tests
+    needing them (``tests/fixtures/state_format_1`` has ``rank-0.cadence``)."""
+    path = rank_file(directory, rank)
+    if path.name not in manifest.get("files", {}) or not path.is_file():
+        return None  # a file the manifest does not list was not written with the checkpoint
+    payload = read_state_file(path, manifest.get("sha256", {}).get(path.name))
+    if (not isinstance(payload, dict) or not isinstance(payload.get("rng"), dict)
+            or not isinstance(payload.get("state"), dict)):
+        raise CheckpointError(f"{str(path)!r} is not a cadence rank file: the checkpoint is "
+                              "damaged or not cadence's.")
+    return payload
 
 
 def read_rank_states(directory: Path, manifest: dict[str, Any],

@@ -23,7 +23,8 @@ and reads bytes into new tensors, so nothing in the file can run code. The struc
 (any plain keys), lists, tuples, None, bools, ints, floats (NaN and infinities included),
 strings, bytes, tensors (complex ones as their real view), NumPy arrays, ``torch.Size``, dtypes
 and devices: what ``state_dict()`` returns. Anything else is a `TypeError` naming its path.
-Files of version 1 (cadence's own layout behind ``CADENCE-STATE`` magic bytes) are still read.
+Files of version 1 (cadence's own layout behind ``CADENCE-STATE`` magic bytes) are still read:
+``tests/fixtures/state_format_1`` is a user's checkpoint of that format, and it must restore.
 
 >>> import io, torch
 >>> buffer = io.BytesIO()

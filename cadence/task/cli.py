@@ -81,22 +81,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"cadence: error: {self.prog}: {message} (see {self.prog} --help).\n")
 
 
-def installed_version() -> str:
-    """The version of the installed ``cadence`` distribution (its package metadata); that of
-    the source tree (`cadence.__version__`) when it was never installed."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("cadence")
-    except metadata.PackageNotFoundError:
-        from cadence import __version__
-
-        return __version__
-
-
 class _Version(argparse.Action):
-    """``--version``: prints ``cadence <version>`` and exits 0. The version is looked up only
-    when asked for, so that building the parser (and ``--help``) reads no package metadata."""
+    """``--version``: prints ``cadence <version>`` and exits 0: `cadence.__version__`, the one
+    source of the version (the package metadata is made from it), so that it names the code
+    that runs even where another cadence is installed."""
 
     def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
                  default: Any = argparse.SUPPRESS, help: str | None = None) -> None:
@@ -104,7 +92,9 @@ class _Version(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
-        sys.stdout.write(f"cadence {installed_version()}\n")  # on stdout, as argparse's is
+        from cadence import __version__
+
+        sys.stdout.write(f"cadence {__version__}\n")  # on stdout, as argparse's is
         parser.exit(0)
 
 

@@ -23,6 +23,7 @@ from cadence.core.errors import ConfigError
 from cadence.core.run_dir import LOCK_FILE, PARAMS_FILE, RESUMES_FILE
 from cadence.core.summary import DEFAULT_WRITERS, WRITERS
 from cadence.engine.compile import COMPILE_MODES
+from cadence.engine.strategies import STRATEGIES
 
 C = TypeVar("C", bound="Config")
 
@@ -580,8 +581,6 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
 SCHEDULES = ("constant", "cosine", "linear", "step", "exponential")
 PRECISIONS = (None, "bf16", "fp16")
 WANDB_MODES = (None, "online", "offline", "disabled", "shared")
-STRATEGIES = ("auto", "none", "ddp", "fsdp2")
-"""``runtime.strategy``'s values (`cadence.engine.distributed.STRATEGIES`)."""
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 """``runtime.fsdp``'s dtype names, and torch's."""
 

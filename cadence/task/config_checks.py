@@ -19,11 +19,11 @@ rules here: `range_problem`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from cadence.core.files import relative_name
+from cadence.core.logs import is_finite_scalar, is_scalar
 
 
 class Rule(NamedTuple):
@@ -37,27 +37,22 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_real(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
-
-
 POSITIVE_INT = Rule(lambda v: _is_int(v) and v > 0, "a positive integer")
 NON_NEGATIVE_INT = Rule(lambda v: _is_int(v) and v >= 0, "an integer >= 0")
 SEED = Rule(lambda v: _is_int(v) and 0 <= v < 2**32, "an integer in [0, 2**32)")
-POSITIVE = Rule(lambda v: _is_real(v) and v > 0, "a positive finite number")
-NON_NEGATIVE = Rule(lambda v: _is_real(v) and v >= 0, "a finite number >= 0")
-FRACTION = Rule(lambda v: _is_real(v) and 0 < v < 1, "a fraction in (0, 1)")
-FACTOR = Rule(lambda v: _is_real(v) and 0 <= v <= 1, "a factor in [0, 1]")
-DECAY = Rule(lambda v: _is_real(v) and 0 <= v < 1, "in [0, 1)")
+POSITIVE = Rule(lambda v: is_finite_scalar(v) and v > 0, "a positive finite number")
+NON_NEGATIVE = Rule(lambda v: is_finite_scalar(v) and v >= 0, "a finite number >= 0")
+FRACTION = Rule(lambda v: is_finite_scalar(v) and 0 < v < 1, "a fraction in (0, 1)")
+FACTOR = Rule(lambda v: is_finite_scalar(v) and 0 <= v <= 1, "a factor in [0, 1]")
+DECAY = Rule(lambda v: is_finite_scalar(v) and 0 <= v < 1, "in [0, 1)")
 BETAS = Rule(lambda v: isinstance(v, (list, tuple)) and len(v) == 2
-             and all(_is_real(b) and 0 <= b < 1 for b in v), "a pair of numbers in [0, 1)")
+             and all(is_finite_scalar(b) and 0 <= b < 1 for b in v), "a pair of numbers in [0, 1)")
 VALIDATION_STEPS = Rule(lambda v: _is_int(v) and (v > 0 or v == -1),
                         "positive, or -1 for the whole validation set")
 RECOVERY_TRIALS = Rule(lambda v: _is_int(v) and v >= -1,
                        "-1 (ignore), 0 (fail) or a positive number of restores")
-LOSS_BOUND = Rule(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-                  and v >= 0, ">= 0")  # .inf allowed, nan not (nan >= 0 is False)
+# .inf allowed, nan not (nan >= 0 is False)
+LOSS_BOUND = Rule(lambda v: is_scalar(v) and v >= 0, ">= 0")
 SUBDIRECTORY = Rule(relative_name, "a relative path inside the run directory")
 
 
@@ -78,7 +73,7 @@ def duration_seconds(value: Any) -> float | None:
         for part, unit in zip(reversed(parts), (1, 60, 3600, 86400)):
             seconds += int(part) * unit
         return seconds or None
-    return float(value) if _is_real(value) and value > 0 else None
+    return float(value) if is_finite_scalar(value) and value > 0 else None
 
 
 DURATION = Rule(lambda v: duration_seconds(v) is not None,

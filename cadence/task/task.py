@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from cadence.core.logs import is_scalar
 from cadence.data.sharding import InputContext
 from cadence.engine.external_metrics import is_torchmetric
 from cadence.engine.module import Module
@@ -133,7 +134,7 @@ def merge_by_structure(values: list[Any]) -> Any:
         return torch.cat([value.reshape(-1, *value.shape[1:]) for value in values])
     if isinstance(first, np.ndarray):
         return np.concatenate(values)
-    if isinstance(first, (int, float)) and not isinstance(first, bool):
+    if is_scalar(first):
         return sum(values)
     raise TypeError(f"Cannot merge the ranks' aggregated logs of kind {type(first).__name__}: "
                     "override Task.merge_aggregated_logs.")

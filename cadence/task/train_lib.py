@@ -63,7 +63,7 @@ from cadence.core.errors import CheckpointError, ConfigError, DivergenceError, P
 from cadence.core.rank import process_rank, world_size
 from cadence.core.run_dir import PARAMS_FILE, RunDirectory
 from cadence.core.run_record import RunRecord
-from cadence.core.summary import SummaryManager, WriterSpec, writer_factory
+from cadence.core.summary import SummaryManager, WriterSpec, close_summaries, writer_factory
 from cadence.engine.checkpoint import CheckpointManager
 from cadence.engine.checkpoint_writer import check_shared_directory
 from cadence.engine.distributed import (
@@ -594,7 +594,6 @@ def _run_recorded(config: ExperimentConfig, mode: str, run: RunDirectory,
     finally:
         trainer.join()
         controller.close()
-        summaries.close(error)
-        eval_summaries.close(error)
+        close_summaries(error, close=[summaries, eval_summaries])
         del error  # its traceback holds the trainer's frames
     return trainer.model, dict(eval_logs or {})

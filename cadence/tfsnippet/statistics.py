@@ -28,11 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from cadence.core.logs import is_scalar
 from cadence.engine.metrics import Moments
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class StatisticsCollector(Moments):
@@ -66,13 +63,13 @@ class StatisticsCollector(Moments):
         Raises:
             ValueError: if the shape of `values` does not end with `shape`.
         """
-        if not self.shape and (type(weight) is float or _is_number(weight)):
+        if not self.shape and (type(weight) is float or is_scalar(weight)):
             kind = type(values)  # exact types first: this runs for every metric of every step
             if (kind is torch.Tensor or isinstance(values, torch.Tensor)) and values.dim() == 0:
                 self.counter += 1  # the per-step path of a collected loss: stays on the device
                 self.update(values.detach(), weight)
                 return
-            if kind is float or kind is int or _is_number(values):
+            if kind is float or kind is int or is_scalar(values):
                 self.counter += 1  # the host path (a step time): no tensor is made
                 self.update(float(values), float(weight))
                 return
@@ -91,7 +88,7 @@ class StatisticsCollector(Moments):
         weights = self._weights(weight, batch_shape, tensor.device)
         self.counter += math.prod(batch_shape)
         if not self.shape:
-            self.update(tensor, (float(weight) if _is_number(weight) else 1.0)
+            self.update(tensor, (float(weight) if is_scalar(weight) else 1.0)
                         if weights is None else weights)
             return
         self._update_per_element(tensor.double(), weights, batch_shape, weight)
@@ -99,7 +96,7 @@ class StatisticsCollector(Moments):
     def _weights(self, weight: Any, batch_shape: tuple[int, ...],
                  device: torch.device) -> torch.Tensor | None:
         """`weight` broadcast to `batch_shape` (None for one number: used as it is)."""
-        if _is_number(weight):
+        if is_scalar(weight):
             return None
         weights = torch.as_tensor(np.asarray(weight, dtype=np.float64) if not isinstance(
             weight, torch.Tensor) else weight.detach(), dtype=torch.float64, device=device)
@@ -119,7 +116,7 @@ class StatisticsCollector(Moments):
             return x.sum(dims) if dims else x  # sum(()) would sum every dimension
 
         if weights is None:
-            scale = float(weight) if _is_number(weight) else 1.0
+            scale = float(weight) if is_scalar(weight) else 1.0
             total = over_batch(values) * scale
             square = over_batch(values * values) * scale
             weight_sum = torch.tensor(scale * math.prod(batch_shape), dtype=torch.float64)

@@ -52,6 +52,7 @@ from cadence.core.summary import (
     SummaryManager,
     WriterSpec,
     check_writers,
+    closing_summaries,
     import_writer,
 )
 from cadence.data.iterator import DataIterator
@@ -485,9 +486,10 @@ class TrainLoop:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         # How the run ends -- the exception leaving the block, or one raised here (`Preempted`
         # after a signal, a failed save) -- reaches the summary writers the loop owns when they
-        # close: MLflow's run status, W&B's exit code (`SummaryManager.close`).
-        error: BaseException | None = exc
-        try:
+        # close: MLflow's run status, W&B's exit code (`closing_summaries`).
+        writer = [self._summary_writer] if self._summary_writer is not None else []
+        with closing_summaries(close=writer if self._own_writer else [],
+                               flush=[] if self._own_writer else writer, error=exc):
             saved = None
             try:
                 self._events.reverse_fire(EventKeys.EXIT_LOOP, self)
@@ -508,16 +510,6 @@ class TrainLoop:
                 self._report.finish(exc_type)
             if exc_type is None:
                 self._preemption.finish(lambda: saved)
-        except BaseException as raised:
-            error = raised
-            raise
-        finally:
-            if self._summary_writer is not None:
-                if self._own_writer:
-                    self._summary_writer.close(error)
-                else:
-                    self._summary_writer.flush()
-            del error  # its traceback holds the frames of the user's loop
 
     # ------------------------------------------------------------------ state
 

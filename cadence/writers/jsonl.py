@@ -27,6 +27,7 @@ from typing import IO, Any
 
 from cadence.core.checkpoint_dir import write_atomically
 from cadence.core.files import open_append
+from cadence.core.intervals import is_int
 
 JSONL_NAME = "metrics.jsonl"
 WALL_TIME_KEY = "wall_time"
@@ -109,4 +110,4 @@ def _step_of(line: str, step_key: str) -> int | None:
         step = json.loads(line).get(step_key)
     except (ValueError, AttributeError):
         return None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
+    return step if is_int(step) else None

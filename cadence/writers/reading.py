@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from cadence.core.intervals import is_int
+from cadence.core.logs import is_finite_scalar
 from cadence.core.run_dir import RunDirectory
 from cadence.writers.csv import CSV_NAME
 from cadence.writers.jsonl import JSONL_NAME, WALL_TIME_KEY
@@ -249,11 +250,6 @@ def _glued_record(line: str) -> dict[str, Any] | None:
     return None
 
 
-def _is_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
-
-
 def _read_jsonl_series(root: Path) -> list[Series]:
     found: list[Series] = []
     for directory in _summary_dirs(root, lambda d: (d / JSONL_NAME).is_file()):
@@ -263,7 +259,7 @@ def _read_jsonl_series(root: Path) -> list[Series]:
             if not is_int(step):
                 continue
             for key, value in record.items():
-                if key not in _NOT_SCALARS and _is_number(value):
+                if key not in _NOT_SCALARS and is_finite_scalar(value):
                     points.setdefault(key, []).append((step, float(value)))
         split = _split_of(root, directory)
         found.extend(_series(split, metric, pts) for metric, pts in points.items())

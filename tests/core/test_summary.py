@@ -1,10 +1,13 @@
+import ast
 import json
+from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import cadence
 from cadence.core.scope import push_scope
-from cadence.core.summary import SummaryManager, scalar
+from cadence.core.summary import SummaryManager, closing_summaries, scalar
 
 
 def read_scalars(directory):
@@ -137,3 +140,64 @@ def test_a_closed_manager_writes_again_to_new_files(tmp_path):
     manager.close()
     assert read_scalars(tmp_path) == {"loss": [(1, 1.0), (2, 2.0)]}
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+# ---------------------------------------------------------------------------- issue 30, item 4:
+# the writers are closed with the run's outcome in one place
+
+
+class RecordingManager:
+    """A summary manager that records how it was ended."""
+
+    def __init__(self):
+        self.calls = []
+
+    def close(self, error=None):
+        self.calls.append(("close", error))
+
+    def flush(self):
+        self.calls.append(("flush",))
+
+
+def test_closing_summaries_closes_its_own_with_the_error_raised_and_flushes_the_injected():
+    own, injected = RecordingManager(), RecordingManager()
+    with pytest.raises(RuntimeError) as raised:
+        with closing_summaries(close=[own, own], flush=[injected, own]):
+            raise RuntimeError("a bug")
+    # listed twice (train and eval of one directory): ended once, the first way it is listed
+    assert own.calls == [("close", raised.value)]
+    assert injected.calls == [("flush",)]
+
+
+def test_closing_summaries_keeps_the_exception_of_an_exit_unless_the_block_raises_another():
+    leaving, raised_here = KeyboardInterrupt("the user's block"), RuntimeError("a failed save")
+    kept = RecordingManager()
+    with closing_summaries(close=[kept], error=leaving):
+        pass
+    replaced = RecordingManager()
+    with pytest.raises(RuntimeError), closing_summaries(close=[replaced], error=leaving):
+        raise raised_here
+    completed = RecordingManager()
+    with closing_summaries(close=[completed]):
+        pass
+    assert kept.calls == [("close", leaving)]
+    assert replaced.calls == [("close", raised_here)]
+    assert completed.calls == [("close", None)]
+
+
+def test_close_summaries_is_the_only_code_that_closes_a_summary_manager_with_an_outcome():
+    """Every front-end (the Controller's entry points, `run_experiment`, `TrainLoop`, the
+    `TFEventWriter` monitor) ends its summaries through `close_summaries`: no other code calls
+    ``close`` with an argument (``os.close(fd)`` aside) or ``set_outcome``."""
+    package = Path(cadence.__file__).parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            name, owner = node.func.attr, ast.unparse(node.func.value)
+            if ((name == "close" and (node.args or node.keywords) and owner != "os")
+                    or name == "set_outcome"):
+                found.append(f"{path.relative_to(package)}: {ast.unparse(node)}")
+    assert found == ["core/summary.py: manager.close(error)",
+                     "core/summary.py: writer.set_outcome(error)"]

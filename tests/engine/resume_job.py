@@ -23,11 +23,12 @@ from fakes import TinyClassifier, make_loader
 import cadence
 
 
-class PausingIO(cadence.TorchSaveIO):
+class PausingIO(cadence.StateFileIO):
     def save(self, payload, directory):
-        super().save(payload, directory)
+        digests = super().save(payload, directory)
         print("WRITING", flush=True)
         time.sleep(0.5)
+        return digests
 
 
 def main() -> None:

@@ -85,7 +85,7 @@ def test_a_truncated_newest_checkpoint_is_moved_aside_and_its_step_saved_again(t
 def test_a_damaged_directory_in_the_way_of_a_save_is_moved_aside_not_an_errno_39(tmp_path):
     directory = tmp_path / "ckpts"
     (directory / "ckpt-5").mkdir(parents=True)
-    (directory / "ckpt-5" / "state.pt").write_bytes(b"half a write")  # no manifest
+    (directory / "ckpt-5" / "state.cadence").write_bytes(b"half a write")  # no manifest
     manager = CheckpointManager({"model": linear(MARK)}, directory)
     assert manager.save(5) == str(directory / "ckpt-5")
     assert [c.step for c in manager.checkpoints] == [5]

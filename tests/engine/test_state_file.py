@@ -150,7 +150,12 @@ def test_a_safetensors_file_that_is_not_cadences_is_refused_in_words(tmp_path):
 
 def test_a_checkpoint_written_in_state_format_1_still_restores(tmp_path):
     """``tests/fixtures/state_format_1``: a checkpoint of a small model and its Adam state,
-    written by cadence before state files became safetensors (``CADENCE-STATE`` magic)."""
+    written by cadence before state files became safetensors (``CADENCE-STATE`` magic).
+
+    This test is why state format 1 is still read (`cadence.engine.state_file`'s
+    ``_read_legacy``): issue 30 keeps a legacy format only where a user's saved checkpoint
+    needs it, and this is one. The formats with no such checkpoint went (``TorchSaveIO``'s
+    ``state.pt``, ``rank-<r>.pt``, ``rng-<r>.*``)."""
     import shutil
 
     import cadence

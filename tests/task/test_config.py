@@ -182,3 +182,38 @@ def test_tfm_a_config_holding_nan_accepts_its_own_run_directory(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # nothing backed up
     with pytest.raises(ConfigError, match=r"kwargs.betas: \[nan, 0.9\] -> \[0.5, 0.9\]"):
         check_saved_config(config(beta="0.5"), run)
+
+
+def test_runtime_strategy_accepts_exactly_the_strategies_prepare_model_knows():
+    """Issue 30, item 4: one `STRATEGIES` (`cadence.engine.strategies`), read by the config and
+    by the distributed runtime, so that the two cannot drift: every name the config accepts is
+    one `prepare_model` resolves, and an unknown one is refused by both."""
+    from torch import nn
+
+    from cadence.engine import distributed, strategies
+    from cadence.task import config as config_module
+
+    assert config_module.STRATEGIES is distributed.STRATEGIES is strategies.STRATEGIES
+    for name in strategies.STRATEGIES:
+        load_config("digits", overrides=[f"runtime.strategy={name}"]).validate()
+        assert distributed.resolve_strategy(name, nn.Linear(1, 1)) in ("none", "ddp", "fsdp2")
+    with pytest.raises(ConfigError, match="runtime.strategy: must be one of auto, none, ddp"):
+        load_config("digits", overrides=["runtime.strategy=deepspeed"]).validate()
+    with pytest.raises(ValueError, match="must be one of auto, none, ddp"):
+        distributed.resolve_strategy("deepspeed", nn.Linear(1, 1))
+
+
+def test_a_config_and_its_strategies_are_checked_without_torch():
+    """The strategies live in a torch-free module so that the config, which checks them, imports
+    no torch (as with the compile modes)."""
+    from pathlib import Path
+
+    blocker = (Path(__file__).parents[1] / "core" / "torch_blocker.py").read_text()
+    code = (blocker + "\nexec(BLOCK_TORCH)\n"
+            "from cadence.task.config import ExperimentConfig, STRATEGIES\n"
+            "config = ExperimentConfig()\nconfig.runtime.strategy = 'fsdp2'\nconfig.validate()\n"
+            "print(STRATEGIES, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", "import sys\n" + code], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "('auto', 'none', 'ddp', 'fsdp2') False"
