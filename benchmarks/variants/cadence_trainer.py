@@ -1,7 +1,8 @@
 """Task front-end: Trainer(config, task, model, optimizer) driven by a Controller."""
 
 DESCRIPTION = ("cadence Task Trainer with its defaults: training-loss metric, summaries every 100 "
-               "steps, async checkpoints every 1,000, progress bar")
+               "steps, async checkpoints every 1,000, progress bar, the run's timeline and "
+               "goodput (as run_experiment records them)")
 
 
 def build(x, y, workdir, metrics=None):
@@ -9,6 +10,7 @@ def build(x, y, workdir, metrics=None):
     from workload import TOTAL_STEPS, full_loss, make_loader, make_model, make_sgd
 
     import cadence
+    from cadence.core.run_record import RunRecord
 
     class Task(cadence.Task):
         def build_inputs(self, params, input_context=None):
@@ -29,13 +31,17 @@ def build(x, y, workdir, metrics=None):
     trainer = cadence.Trainer(config, task, model, make_sgd(model), evaluate=False)
     manager = cadence.CheckpointManager(trainer, f"{workdir}/ckpt", checkpoint_interval=1000,
                                         async_save=True)
+    record = RunRecord(workdir)  # run_experiment's timeline: a line per loop, goodput
+    manager.on_commit = record.timeline.commit
     controller = cadence.Controller(trainer=trainer, steps_per_loop=100,
                                     summary_dir=f"{workdir}/train", summary_interval=100,
                                     checkpoint_manager=manager,
-                                    callbacks=[cadence.ProgressBar()])
+                                    callbacks=[cadence.ProgressBar()], record=record)
 
     def train():
+        record.timeline.start(1)
         controller.train(TOTAL_STEPS)
         manager.wait()
+        record.timeline.end("finished", TOTAL_STEPS)
 
     return train, lambda: full_loss(model, x, y)

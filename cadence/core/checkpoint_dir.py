@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cadence.core.errors import CheckpointError, ConfigError
+from cadence.core.errors import CheckpointError, CheckpointIncompatibleError, ConfigError
 from cadence.core.files import relative_name
 from cadence.core.intervals import is_int
 
@@ -137,10 +137,17 @@ def read_manifest(path: str | os.PathLike[str],
             f"{str(path)!r} is not a cadence checkpoint (its {MANIFEST} has no "
             f"format={FORMAT!r}). Load foreign weights in an `init_fn` instead."
         )
-    if manifest.get("version", 0) > VERSION:
-        raise CheckpointError(
-            f"{str(path)!r} was written by a newer cadence (format version "
-            f"{manifest.get('version')}, this one reads up to {VERSION}). Upgrade cadence."
+    version = manifest.get("version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise CheckpointError(f"{str(path)!r} has a {MANIFEST} whose version is not a number "
+                              f"(got {version!r}): it is damaged.")
+    if version > VERSION:
+        # Sound, but not for this cadence: never skipped for an older checkpoint or a fresh
+        # start (a refusal is never a rollback).
+        raise CheckpointIncompatibleError(
+            f"{str(path)!r} was written by a newer cadence (format version {version}, this one "
+            f"reads up to {VERSION}). Upgrade cadence (pip install -U cadence), then run the "
+            "same command again."
         )
     files, checksums = manifest.get("files", {}), manifest.get("sha256", {})
     if (not isinstance(files, dict) or not isinstance(checksums, dict)
@@ -251,7 +258,12 @@ class CheckpointDirectory:
         return self.directory / f"ckpt-{step}"
 
     def checkpoints(self) -> list[CheckpointInfo]:
-        """Complete checkpoints, oldest first. Incomplete or foreign directories are skipped."""
+        """Complete checkpoints, oldest first. Incomplete or foreign directories are skipped.
+
+        Raises:
+            CheckpointIncompatibleError: for a checkpoint a newer cadence wrote: skipping it
+                could restore an older one, or start the run afresh, in its place.
+        """
         if not self.directory.is_dir():
             return []
         found = []
@@ -263,6 +275,8 @@ class CheckpointDirectory:
             try:
                 read_manifest(entry, sizes_of=() if key in self._sized else None)
                 self._sized.add(key)
+            except CheckpointIncompatibleError:
+                raise  # a newer cadence's: this run cannot go on here, nor start afresh
             except CheckpointError as error:
                 if str(entry) not in self._reported:  # listings repeat: say it once
                     self._reported.add(str(entry))

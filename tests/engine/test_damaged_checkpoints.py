@@ -215,3 +215,23 @@ def test_every_file_of_a_checkpoint_has_a_checksum_in_its_manifest(tmp_path):
     assert set(manifest["sha256"]) == set(manifest["files"]) == {
         p.name for p in (tmp_path / "ckpt-1").iterdir() if p.name != "manifest.json"}
     assert cadence.CheckpointManager({"model": linear(0.0)}, tmp_path).restore(path) == 1
+
+
+@pytest.mark.parametrize("newer", [["ckpt-2"], ["ckpt-1", "ckpt-2"]])
+def test_a_checkpoint_a_newer_cadence_wrote_stops_the_run_never_an_older_one_or_step_0(
+        tmp_path, newer):
+    """Skipping it would restore an older checkpoint in its place, or -- with no other --
+    start the run afresh over its checkpoints. The refusal leaves everything where it was."""
+    directory = two_checkpoints(tmp_path)
+    for name in newer:
+        manifest = directory / name / "manifest.json"
+        record = json.loads(manifest.read_text())
+        record["version"] = 99
+        manifest.write_text(json.dumps(record))
+    started = []
+    manager = CheckpointManager({"model": linear(0.0)}, directory,
+                                init_fn=lambda: started.append("afresh"))
+    with pytest.raises(cadence.CheckpointIncompatibleError,
+                       match=r"written by a newer cadence \(format version 99.*Upgrade cadence"):
+        manager.restore_or_initialize()
+    assert started == [] and names(directory) == ["ckpt-1", "ckpt-2"]
