@@ -44,6 +44,7 @@ from cadence.core.checkpoint_dir import CheckpointDirectory
 from cadence.core.errors import (
     CheckpointError,
     ConfigError,
+    HookError,
     JobFailure,
     MissingMetricError,
     Preempted,
@@ -541,7 +542,8 @@ def _run_command(args: argparse.Namespace) -> int:
             print(f"Stopped by a signal{where}. Run the same command again to resume.",
                   file=sys.stderr)
         return int(stop.code) if isinstance(stop.code, int) else 1
-    except (ConfigError, CheckpointError, MissingMetricError, RunLockedError) as error:
+    except (ConfigError, CheckpointError, HookError, MissingMetricError,
+            RunLockedError) as error:
         print(f"cadence: error: {error}", file=sys.stderr)
         return 2
     except (FloatingPointError, JobFailure) as error:
