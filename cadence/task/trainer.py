@@ -60,9 +60,16 @@ from cadence.engine.standard_runner import (
     StandardTrainer,
     StandardTrainerOptions,
 )
+from cadence.task.build_checks import built_metrics, checked_inputs, non_empty
 from cadence.task.config import DTYPES
 from cadence.task.optimization import ExponentialMovingAverage, create_lr_schedule
-from cadence.task.step_checks import refuse_a_step_that_trained_nothing, update_marks
+from cadence.task.step_checks import (
+    check_step_hooks,
+    logs_error,
+    no_gradient_error,
+    refuse_a_step_that_trained_nothing,
+    update_marks,
+)
 from cadence.task.task import Task, accepts_argument
 
 logger = logging.getLogger("cadence")
@@ -147,9 +154,17 @@ class Trainer(StandardTrainer, StandardEvaluator):
         validation_dataset: the validation data; default from ``task.validation_data``.
         checkpoint_exporter: a `BestCheckpointExporter` called at the end of each evaluation.
 
+    What the task builds is checked here, and what its steps return at their first call (see
+    `cadence.task.build_checks`, `cadence.task.step_checks`): each mistake is one line naming
+    the hook, what it returned and what it must return.
+
     Raises:
         ValueError: if the config lacks ``task`` or ``trainer``, or the task config lacks the
-            data config for a dataset that is not given.
+            data config for a dataset that is not given; if `validation_dataset` holds no batch.
+        HookTypeError: if ``task.build_metrics`` returns something other than a mapping of
+            metrics, or ``task.build_inputs`` something that cannot be iterated.
+        HookValueError: if ``task.build_inputs`` returns validation data of no batch, or
+            training data of length 0.
     """
 
     _TRACKING_IGNORED = frozenset(
@@ -220,10 +235,9 @@ class Trainer(StandardTrainer, StandardEvaluator):
         self.training_loss = Mean()
         self.validation_loss = Mean()
         self.gradient_norm = Mean()
-        self.train_metrics: dict[str, Any] = (
-            dict(task.build_metrics(training=True)) if train else {})
+        self.train_metrics: dict[str, Any] = built_metrics(task, training=True) if train else {}
         self.validation_metrics: dict[str, Any] = (
-            dict(task.build_metrics(training=False)) if evaluate else {})
+            built_metrics(task, training=False) if evaluate else {})
         # torchmetrics' metrics hold their states as tensors: on the model's device, as
         # cadence's own accumulators are (those are created where the first update's values are).
         move_metrics([*self.train_metrics.values(), *self.validation_metrics.values()],
@@ -237,11 +251,22 @@ class Trainer(StandardTrainer, StandardEvaluator):
             self._accumulation == 1 or not is_distributed())
         """Whether a micro-batch runs without autocast or a gradient-sync switch: nothing to
         enter."""
+        # What the task builds is checked now, before anything trains: the data is iterable,
+        # and the validation data holds a batch (else every evaluation would report nothing).
         if train and train_dataset is None:
-            train_dataset = self.distribute_dataset(task.build_inputs, config.task.train_data)
+            train_dataset = checked_inputs(task, "train_data", self.distribute_dataset(
+                task.build_inputs, config.task.train_data))
         if evaluate and validation_dataset is None:
-            validation_dataset = self.distribute_dataset(task.build_inputs,
-                                                         config.task.validation_data)
+            validation_dataset = checked_inputs(task, "validation_data", self.distribute_dataset(
+                task.build_inputs, config.task.validation_data))
+        elif evaluate:
+            validation_dataset = non_empty(validation_dataset, True, lambda what: ValueError(
+                f"Trainer: `validation_dataset` ({what}) must hold at least one batch: every "
+                "evaluation would report nothing. Pass evaluate=False to train without "
+                "validation."))
+        if train and not evaluate:
+            logger.info("Training without validation (mode 'train', Trainer(evaluate=False)): "
+                        "no validation data is built and nothing is evaluated.")
         self._unchecked_override = type(task).train_step is not Task.train_step
         """Whether the task overrides `Task.train_step` and no step has shown yet that it
         trains something (see `refuse_a_step_that_trained_nothing`)."""
@@ -253,6 +278,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
             how = (trainer_config.compile_mode, trainer_config.cuda_graphs)
             self._task_train_step = compile_step(task.train_step, *how)
             self._task_validation_step = compile_step(task.validation_step, *how)
+        else:  # a compiled step is traced, not called through the task's attributes
+            check_step_hooks(task)  # their first calls check what they return, once
         # On CUDA the next batch is copied while the step computes (side stream, pinned memory)
         # -- not from a loader that keeps its own state (a StatefulDataLoader), whose state
         # would then be a batch ahead of training: the step copies each batch itself.
@@ -387,9 +414,14 @@ class Trainer(StandardTrainer, StandardEvaluator):
         """One step: ``gradient_accumulation_steps`` micro-batches, then one update.
 
         Raises:
-            RuntimeError: if the loss has no gradient with the default ``Task.train_step``, or
-                if an overridden one's first step returned a loss without a gradient and
-                updated no weight itself (it would train nothing).
+            HookTypeError: if the task's ``train_step`` (at its first call: also its
+                ``process_metrics``) returned something that cannot be used: not a dict with the
+                loss under ``Task.loss``; a loss that is not a tensor (a number, from a step
+                that updates the weights itself).
+            HookValueError: at the first step, for a loss of more than one value; with the
+                default ``Task.train_step``, for a loss without a gradient.
+            RuntimeError: if an overridden ``train_step``'s first step returned a loss without
+                a gradient and updated no weight itself (it would train nothing).
         """
         # All micro-batches are fetched first: a pass that ends mid-step leaves no half step.
         accumulation = self._accumulation
@@ -416,11 +448,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
             if loss.requires_grad:
                 self._backward(loss)
                 updated = True
-            elif type(self.task).train_step is Task.train_step:
-                raise RuntimeError(
-                    "The training loss has no gradient: the model has no trainable parameters, "
-                    "or build_losses() detached the loss."
-                )
+            elif type(self.task).train_step is Task.train_step:  # (at a later step than
+                raise no_gradient_error(self.task, loss)           # the first: see above)
         if marks is not None:
             self._unchecked_override = False  # later steps are not checked
             refuse_a_step_that_trained_nothing(self.task, marks, self._trainables(), updated)
@@ -454,11 +483,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
 
     def _loss_of(self, logs: Any) -> torch.Tensor:
         if not (type(logs) is dict or isinstance(logs, Mapping)) or self.task.loss not in logs:
-            raise TypeError(
-                f"{type(self.task).__name__}.train_step() must return a dict with the loss under "
-                f"{self.task.loss!r} (Task.loss); got {type(logs).__name__}"
-                + (f" with keys {sorted(logs)}" if isinstance(logs, Mapping) else "") + "."
-            )
+            raise logs_error(self.task, logs)
         loss = logs[self.task.loss]
         return loss if isinstance(loss, torch.Tensor) else torch.as_tensor(loss)
 
