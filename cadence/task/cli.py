@@ -358,9 +358,13 @@ def _summary(run: RunDirectory, logs: dict[str, Any]) -> None:
         print(f"Evaluation: {format_logs(logs)}")
     ledger_path = run.best / "info.json"
     if ledger_path.is_file():
-        import json
+        from cadence.engine.exporter import read_ledger
 
-        ledger = json.loads(ledger_path.read_text())
+        try:  # a run that did not evaluate has not read it yet
+            ledger = read_ledger(ledger_path)
+        except CheckpointError as error:
+            print(f"Best export: none readable. {error}")
+            ledger = {}
         if ledger.get("exports"):
             top = ledger["exports"][0]
             weights = ledger_path.parent / top["path"] / "model.safetensors"
