@@ -83,10 +83,13 @@ class _FirstCall:
     """``owner.<name>`` until its first call: removes itself, calls the class's method, checks
     its result."""
 
-    __slots__ = ("check", "name", "owner")
+    __slots__ = ("check", "checked", "name", "owner")
 
     def __init__(self, owner: Any, name: str, check: Callable[[Any, Any], None]) -> None:
         self.owner, self.name, self.check = owner, name, check
+        self.checked = False
+        """Whether the first call happened (a user's wrapper may hold this one and call it
+        again: it then only forwards)."""
 
     @property
     def __wrapped__(self) -> Any:
@@ -98,7 +101,9 @@ class _FirstCall:
         if vars(self.owner).get(self.name) is self:  # later calls find the method itself
             del vars(self.owner)[self.name]
         result = self.__wrapped__(*args, **kwargs)
-        self.check(self.owner, result)
+        if not self.checked:
+            self.checked = True
+            self.check(self.owner, result)
         return result
 
     def __repr__(self) -> str:

@@ -74,6 +74,44 @@ def built_metrics(task: Task, training: bool) -> dict[str, Any]:
     return metrics
 
 
+def trainer_data(task: Task, task_config: Any, distribute: Callable[..., Any],
+                 train: tuple[bool, Any], evaluate: tuple[bool, Any]) -> tuple[Any, Any]:
+    """The `Trainer`'s training and validation data, checked before step 0.
+
+    Args:
+        task: the task.
+        task_config: the config whose ``train_data`` and ``validation_data`` are built.
+        distribute: ``Trainer.distribute_dataset``: builds this process's share with a function.
+        train: whether the Trainer trains, and the training data it was given (None: build it
+            with ``task.build_inputs``).
+        evaluate: the same for the validation data.
+
+    Returns:
+        ``(train_data, validation_data)``: what was given, or what ``task.build_inputs`` built
+        (`checked_inputs`); None for what is not needed. A Trainer that trains without
+        validation says so once (an INFO line).
+
+    Raises:
+        HookTypeError, HookValueError: for what ``task.build_inputs`` built (`checked_inputs`).
+        ValueError: for validation data given that holds no batch.
+    """
+    (trains, train_data), (evaluates, validation_data) = train, evaluate
+    if trains and train_data is None:
+        train_data = checked_inputs(task, "train_data", distribute(task.build_inputs,
+                                                                    task_config.train_data))
+    if evaluates and validation_data is None:
+        validation_data = checked_inputs(task, "validation_data", distribute(
+            task.build_inputs, task_config.validation_data))
+    elif evaluates:
+        validation_data = non_empty(validation_data, True, lambda what: ValueError(
+            f"Trainer: `validation_dataset` ({what}) must hold at least one batch: every "
+            "evaluation would report nothing. Pass evaluate=False to train without validation."))
+    if trains and not evaluates:
+        logger.info("Training without validation (mode 'train', Trainer(evaluate=False)): no "
+                    "validation data is built and nothing is evaluated.")
+    return train_data, validation_data
+
+
 def checked_inputs(task: Task, key: str, data: Any) -> Any:
     """`data` that ``task.build_inputs(task_config.<key>)`` returned, checked: something to
     iterate; for the validation data, with at least one batch (`non_empty`).

@@ -60,16 +60,9 @@ from cadence.engine.standard_runner import (
     StandardTrainer,
     StandardTrainerOptions,
 )
-from cadence.task.build_checks import built_metrics, checked_inputs, non_empty
+from cadence.task import build_checks, step_checks
 from cadence.task.config import DTYPES
 from cadence.task.optimization import ExponentialMovingAverage, create_lr_schedule
-from cadence.task.step_checks import (
-    check_step_hooks,
-    logs_error,
-    no_gradient_error,
-    refuse_a_step_that_trained_nothing,
-    update_marks,
-)
 from cadence.task.task import Task, accepts_argument
 
 logger = logging.getLogger("cadence")
@@ -154,17 +147,11 @@ class Trainer(StandardTrainer, StandardEvaluator):
         validation_dataset: the validation data; default from ``task.validation_data``.
         checkpoint_exporter: a `BestCheckpointExporter` called at the end of each evaluation.
 
-    What the task builds is checked here, and what its steps return at their first call (see
-    `cadence.task.build_checks`, `cadence.task.step_checks`): each mistake is one line naming
-    the hook, what it returned and what it must return.
-
     Raises:
         ValueError: if the config lacks ``task`` or ``trainer``, or the task config lacks the
             data config for a dataset that is not given; if `validation_dataset` holds no batch.
-        HookTypeError: if ``task.build_metrics`` returns something other than a mapping of
-            metrics, or ``task.build_inputs`` something that cannot be iterated.
-        HookValueError: if ``task.build_inputs`` returns validation data of no batch, or
-            training data of length 0.
+        HookError: if what ``task.build_metrics`` or ``task.build_inputs`` returns cannot be
+            used (`cadence.task.build_checks`); its steps are checked at their first call.
     """
 
     _TRACKING_IGNORED = frozenset(
@@ -235,9 +222,10 @@ class Trainer(StandardTrainer, StandardEvaluator):
         self.training_loss = Mean()
         self.validation_loss = Mean()
         self.gradient_norm = Mean()
-        self.train_metrics: dict[str, Any] = built_metrics(task, training=True) if train else {}
+        self.train_metrics: dict[str, Any] = (
+            build_checks.built_metrics(task, training=True) if train else {})
         self.validation_metrics: dict[str, Any] = (
-            built_metrics(task, training=False) if evaluate else {})
+            build_checks.built_metrics(task, training=False) if evaluate else {})
         # torchmetrics' metrics hold their states as tensors: on the model's device, as
         # cadence's own accumulators are (those are created where the first update's values are).
         move_metrics([*self.train_metrics.values(), *self.validation_metrics.values()],
@@ -251,22 +239,9 @@ class Trainer(StandardTrainer, StandardEvaluator):
             self._accumulation == 1 or not is_distributed())
         """Whether a micro-batch runs without autocast or a gradient-sync switch: nothing to
         enter."""
-        # What the task builds is checked now, before anything trains: the data is iterable,
-        # and the validation data holds a batch (else every evaluation would report nothing).
-        if train and train_dataset is None:
-            train_dataset = checked_inputs(task, "train_data", self.distribute_dataset(
-                task.build_inputs, config.task.train_data))
-        if evaluate and validation_dataset is None:
-            validation_dataset = checked_inputs(task, "validation_data", self.distribute_dataset(
-                task.build_inputs, config.task.validation_data))
-        elif evaluate:
-            validation_dataset = non_empty(validation_dataset, True, lambda what: ValueError(
-                f"Trainer: `validation_dataset` ({what}) must hold at least one batch: every "
-                "evaluation would report nothing. Pass evaluate=False to train without "
-                "validation."))
-        if train and not evaluate:
-            logger.info("Training without validation (mode 'train', Trainer(evaluate=False)): "
-                        "no validation data is built and nothing is evaluated.")
+        train_dataset, validation_dataset = build_checks.trainer_data(  # checked, before step 0
+            task, config.task, self.distribute_dataset, (train, train_dataset),
+            (evaluate, validation_dataset))
         self._unchecked_override = type(task).train_step is not Task.train_step
         """Whether the task overrides `Task.train_step` and no step has shown yet that it
         trains something (see `refuse_a_step_that_trained_nothing`)."""
@@ -279,7 +254,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
             self._task_train_step = compile_step(task.train_step, *how)
             self._task_validation_step = compile_step(task.validation_step, *how)
         else:  # a compiled step is traced, not called through the task's attributes
-            check_step_hooks(task)  # their first calls check what they return, once
+            step_checks.check_step_hooks(task)  # their first calls check what they return
         # On CUDA the next batch is copied while the step computes (side stream, pinned memory)
         # -- not from a loader that keeps its own state (a StatefulDataLoader), whose state
         # would then be a batch ahead of training: the step copies each batch itself.
@@ -414,12 +389,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
         """One step: ``gradient_accumulation_steps`` micro-batches, then one update.
 
         Raises:
-            HookTypeError: if the task's ``train_step`` (at its first call: also its
-                ``process_metrics``) returned something that cannot be used: not a dict with the
-                loss under ``Task.loss``; a loss that is not a tensor (a number, from a step
-                that updates the weights itself).
-            HookValueError: at the first step, for a loss of more than one value; with the
-                default ``Task.train_step``, for a loss without a gradient.
+            HookError: if what the task's step returned cannot be used (at its first call: see
+                `cadence.task.step_checks`), or with the default one a loss has no gradient.
             RuntimeError: if an overridden ``train_step``'s first step returned a loss without
                 a gradient and updated no weight itself (it would train nothing).
         """
@@ -433,7 +404,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
         model, optimizer, metrics = self._train_model, self.optimizer, self.train_metrics
         # Only until an overridden train_step has shown that it trains: host-side counters, read
         # once, no sync; the default train_step never pays for it.
-        marks = update_marks(self._trainables()) if self._unchecked_override else None
+        marks = (step_checks.update_marks(self._trainables()) if self._unchecked_override
+                 else None)
         updated = False
         for index, inputs in enumerate(batches):
             if self._plain_forward:  # no autocast, no DDP: nothing to enter (the common case)
@@ -448,11 +420,12 @@ class Trainer(StandardTrainer, StandardEvaluator):
             if loss.requires_grad:
                 self._backward(loss)
                 updated = True
-            elif type(self.task).train_step is Task.train_step:  # (at a later step than
-                raise no_gradient_error(self.task, loss)           # the first: see above)
+            elif type(self.task).train_step is Task.train_step:  # after the first step
+                raise step_checks.no_gradient_error(self.task, loss)
         if marks is not None:
             self._unchecked_override = False  # later steps are not checked
-            refuse_a_step_that_trained_nothing(self.task, marks, self._trainables(), updated)
+            step_checks.refuse_a_step_that_trained_nothing(self.task, marks, self._trainables(),
+                                                           updated)
         if updated:
             self._apply_gradients()
         if self.lr_scheduler is not None:
@@ -483,7 +456,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
 
     def _loss_of(self, logs: Any) -> torch.Tensor:
         if not (type(logs) is dict or isinstance(logs, Mapping)) or self.task.loss not in logs:
-            raise logs_error(self.task, logs)
+            raise step_checks.logs_error(self.task, logs)
         loss = logs[self.task.loss]
         return loss if isinstance(loss, torch.Tensor) else torch.as_tensor(loss)
 
