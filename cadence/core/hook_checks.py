@@ -8,8 +8,8 @@ nothing on the per-step path after the first step:
 
 - What is known when a runner is built (the model, the data, the metrics) is checked then.
 - A step hook is checked at its first call by `check_first_call`: an attribute of the instance
-  shadows the class's method until that call, which checks the result and removes it, so every
-  later call finds the method itself, as if no check had been there.
+  stands in for the method until that call, which puts the method back and checks the result,
+  so every later call finds the method itself, as if no check had been there.
 - What a runner gets once per loop (``train_loop_end``'s logs) is checked every time: that is
   not per step.
 
@@ -80,45 +80,53 @@ def check_logs(owner: Any, hook: str, logs: Any) -> None:
 
 
 class _FirstCall:
-    """``owner.<name>`` until its first call: removes itself, calls the class's method, checks
-    its result."""
+    """``owner.<name>`` until its first call, which puts back what was there, calls it and
+    checks its result."""
 
-    __slots__ = ("check", "checked", "name", "owner")
+    __slots__ = ("check", "checked", "name", "owner", "replaced")
 
-    def __init__(self, owner: Any, name: str, check: Callable[[Any, Any], None]) -> None:
+    def __init__(self, owner: Any, name: str, check: Callable[[Any], None]) -> None:
         self.owner, self.name, self.check = owner, name, check
+        self.replaced: Any = vars(owner).get(name)
+        """The instance's own attribute it stands in for; None: its class's method."""
         self.checked = False
         """Whether the first call happened (a user's wrapper may hold this one and call it
         again: it then only forwards)."""
 
     @property
     def __wrapped__(self) -> Any:
-        """The method itself (its class's), bound to `owner`."""
+        """What it calls: the instance's attribute it stands in for, or the class's method
+        bound to `owner`."""
+        if self.replaced is not None:
+            return self.replaced
         cls = type(self.owner)
         return getattr(cls, self.name).__get__(self.owner, cls)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if vars(self.owner).get(self.name) is self:  # later calls find the method itself
-            del vars(self.owner)[self.name]
+        owner, name = self.owner, self.name
+        if vars(owner).get(name) is self:  # later calls find what was there before
+            if self.replaced is None:
+                del vars(owner)[name]
+            else:
+                vars(owner)[name] = self.replaced
         result = self.__wrapped__(*args, **kwargs)
         if not self.checked:
             self.checked = True
-            self.check(self.owner, result)
+            self.check(result)
         return result
 
     def __repr__(self) -> str:
         return f"<{type(self.owner).__name__}.{self.name}, checked at its first call>"
 
 
-def check_first_call(owner: Any, name: str, check: Callable[[Any, Any], None]) -> None:
-    """Makes the next call of ``owner.<name>(...)`` hand ``(owner, result)`` to `check` (which
-    raises for a result that cannot be used) before returning the result. That call removes the
-    check: every later call finds the method itself, with no wrapper and no flag on its way.
+def check_first_call(owner: Any, name: str, check: Callable[[Any], None]) -> None:
+    """Makes the next call of ``owner.<name>(...)`` hand its result to `check` (which raises
+    for a result that cannot be used) before returning it. That call puts back what was there:
+    every later call finds the method itself (or the instance's own attribute of that name, a
+    compiled step, say), with no wrapper and no flag on its way.
 
-    The check is an attribute of the instance `owner` that shadows its class's method until the
-    first call. Nothing is installed where `owner` already has an attribute of that name (one a
-    user set): that one is left as it is. Code that looks the method up once and keeps it (a
-    compiled step) bypasses the check: install it only where the method is looked up per call.
+    The check is an attribute of the instance `owner`, looked up before its class's method, so
+    it works only where the callable is looked up on `owner` at each call: code that looked it
+    up once and kept it bypasses the check.
     """
-    if name not in vars(owner):
-        setattr(owner, name, _FirstCall(owner, name, check))
+    setattr(owner, name, _FirstCall(owner, name, check))

@@ -20,6 +20,7 @@ a device sync, before and after the first step.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -66,17 +67,28 @@ def refuse_a_step_that_trained_nothing(task: Any, before: Marks,
 # ---------------------------------------------------------------- what the step hooks return
 
 
-def check_step_hooks(task: Any) -> None:
+def check_step_hooks(task: Any, compiled: Any = None) -> None:
     """Makes the first call of each of `task`'s ``train_step``, ``validation_step`` and
     ``process_metrics`` check what it returned (`cadence.core.hook_checks.check_first_call`):
     every later call is the method's own, unchecked and at no cost.
 
     The loss of the default steps is what ``build_losses`` returned: a message about it names
     ``build_losses``.
+
+    Args:
+        task: the task.
+        compiled: the `Trainer`, when its compiled steps (``_task_train_step``,
+            ``_task_validation_step``) stand in for the task's: the first call of each is
+            checked instead (``process_metrics``, traced inside them, is not).
     """
-    check_first_call(task, "train_step", _check_train_logs)
-    check_first_call(task, "validation_step", _check_validation_logs)
-    check_first_call(task, "process_metrics", _check_process_metrics)
+    if compiled is not None:
+        check_first_call(compiled, "_task_train_step", partial(_check_train_logs, task))
+        check_first_call(compiled, "_task_validation_step",
+                         partial(_check_validation_logs, task))
+        return
+    check_first_call(task, "train_step", partial(_check_train_logs, task))
+    check_first_call(task, "validation_step", partial(_check_validation_logs, task))
+    check_first_call(task, "process_metrics", partial(_check_process_metrics, task))
 
 
 def loss_maker(task: Any, step: str) -> str:

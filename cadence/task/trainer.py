@@ -253,8 +253,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
             how = (trainer_config.compile_mode, trainer_config.cuda_graphs)
             self._task_train_step = compile_step(task.train_step, *how)
             self._task_validation_step = compile_step(task.validation_step, *how)
-        else:  # a compiled step is traced, not called through the task's attributes
-            step_checks.check_step_hooks(task)  # their first calls check what they return
+        # Their first calls check what the steps return (the compiled ones', when compiled).
+        step_checks.check_step_hooks(task, self if self._task_train_step else None)
         # On CUDA the next batch is copied while the step computes (side stream, pinned memory)
         # -- not from a loader that keeps its own state (a StatefulDataLoader), whose state
         # would then be a batch ahead of training: the step copies each batch itself.

@@ -356,6 +356,20 @@ def test_the_step_hooks_are_checked_at_their_first_call_and_then_are_the_methods
     assert len(checked) == 3
 
 
+def test_a_compiled_steps_first_call_is_checked_too():
+    pytest.importorskip("torch._dynamo")
+
+    class PerExample(ToyTask):
+        def build_losses(self, labels, model_outputs, aux_losses=None):
+            return nn.functional.cross_entropy(model_outputs, labels, reduction="none")
+
+    trainer = make_trainer("trainer.compile_step=true", task=PerExample())
+    with pytest.raises(cadence.HookError, match=r"^PerExample\.build_losses\(\) returned a "
+                       r"Tensor of shape \(8,\): it must return a scalar tensor"):
+        trainer.train(1)
+    assert "_task_train_step" in vars(trainer) and "train_step" not in vars(trainer.task)
+
+
 def test_a_loss_that_loses_its_gradient_after_the_first_step_is_still_refused():
     class Later(ToyTask):
         calls = 0
