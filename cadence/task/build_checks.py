@@ -54,7 +54,8 @@ def built_metrics(task: Task, training: bool) -> dict[str, Any]:
     """
     hook = f"build_metrics(training={training})"
     metrics = task.build_metrics(training=training)
-    if not (isinstance(metrics, Mapping) or is_torchmetric(metrics)):
+    collection = is_torchmetric(metrics) and callable(getattr(metrics, "keys", None))
+    if not (isinstance(metrics, Mapping) or collection):
         raise hook_error(HookTypeError, task, hook, describe(metrics),
                          f"a mapping of metrics by name, {_METRIC}",
                          "E.g. return {'accuracy': cadence.Accuracy()}, or {} for none.")
@@ -92,7 +93,8 @@ def trainer_data(task: Task, task_config: Any, distribute: Callable[..., Any],
         validation says so once (an INFO line).
 
     Raises:
-        HookTypeError, HookValueError: for what ``task.build_inputs`` built (`checked_inputs`).
+        HookTypeError: for what ``task.build_inputs`` built that cannot be iterated.
+        HookValueError: for what it built that holds no batch (`checked_inputs`).
         ValueError: for validation data given that holds no batch.
     """
     (trains, train_data), (evaluates, validation_data) = train, evaluate
