@@ -76,7 +76,7 @@ def check_logs(owner: Any, hook: str, logs: Any) -> None:
     if logs is not None and not isinstance(logs, Mapping):
         raise hook_error(HookTypeError, owner, hook, describe(logs),
                          "None or a mapping of logs (metric names to values)",
-                         "e.g. {'loss': self.loss.result()}.")
+                         "E.g. return {'loss': self.loss.result()}.")
 
 
 class _FirstCall:
