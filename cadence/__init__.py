@@ -39,6 +39,7 @@ _EXPORTS = {
     "EventSource": "cadence.tfsnippet.events",
     "ExperimentConfig": "cadence.task.config",
     "FSDPConfig": "cadence.task.config",
+    "HookError": "cadence.core.errors",
     "InputContext": "cadence.data.sharding",
     "Last": "cadence.engine.metrics",
     "launch_train_with_config": "cadence.tensorpack",
@@ -107,6 +108,7 @@ if TYPE_CHECKING:  # `name as name`: re-exported, for type checkers
     from cadence.core.errors import CheckpointMismatchError as CheckpointMismatchError
     from cadence.core.errors import ConfigError as ConfigError
     from cadence.core.errors import DivergenceError as DivergenceError
+    from cadence.core.errors import HookError as HookError
     from cadence.core.errors import NotRegisteredError as NotRegisteredError
     from cadence.core.errors import Preempted as Preempted
     from cadence.core.errors import StepDiscarded as StepDiscarded

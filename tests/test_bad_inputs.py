@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import re
 import shutil
 from pathlib import Path
 
 import pytest
-from fakes import USER_MODELS
+import torch
+from fakes import USER_MODELS, TinyClassifier, make_classification, make_loader
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 import cadence
 from cadence import (
@@ -25,6 +28,7 @@ from cadence import (
     CheckpointManager,
     ConfigError,
     Controller,
+    DataConfig,
     StandardTrainerOptions,
     TrainLoop,
     load_config,
@@ -32,6 +36,7 @@ from cadence import (
     run_experiment,
 )
 from cadence.callbacks import EarlyStopping
+from cadence.core.errors import HookTypeError, HookValueError
 from cadence.engine.distributed import StopAgreement, local_device
 from cadence.task.cli import main
 from cadence.task.config_files import load_run_config
@@ -139,6 +144,125 @@ def records(module: str, payload: str | None = None, run: str = "runs/good"):
                                  params.read_text()))
         if payload is not None:
             (root / run / payload).write_text("open('PAYLOAD_RAN', 'w').close()\n")
+    return make
+
+
+HOOK_MISTAKES = '''
+
+# Tasks whose hooks return what cadence cannot use: one experiment each.
+
+
+def with_task(task):
+    config = make_config()
+    config.task = task
+    return config
+
+
+@dataclass
+class NoModelConfig(BlobsConfig):
+    pass
+
+
+@cadence.register_task(NoModelConfig)
+class NoModel(Blobs):
+    def build_model(self):
+        return "a model"
+
+
+def no_model():
+    return with_task(NoModelConfig())
+
+
+@dataclass
+class NoInputsConfig(BlobsConfig):
+    pass
+
+
+@cadence.register_task(NoInputsConfig)
+class NoInputs(Blobs):
+    def build_inputs(self, params, input_context=None):
+        return None
+
+
+def no_inputs():
+    return with_task(NoInputsConfig())
+
+
+@dataclass
+class NoValidationBatchConfig(BlobsConfig):
+    pass
+
+
+@cadence.register_task(NoValidationBatchConfig)
+class NoValidationBatch(Blobs):
+    def build_inputs(self, params, input_context=None):
+        if params.is_training:
+            return super().build_inputs(params, input_context)
+        return (batch for batch in [])  # a generator that yields nothing
+
+
+def no_validation_batch():
+    return with_task(NoValidationBatchConfig())
+
+
+@dataclass
+class MetricIsANumberConfig(BlobsConfig):
+    pass
+
+
+@cadence.register_task(MetricIsANumberConfig)
+class MetricIsANumber(Blobs):
+    def build_metrics(self, training=True):
+        return {"accuracy": 0.5}
+
+
+def metric_is_a_number():
+    return with_task(MetricIsANumberConfig())
+
+
+@dataclass
+class MetricsAreANumberConfig(BlobsConfig):
+    pass
+
+
+@cadence.register_task(MetricsAreANumberConfig)
+class MetricsAreANumber(Blobs):
+    def build_metrics(self, training=True):
+        return 0.5
+
+
+def metrics_are_a_number():
+    return with_task(MetricsAreANumberConfig())
+
+
+@dataclass
+class LossPerExampleConfig(BlobsConfig):
+    pass
+
+
+@cadence.register_task(LossPerExampleConfig)
+class LossPerExample(Blobs):
+    def build_losses(self, labels, model_outputs, aux_losses=None):
+        return nn.functional.cross_entropy(model_outputs, labels, reduction="none")
+
+
+def loss_per_example():
+    return with_task(LossPerExampleConfig())
+'''
+"""Experiments of tasks whose hooks return what cadence cannot use: the build hooks' refused
+when the Trainer is built (before anything is written), the steps' at the first step."""
+
+hook_mistakes = write("hooks.py", USER_MODELS.format(module="hooks", experiment="hooks_ok")
+                      + HOOK_MISTAKES)
+
+
+def ledger_entry(**values):
+    """Sets fields of the best export in the finished run's ledger (best/info.json)."""
+    def make(root: Path) -> None:
+        path = root / "runs/good/best/info.json"
+        ledger = json.loads(path.read_text())
+        ledger["exports"][0].update(values)
+        path.write_text(json.dumps(ledger))
     return make
 
 
@@ -434,6 +558,53 @@ COMMAND_LINE = [
      r"that came with a run"),
     ("training a run recording its own code", records("runs.good.payload", "payload.py"),
      ["train", "-m", "runs/good"], r"payload\.py is inside that run directory"),
+    # -- what a user's hooks return, when the Trainer is built
+    ("a build_model that returns no model", hook_mistakes, ["train", "-e", "hooks:no_model"],
+     r"^cadence: error: NoModel\.build_model\(\) returned str 'a model': it must return a "
+     r"torch\.nn\.Module \(the model to train\)\.$"),
+    ("a build_inputs that returns None", hook_mistakes, ["train", "-e", "hooks:no_inputs"],
+     r"NoInputs\.build_inputs\(task\.train_data\) returned None: it must return the data of "
+     r"task\.train_data: a DataLoader or another iterable of batches"),
+    ("a build_inputs whose validation data yields no batch", hook_mistakes,
+     ["train", "-e", "hooks:no_validation_batch"],
+     r"NoValidationBatch\.build_inputs\(task\.validation_data\) returned a generator that "
+     r"yields no batch: it must return data of at least one batch\..* run mode 'train'"),
+    ("a metric that is a number", hook_mistakes, ["train", "-e", "hooks:metric_is_a_number"],
+     r"MetricIsANumber\.build_metrics\(training=False\) returned 'accuracy': float 0\.5: it "
+     r"must return metrics, each with update_state\(labels, outputs\), result\(\), reset\(\) "
+     r"and all_reduce\(\) .* or a torchmetrics Metric\.$"),
+    ("metrics that are a number", hook_mistakes, ["train", "-e", "hooks:metrics_are_a_number"],
+     r"MetricsAreANumber\.build_metrics\(training=False\) returned float 0\.5: it must return "
+     r"a mapping of metrics by name"),
+    ("a validation set of no example", nothing,
+     ["train", *FAST, "--set", "task.validation_fraction=0.0001"],
+     r"DigitsTask\.build_inputs\(task\.validation_data\) returned a DataLoader over a dataset "
+     r"of 0 examples: it must return data of at least one batch"),
+    ("a training set of no example", nothing,
+     ["train", *FAST, "--set", "task.validation_fraction=0.9999"],
+     r"^cadence: error: task\.train_data: the dataset built for it holds no example, so not "
+     r"one batch can be made at any batch size\. Check what builds it[^0-9]*$"),
+    # -- messages that name only what is wrong
+    ("a bad dropout beside good hidden sizes", nothing,
+     ["train", *FAST, "--set", "task.model.dropout=1.5"],
+     r"^cadence: error: task\.model\.dropout \(got 1\.5\) must be in \[0, 1\)\.$"),
+    ("a bad hidden size and a bad dropout", nothing,
+     ["train", *FAST, "--set", "task.model.hidden_sizes=[16,0]", "--set", "task.model.dropout=2"],
+     r"^cadence: error: task\.model\.hidden_sizes \(got \[16, 0\]\) must be >= 1 each; "
+     r"task\.model\.dropout \(got 2\.0\) must be in \[0, 1\)\.$"),
+    # -- a run's best-export ledger (best/info.json) whose values are not numbers
+    ("a ledger value that is a word", ledger_entry(value="high"), ["train", "-m", "runs/good"],
+     r"^cadence: error: 'runs/good/best/info\.json' lists export 'best-\d+' with value str "
+     r"'high', which is not a number, so the exports cannot be ranked\. Move the file aside "
+     r"\(the exports beside it stay\) and run again: the ledger starts anew"),
+    ("eval of a ledger whose step is a word", ledger_entry(step="twenty"),
+     ["eval", "-m", "runs/good"], r"lists export 'best-\d+' with step str 'twenty', which is not "
+     r"a step number"),
+    ("eval of the best weights of a ledger of no value", ledger_entry(value=None),
+     ["eval", "-m", "runs/good", "--checkpoint", "best"], r"with value None, which is not a "
+     r"number.*Move the file aside"),
+    ("a ledger whose logs hold a word", ledger_entry(logs={"accuracy": "good"}),
+     ["train", "-m", "runs/good"], r"with logs\['accuracy'\] str 'good', which is not a number"),
     # -- the command line itself
     ("a key with an empty part", nothing, ["train", "--set", "trainer..train_steps=5"],
      r"the key 'trainer..train_steps' has an empty part"),
@@ -487,6 +658,17 @@ def test_a_mistake_at_the_command_line_is_one_clear_line_and_nothing_is_written(
     assert snapshot(workdir) == before
 
 
+def test_a_hook_refused_at_the_first_step_is_one_line_and_exit_2(capsys, workdir):
+    """A step hook is checked at its first call: after the run started (its directory holds
+    the config it was started with), before any step is counted or saved."""
+    hook_mistakes(workdir)
+    line = one_clear_line(capsys, ["train", "-e", "hooks:loss_per_example", "-m", "run"])
+    assert re.match(r"cadence: error: LossPerExample\.build_losses\(\) returned a Tensor of "
+                    r"shape \(\d+,\): it must return a scalar tensor \(one value\) as the "
+                    r"loss\. Reduce the per-example losses, e\.g\. with \.mean\(\)\.$", line)
+    assert not list((workdir / "run").glob("checkpoints/ckpt-*"))
+
+
 # ---------------------------------------------------------------------------- Python
 
 
@@ -509,6 +691,69 @@ def run_in(directory):
 
 def linear():
     return nn.Linear(2, 1)
+
+
+def tiny_batches():
+    x, y = make_classification(32)
+    return [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)]
+
+
+class Hooks(cadence.Task):
+    """A linear classifier whose hooks a case replaces (`task_trainer`)."""
+
+    def build_model(self):
+        return nn.Linear(4, 3)
+
+    def build_inputs(self, params, input_context=None):
+        return tiny_batches()
+
+    def build_losses(self, labels, model_outputs, aux_losses=None):
+        return nn.functional.cross_entropy(model_outputs, labels)
+
+    def build_metrics(self, training=True):
+        return {"accuracy": cadence.Accuracy()}
+
+
+def task_trainer(validation_dataset=None, **hooks):
+    """A `Trainer` (in memory: it writes nothing) of a task whose `hooks` replace `Hooks`'."""
+    task = type("MyTask", (Hooks,), hooks)(cadence.TaskConfig())
+    model = task.build_model()
+    config = load_config(cadence.ExperimentConfig(), overrides=["trainer.train_steps=4"])
+    return cadence.Trainer(config, task, model, torch.optim.SGD(model.parameters(), lr=0.1),
+                           validation_dataset=validation_dataset)
+
+
+class HalfAMetric:
+    """Updates and reads, but cannot be reset or reduced across ranks."""
+
+    def update_state(self, labels, outputs):
+        pass
+
+    def result(self):
+        return 0.0
+
+    def reset(self):
+        pass
+
+
+def loop_ends(**returns):
+    """A `StandardTrainer` and `StandardEvaluator` whose `train_loop_end` / `eval_end` return
+    what `returns` says."""
+    class LoopEnds(TinyClassifier):
+        def train_loop_end(self):
+            return returns.get("train_loop_end", super().train_loop_end())
+
+        def eval_end(self):
+            return returns.get("eval_end", super().eval_end())
+
+    return LoopEnds(make_loader(), make_loader(shuffle=False))
+
+
+def collect(**metrics):
+    """``collect_metrics(**metrics)`` in the first epoch of a `TrainLoop` that writes nothing."""
+    with TrainLoop([], max_epoch=1, print_func=lambda line: None) as loop:
+        for _ in loop.iter_epochs():
+            loop.collect_metrics(**metrics)
 
 
 PYTHON = [
@@ -611,6 +856,82 @@ PYTHON = [
      r"`max_epoch` \(got 'a'\) must be a positive int or None"),
     ("a TrainLoop of 2.5 epochs", lambda: TrainLoop([], max_epoch=2.5), ValueError,
      r"`max_epoch` \(got 2.5\)"),
+    # -- what a user's hooks return: checked at their first call (the Trainer's steps) or when
+    # the Trainer is built, in one line naming the hook, what it returned and what it must
+    ("a build_losses of a loss per example", lambda: task_trainer(
+        build_losses=lambda self, labels, outputs, aux_losses=None:
+        nn.functional.cross_entropy(outputs, labels, reduction="none")).train(1),
+     HookValueError, r"^MyTask\.build_losses\(\) returned a Tensor of shape \(8,\): it must "
+     r"return a scalar tensor \(one value\) as the loss\. Reduce the per-example losses, e\.g\. "
+     r"with \.mean\(\)\.$"),
+    ("a build_losses that detaches the loss", lambda: task_trainer(
+        build_losses=lambda self, labels, outputs, aux_losses=None:
+        nn.functional.cross_entropy(outputs, labels).detach()).train(1),
+     HookValueError, r"^MyTask\.build_losses\(\) returned a Tensor of shape \(\) without a "
+     r"gradient \(requires_grad=False\): it must return a scalar tensor with a gradient"),
+    ("a build_losses of a float", lambda: task_trainer(
+        build_losses=lambda self, labels, outputs, aux_losses=None: 0.5).train(1),
+     HookTypeError, r"^MyTask\.build_losses\(\) returned float 0\.5: it must return a scalar "
+     r"tensor with a gradient, computed from the model's outputs\.$"),
+    ("a validation loss per example", lambda: task_trainer(
+        build_losses=lambda self, labels, outputs, aux_losses=None:
+        nn.functional.cross_entropy(outputs, labels, reduction="none")).evaluate(1),
+     HookValueError, r"^MyTask\.build_losses\(\) returned a Tensor of shape \(8,\): it must "
+     r"return a scalar tensor"),
+    ("a train_step of a list", lambda: task_trainer(
+        train_step=lambda self, inputs, model, optimizer, metrics=None: [1.0]).train(1),
+     HookTypeError, r"^MyTask\.train_step\(\) returned list \[1\.0\]: it must return a dict "
+     r"with the loss under 'loss' \(Task\.loss\)\.$"),
+    ("a train_step whose loss is a word", lambda: task_trainer(
+        train_step=lambda self, inputs, model, optimizer, metrics=None: {"loss": "low"}
+    ).train(1), HookTypeError, r"^MyTask\.train_step\(\) returned str 'low' under 'loss': it "
+     r"must return a scalar tensor as the loss\.$"),
+    ("a validation_step of a tensor", lambda: task_trainer(
+        validation_step=lambda self, inputs, model, metrics=None: model(inputs[0])).evaluate(1),
+     HookTypeError, r"^MyTask\.validation_step\(\) returned a Tensor of shape \(8, 3\): it "
+     r"must return a dict of logs \(with the loss under 'loss' for validation_loss\), or "
+     r"None\.$"),
+    ("a process_metrics that returns its values", lambda: task_trainer(
+        process_metrics=lambda self, metrics, labels, outputs, **kwargs: {"mean": 1.0}
+    ).train(1), HookTypeError, r"^MyTask\.process_metrics\(\) returned dict \{'mean': 1\.0\}: "
+     r"it must return None: it updates the metrics it is given, in place"),
+    ("a build_metrics of a list", lambda: task_trainer(
+        build_metrics=lambda self, training=True: [cadence.Accuracy()]), HookTypeError,
+     r"^MyTask\.build_metrics\(training=True\) returned list \[.*\]: it must return a mapping "
+     r"of metrics by name"),
+    ("a metric without all_reduce", lambda: task_trainer(
+        build_metrics=lambda self, training=True: {"hits": HalfAMetric()}), HookTypeError,
+     r"returned 'hits': a HalfAMetric, which has no all_reduce\(\): it must return metrics"),
+    ("a build_inputs of a number", lambda: task_trainer(
+        build_inputs=lambda self, params, input_context=None: 7), HookTypeError,
+     r"^MyTask\.build_inputs\(task\.train_data\) returned int 7: it must return the data"),
+    ("a build_inputs of no validation batch", lambda: task_trainer(
+        build_inputs=lambda self, params, input_context=None: (
+            tiny_batches() if params.is_training else [])), HookValueError,
+     r"^MyTask\.build_inputs\(task\.validation_data\) returned list \[\], which holds no "
+     r"batch: it must return data of at least one batch"),
+    ("an empty validation DataLoader given to the Trainer", lambda: task_trainer(
+        validation_dataset=DataLoader(TensorDataset(torch.zeros(0, 4)), batch_size=8)),
+     ValueError, r"^Trainer: `validation_dataset` \(a DataLoader over a dataset of 0 examples\) "
+     r"must hold at least one batch"),
+    ("a train_loop_end of a list", lambda: loop_ends(train_loop_end=[0.5]).train(1),
+     HookTypeError, r"^LoopEnds\.train_loop_end\(\) returned list \[0\.5\]: it must return "
+     r"None or a mapping of logs"),
+    ("an eval_end of a number", lambda: loop_ends(eval_end=0.5).evaluate(1), HookTypeError,
+     r"^LoopEnds\.eval_end\(\) returned float 0\.5: it must return None or a mapping of logs"),
+    ("a metric collected as a word", lambda: collect(loss="low"), TypeError,
+     r"^TrainLoop\.collect_metrics\(\): 'loss' \(got str 'low'\) must be a number, an array "
+     r"of numbers, a tensor or a torchmetrics Metric\.$"),
+    ("a metric collected as a dict", lambda: collect(loss={"a": 1.0}), TypeError,
+     r"'loss' \(got dict \{'a': 1\.0\}\) must be a number"),
+    ("a metric collected as None", lambda: collect(accuracy=None), TypeError,
+     r"'accuracy' \(got None\) must be a number"),
+    ("a metric collected as a list of words", lambda: collect(loss=[1.0, "x"]), TypeError,
+     r"'loss' \(got list \[1\.0, 'x'\]\) must be a number"),
+    ("a DataLoader of no example, remainder dropped", lambda: cadence.build_dataloader(
+        TensorDataset(torch.zeros(0, 2)), DataConfig(global_batch_size=4, is_training=True)),
+     ConfigError, r"^task\.train_data: the dataset built for it holds no example, so not one "
+     r"batch can be made at any batch size\.[^0-9]*$"),
     # The engine's integer checks name the class, the argument and the fix (one helper).
     ("a LossGuard of -2 trials", lambda: cadence.LossGuard(max_trials=-2), ValueError,
      r"^LossGuard: `max_trials` \(got -2\) must be an int >= -1\. Pass -1 to ignore blow-ups"),
@@ -654,6 +975,14 @@ PYTHON_ON_FILES = [
      r"'runs/good' holds a run with a different config \(the saved config is not whole: it "
      r"lacks .* \(was it cut short\?\)\): use another model directory for a new run, or pass "
      r"--allow-config-change"),
+    ("an exporter over a ledger whose value is a word", ledger_entry(value="high"),
+     lambda: BestCheckpointExporter("runs/good/best", "accuracy", "higher"),
+     cadence.CheckpointError, r"^'runs/good/best/info\.json' lists export 'best-\d+' with value "
+     r"str 'high', which is not a number, so the exports cannot be ranked\. Move the file aside "
+     r"\(the exports beside it stay\)"),
+    ("an exporter over a ledger whose value is NaN", ledger_entry(value=float("nan")),
+     lambda: BestCheckpointExporter("runs/good/best", "accuracy", "higher"),
+     cadence.CheckpointError, r"with value float nan, which is not a number"),
     ("load_run_config of a cut params.yaml", cut(lines=60),
      lambda: load_run_config("runs/good/params.yaml"), ConfigError,
      r"'runs/good/params.yaml' is not a whole config of experiment 'digits': it lacks"),

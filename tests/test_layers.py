@@ -152,3 +152,23 @@ def test_the_built_in_callbacks_read_the_declared_trainer_view_without_probing()
               if "getattr(state.trainer" in line or "getattr(state.controller" in line
               or "getattr(self._trainer" in line]
     assert probes == []
+
+
+LONG_FUNCTION = 60
+"""Lines of code (the docstring aside) past which a function is its named steps (STYLE.md)."""
+
+
+def test_a_function_past_60_lines_says_why_in_its_docstring():
+    """A function that does several named things is those named steps; one that is long for a
+    reason says so in its docstring, with the words "in one piece"."""
+    long = []
+    for name, path in modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            docstring = ast.get_docstring(node) or ""
+            first = node.body[1] if docstring and len(node.body) > 1 else node.body[0]
+            lines = node.end_lineno - first.lineno + 1
+            if lines > LONG_FUNCTION and "in one piece" not in docstring:
+                long.append(f"{name}.{node.name}: {lines} lines")
+    assert long == []

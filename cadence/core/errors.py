@@ -51,6 +51,28 @@ class ConfigError(ValueError):
     """
 
 
+class HookError(Exception):
+    """A hook the user wrote returned what cadence cannot use: a ``build_losses`` that returns a
+    loss per example, a ``build_metrics`` that returns a number, a ``build_inputs`` that returns
+    None or data of no batch, a runner's ``train_loop_end`` that returns a list.
+
+    Each hook is checked where cadence first gets its result (see `cadence.core.hook_checks`).
+    The message is one line naming the hook, what it returned and what it must return; the
+    ``cadence`` command prints it as ``cadence: error: ...`` (exit status 2). Raised as a
+    `HookTypeError` (a wrong kind: also a `TypeError`) or a `HookValueError` (a value cadence
+    cannot use: also a `ValueError`).
+    """
+
+
+class HookTypeError(HookError, TypeError):
+    """A hook returned the wrong kind of thing (a number where a mapping of metrics goes)."""
+
+
+class HookValueError(HookError, ValueError):
+    """A hook returned the right kind of thing with a value cadence cannot use (a loss of shape
+    ``(8,)``, validation data of no batch)."""
+
+
 class NotRegisteredError(ConfigError, KeyError):
     """A registry has no entry of that name (an experiment) or type (a task config).
 

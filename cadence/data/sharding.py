@@ -113,11 +113,19 @@ def build_dataloader(dataset: Dataset[Any], params: Any,
         ) from None
     length = len(sampler) if sampler is not None else len(dataset)  # type: ignore[arg-type]
     if params.drop_remainder and length < batch_size:
+        if len(dataset) == 0:  # type: ignore[arg-type]
+            # No batch size, no drop_remainder makes a batch of nothing: no fix of them is told.
+            raise ConfigError(
+                f"{key}: the dataset built for it holds no example, so not one batch can be "
+                "made at any batch size. Check what builds it (the task's build_inputs and the "
+                "config it reads).")
+        # A share of 0 examples (fewer examples than processes): no batch size helps either.
+        smaller = (f"{key}.global_batch_size to at most {length * context.num_replicas_in_sync}"
+                   ", or " if length else "")
         raise ConfigError(
             f"{key}.global_batch_size (got {params.global_batch_size}) is larger than the data "
             f"({length} examples{' per process' if context.num_replicas_in_sync > 1 else ''}) "
-            f"and drop_remainder is true, so not one batch would be made. Set "
-            f"{key}.global_batch_size to at most {length * context.num_replicas_in_sync}, or "
+            f"and drop_remainder is true, so not one batch would be made. Set {smaller}"
             f"{key}.drop_remainder=false."
         )
     arguments: dict[str, Any] = dict(

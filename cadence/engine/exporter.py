@@ -36,6 +36,7 @@ from cadence.core.checkpoint_dir import (
 )
 from cadence.core.errors import CheckpointError, CheckpointMismatchError, MissingMetricError
 from cadence.core.files import plain_name
+from cadence.core.hook_checks import describe
 from cadence.core.intervals import check_int
 from cadence.core.logs import flatten, is_scalar
 from cadence.core.rank import process_rank
@@ -106,12 +107,8 @@ class BestCheckpointExporter:
         path = self.best_ckpt_logs_path
         if not path.is_file():
             return []
-        try:
-            ledger = json.loads(path.read_text())
-            entries = list(ledger["exports"])
-        except (ValueError, KeyError, TypeError) as error:
-            raise CheckpointError(f"{str(path)!r} is not a cadence export ledger ({error}); "
-                                  "move it away or pick another export directory.") from None
+        ledger = read_ledger(path)
+        entries = ledger["exports"]
         if ledger.get("metric") != self.metric_key:
             raise CheckpointError(
                 f"{str(path)!r} ranks exports by {ledger.get('metric')!r}, not "
@@ -313,6 +310,59 @@ def model_config_files(model: nn.Module) -> dict[str, str]:
     if generation is not None and hasattr(generation, "to_json_string"):
         files["generation_config.json"] = generation.to_json_string(use_diff=True)
     return files
+
+
+# ---------------------------------------------------------------------------- the ledger
+
+
+def read_ledger(path: Path) -> dict[str, Any]:
+    """The export ledger at `path` (``{"metric", "comp", "exports"}``), its entries checked:
+    each export's ``step`` a whole number, its ``value`` a number (not NaN) and its ``logs``
+    numbers -- what the exporter ranks and reports. An entry whose ``path`` is not a plain
+    name is left for the exporter to ignore.
+
+    Raises:
+        CheckpointError: in one line saying what is wrong and what to do, for a file that is
+            not a ledger or holds an entry that is not a number where one goes.
+    """
+    aside = ("Move the file aside (the exports beside it stay) and run again: the ledger starts "
+             "anew from the next evaluation.")
+    try:
+        ledger = json.loads(path.read_text())
+        entries = list(ledger["exports"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{str(path)!r} is not a cadence export ledger ({error}). "
+                              f"{aside}") from None
+    for entry in entries:
+        if not isinstance(entry, dict) or not plain_name(entry.get("path")):
+            continue  # not an export of this directory: the exporter ignores it
+        problem = _entry_problem(entry)
+        if problem is not None:
+            raise CheckpointError(f"{str(path)!r} lists export {entry['path']!r} with "
+                                  f"{problem}, so the exports cannot be ranked. {aside}")
+    ledger["exports"] = entries
+    return ledger
+
+
+def _is_number(value: Any) -> bool:
+    """A JSON number the exporter can compare: not a bool, not NaN (infinity can be a value)."""
+    return is_scalar(value) and not math.isnan(value)
+
+
+def _entry_problem(entry: dict[str, Any]) -> str | None:
+    """What is wrong with one ledger entry, as ``<field> <value>, which is not ...``; None."""
+    step, value, logs = entry.get("step"), entry.get("value"), entry.get("logs", {})
+    if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
+        return f"step {describe(step)}, which is not a step number"
+    if not _is_number(value):
+        return f"value {describe(value)}, which is not a number"
+    if not isinstance(logs, dict):
+        return f"logs {describe(logs)}, which is not a mapping of metrics"
+    bad = next((key for key, item in logs.items()  # NaN is one: a metric that saw no data
+                if not is_scalar(item)), None)
+    if bad is not None:
+        return f"logs[{bad!r}] {describe(logs[bad])}, which is not a number"
+    return None
 
 
 # ---------------------------------------------------------------------------- loading weights

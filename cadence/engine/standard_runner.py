@@ -49,6 +49,7 @@ import torch
 from cadence.core.callbacks import CallbackList, RunState
 from cadence.core.clock import RunClock
 from cadence.core.errors import StepDiscarded, StopTraining
+from cadence.core.hook_checks import check_logs
 from cadence.core.intervals import check_int
 from cadence.core.progress import Progress
 from cadence.data.iterator import DataIterator
@@ -332,7 +333,8 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         """
 
     def train_loop_end(self) -> Output | None:
-        """Runs at the end of every `train` call; its return value is `train`'s. A torchmetrics
+        """Runs at the end of every `train` call; its return value is `train`'s: None or a
+        mapping of logs (anything else is a `cadence.core.errors.HookTypeError`). A torchmetrics
         metric in it is replaced by its ``compute()``: logs may hold the metrics themselves."""
         return None
 
@@ -351,6 +353,7 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
 
         Raises:
             ValueError: if `num_steps` is negative, or the data yields nothing in a pass.
+            HookTypeError: if `train_loop_end` returned neither None nor a mapping.
         """
         num_steps = _check_num_steps(num_steps, allow_all=False)
         clock = self._clock
@@ -363,6 +366,7 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         with collective_errors("training") if is_distributed() else contextlib.nullcontext():
             self.create_train_loop_fn()(self._train_data, num_steps)
         output = self.train_loop_end()
+        check_logs(self, "train_loop_end()", output)  # once per loop, not per step
         # A torchmetrics metric in the logs is computed here, once per loop (its compute()
         # gathers every rank's states); the runner resets it, as its own, in train_loop_begin.
         if holds_torchmetric(output):
@@ -482,7 +486,8 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
 
     def eval_end(self, *args: Any) -> Output | None:
         """Runs after the last step with the final state (no argument if it is None); its
-        return value is `evaluate`'s, with a torchmetrics metric in it replaced by its
+        return value is `evaluate`'s: None or a mapping of logs (anything else is a
+        `cadence.core.errors.HookTypeError`), with a torchmetrics metric in it replaced by its
         ``compute()``."""
         return None
 
@@ -491,6 +496,7 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
 
         Raises:
             ValueError: if `num_steps` is neither non-negative nor -1.
+            HookTypeError: if `eval_end` returned neither None nor a mapping.
         """
         num_steps = _check_num_steps(num_steps, allow_all=True)
         state = self.eval_begin()
@@ -501,6 +507,7 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
             state = loop_fn(self._eval_iterator, num_steps, state=state,
                             reduce_fn=self.eval_reduce)
         output = self.eval_end(state) if state is not None else self.eval_end()
+        check_logs(self, "eval_end()", output)
         # A torchmetrics metric in the logs is computed here, once per evaluation.
         return compute_in_logs(output) if holds_torchmetric(output) else output
 
@@ -530,6 +537,11 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
                 if reduce_fn is not None:
                     state = reduce_fn(state, outputs)
                 done += 1
+            if done == 0 and num_steps != 0:  # said, not refused: an iterator kept from the
+                # last evaluation (recreate_iterator_for_each_eval=False) may be at its end
+                logger.warning("The evaluation ran no step: the evaluation data (%s) yielded no "
+                               "batch, so its logs cover nothing.",
+                               type(self._eval_dataset).__name__)
             self.last_eval_steps = done
             return state
 

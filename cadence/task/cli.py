@@ -46,6 +46,7 @@ from cadence.core.checkpoint_dir import CheckpointDirectory
 from cadence.core.errors import (
     CheckpointError,
     ConfigError,
+    HookError,
     JobFailure,
     MissingMetricError,
     Preempted,
@@ -374,9 +375,13 @@ def _summary(run: RunDirectory, logs: dict[str, Any]) -> None:
         print(f"Evaluation: {format_logs(logs)}")
     ledger_path = run.best / "info.json"
     if ledger_path.is_file():
-        import json
+        from cadence.engine.exporter import read_ledger
 
-        ledger = json.loads(ledger_path.read_text())
+        try:  # a run that did not evaluate has not read it yet
+            ledger = read_ledger(ledger_path)
+        except CheckpointError as error:
+            print(f"Best export: none readable. {error}")
+            ledger = {}
         if ledger.get("exports"):
             top = ledger["exports"][0]
             weights = ledger_path.parent / top["path"] / "model.safetensors"
@@ -560,7 +565,8 @@ def _run_command(args: argparse.Namespace) -> int:
             print(f"Stopped by a signal{where}. Run the same command again to resume.",
                   file=sys.stderr)
         return int(stop.code) if isinstance(stop.code, int) else 1
-    except (ConfigError, CheckpointError, MissingMetricError, RunLockedError) as error:
+    except (ConfigError, CheckpointError, HookError, MissingMetricError,
+            RunLockedError) as error:
         print(f"cadence: error: {error}", file=sys.stderr)
         return 2
     except (FloatingPointError, JobFailure) as error:

@@ -1,4 +1,12 @@
-"""`refuse_a_step_that_trained_nothing`: a Task's overridden ``train_step`` that trains nothing
+"""A `Task`'s step hooks, checked at their first step and never again.
+
+`check_step_hooks`: what ``train_step``, ``validation_step`` and ``process_metrics`` return is
+checked at their first call -- a dict with the loss under ``Task.loss``, a scalar loss (with a
+gradient where the `Trainer` updates with it), None from ``process_metrics`` -- in one line
+naming the hook (``build_losses`` for the loss of the default steps), what it returned and
+what it must return (`cadence.core.hook_checks`).
+
+`refuse_a_step_that_trained_nothing`: a Task's overridden ``train_step`` that trains nothing
 is an error at its first step, not a run whose weights never move.
 
 A task may override ``train_step`` to update the weights itself (a GAN with two optimizers) and
@@ -11,10 +19,16 @@ a device sync, before and after the first step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from functools import partial
 from typing import Any
 
 import torch
+
+from cadence.core.errors import HookError, HookTypeError, HookValueError
+from cadence.core.hook_checks import check_first_call, describe, hook_error
+from cadence.core.logs import is_scalar
+from cadence.task.task import Task
 
 Marks = list[tuple[int, int, int]]
 
@@ -49,3 +63,102 @@ def refuse_a_step_that_trained_nothing(task: Any, before: Marks,
         "loss computed under torch.no_grad() or .detach()ed? Return it with its gradient for "
         "the Trainer to update the weights, or update them in train_step with the optimizer "
         "(and return detached values).")
+
+
+# ---------------------------------------------------------------- what the step hooks return
+
+
+def check_step_hooks(task: Any, compiled: Any = None) -> None:
+    """Makes the first call of each of `task`'s ``train_step``, ``validation_step`` and
+    ``process_metrics`` check what it returned (`cadence.core.hook_checks.check_first_call`):
+    every later call is the method's own, unchecked and at no cost.
+
+    The loss of the default steps is what ``build_losses`` returned: a message about it names
+    ``build_losses``.
+
+    Args:
+        task: the task.
+        compiled: the `Trainer`, when its compiled steps (``_task_train_step``,
+            ``_task_validation_step``) stand in for the task's: the first call of each is
+            checked instead (``process_metrics``, traced inside them, is not).
+    """
+    if compiled is not None:
+        check_first_call(compiled, "_task_train_step", partial(_check_train_logs, task))
+        check_first_call(compiled, "_task_validation_step",
+                         partial(_check_validation_logs, task))
+        return
+    check_first_call(task, "train_step", partial(_check_train_logs, task))
+    check_first_call(task, "validation_step", partial(_check_validation_logs, task))
+    check_first_call(task, "process_metrics", partial(_check_process_metrics, task))
+
+
+def loss_maker(task: Any, step: str) -> str:
+    """The hook that made the loss of `task`'s `step` (``"train_step"``,
+    ``"validation_step"``): ``build_losses()`` under the default step, else the step."""
+    return "build_losses()" if getattr(type(task), step) is getattr(Task, step) else f"{step}()"
+
+
+def logs_error(task: Any, logs: Any) -> HookError:
+    """The error for ``train_step`` logs without the loss under ``task.loss``."""
+    what = (f"a {type(logs).__name__} with keys {sorted(map(str, logs))}"
+            if isinstance(logs, Mapping) else describe(logs))
+    return hook_error(HookTypeError, task, "train_step()", what,
+                      f"a dict with the loss under {task.loss!r} (Task.loss)")
+
+
+def no_gradient_error(task: Any, loss: torch.Tensor) -> HookError:
+    """The error for a loss the `Trainer` must update with that has no gradient."""
+    return hook_error(
+        HookValueError, task, loss_maker(task, "train_step"),
+        f"{describe(loss)} without a gradient (requires_grad=False)",
+        "a scalar tensor with a gradient, computed from the model's outputs",
+        "Does the model have no trainable parameters, or was the loss detached (.detach(), "
+        ".item(), torch.no_grad())?")
+
+
+def _check_loss(task: Any, step: str, loss: Any, needs_gradient: bool) -> None:
+    hook = loss_maker(task, step)
+    built = hook == "build_losses()"
+    got = describe(loss) if built else f"{describe(loss)} under {task.loss!r}"
+    if isinstance(loss, torch.Tensor):
+        if loss.numel() != 1:
+            raise hook_error(HookValueError, task, hook, got,
+                             "a scalar tensor (one value) as the loss",
+                             "Reduce the per-example losses, e.g. with .mean().")
+        if needs_gradient and not loss.requires_grad:
+            raise no_gradient_error(task, loss)
+        return
+    number = is_scalar(loss)
+    if not number or (built and needs_gradient):
+        raise hook_error(HookTypeError, task, hook, got,
+                         "a scalar tensor with a gradient, computed from the model's outputs"
+                         if built and needs_gradient else "a scalar tensor as the loss")
+
+
+def _check_train_logs(task: Any, logs: Any) -> None:
+    if not isinstance(logs, Mapping) or task.loss not in logs:
+        raise logs_error(task, logs)
+    # The Trainer updates with the loss of the default step, which must have a gradient; an
+    # overridden step may update the weights itself (see refuse_a_step_that_trained_nothing).
+    _check_loss(task, "train_step", logs[task.loss],
+                loss_maker(task, "train_step") == "build_losses()" and torch.is_grad_enabled())
+
+
+def _check_validation_logs(task: Any, logs: Any) -> None:
+    if logs is None:
+        return
+    if not isinstance(logs, Mapping):
+        raise hook_error(HookTypeError, task, "validation_step()", describe(logs),
+                         f"a dict of logs (with the loss under {task.loss!r} for "
+                         "validation_loss), or None")
+    if task.loss in logs:
+        _check_loss(task, "validation_step", logs[task.loss], needs_gradient=False)
+
+
+def _check_process_metrics(task: Any, returned: Any) -> None:
+    if returned is not None:
+        raise hook_error(HookTypeError, task, "process_metrics()", describe(returned),
+                         "None: it updates the metrics it is given, in place "
+                         "(metric.update_state(labels, outputs))",
+                         "To log other values, return them from train_step: the Trainer "
+                         "averages its other scalars over each loop.")

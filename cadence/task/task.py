@@ -28,6 +28,11 @@ optimizers) returns detached values; the Trainer sees that the loss needs no gra
 counts the step. An override whose loss has no gradient and that updates no weight itself (a loss
 computed under ``torch.no_grad()`` or ``.detach()``ed) would train nothing: its first step is an
 error.
+
+**What the hooks return is checked** where the `Trainer` first gets it, and never again: the
+``build_*`` hooks' when it is built (`cadence.task.build_checks`), the steps' and
+``process_metrics``' at their first call (`cadence.task.step_checks`). A mistake is one
+`cadence.HookError` line naming the hook, what it returned and what it must return.
 """
 
 from __future__ import annotations
@@ -202,7 +207,7 @@ class Task(Module):
         logger.info("Initialized the model from %s.", path)
 
     def build_model(self) -> nn.Module:
-        """Returns the model (an ``nn.Module``)."""
+        """Returns the model (an ``nn.Module``; anything else is a `cadence.HookError`)."""
         raise NotImplementedError(
             f"{type(self).__name__}.build_model() is not implemented: return the model, or pass "
             "one to Trainer(model=...)."
@@ -235,16 +240,18 @@ class Task(Module):
 
     def build_inputs(self, params: Any, input_context: InputContext | None = None) -> Any:
         """Returns the data for `params` (a `DataConfig`): a DataLoader or any iterable of
-        batches, sized for one process (see `InputContext.get_per_replica_batch_size`)."""
+        batches, sized for one process (see `InputContext.get_per_replica_batch_size`). None,
+        or validation data of no batch, is a `cadence.HookError` when the `Trainer` is built."""
         raise NotImplementedError(
             f"{type(self).__name__}.build_inputs() is not implemented: return a DataLoader (or "
             "any iterable of batches) for the given DataConfig."
         )
 
     def build_losses(self, labels: Any, model_outputs: Any, aux_losses: Any = None) -> Any:
-        """The loss to minimize, from `labels` (the batch's, see `split_inputs`), the model's
-        outputs as the model returned them (a tensor, a dict, a transformers ``ModelOutput``)
-        and the model's `aux_losses` (see `aux_losses_of`).
+        """The loss to minimize -- a scalar tensor, with a gradient in training (the first step
+        of each of the default steps checks it) -- from `labels` (the batch's, see
+        `split_inputs`), the model's outputs as the model returned them (a tensor, a dict, a
+        transformers ``ModelOutput``) and the model's `aux_losses` (see `aux_losses_of`).
 
         The default: the loss the model computed itself -- ``model_outputs["loss"]`` of a
         mapping that holds one, as a transformers model given ``labels`` returns -- plus the sum
@@ -266,13 +273,15 @@ class Task(Module):
         also be returned instead of the mapping: its metrics by name). The `Trainer` moves
         torchmetrics' to its device, reads them with ``compute()`` once per loop or evaluation
         (which gathers every rank's states) and resets them where it resets its own; see
-        `cadence.engine.external_metrics`."""
+        `cadence.engine.external_metrics`. Anything else is a `cadence.HookError` when the
+        `Trainer` is built."""
         return {}
 
     def process_metrics(self, metrics: Mapping[str, Any] | None, labels: Any,
                         model_outputs: Any, **kwargs: Any) -> None:
         """Updates every metric with ``update_state(labels, model_outputs)``, or a torchmetrics
-        metric with ``update(model_outputs, labels)``.
+        metric with ``update(model_outputs, labels)``; returns None (an override that returns
+        something is refused at its first call: to log values, return them from `train_step`).
 
         Raises:
             TypeError: for a metric that is neither.

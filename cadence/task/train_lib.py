@@ -74,6 +74,7 @@ from cadence.engine.distributed import (
 )
 from cadence.engine.exporter import BestCheckpointExporter
 from cadence.engine.fault_tolerance import LIGHTHOUSE_HINT, ReplicaGroups, ReplicaOptions
+from cadence.task.build_checks import built_metrics, built_model
 from cadence.task.chosen_weights import chosen_weights, load_chosen
 from cadence.task.config import MODES, ExperimentConfig
 from cadence.task.config_callbacks import check_config_callbacks, config_callbacks
@@ -195,7 +196,7 @@ def evaluation_metric_names(task: Task) -> set[str] | None:
     it runs (the task reduces aggregated logs of its own)."""
     if type(task).reduce_aggregated_logs is not Task.reduce_aggregated_logs:
         return None
-    return {"validation_loss", *task.build_metrics(training=False)}
+    return {"validation_loss", *built_metrics(task, training=False)}
 
 
 def check_best_metric(config: ExperimentConfig, task: Task) -> None:
@@ -273,10 +274,7 @@ def create_trainer(config: ExperimentConfig, task: Task, train: bool, evaluate: 
                    replicas: ReplicaGroups | None = None) -> Trainer:
     """The `Trainer` for `task`: the model from ``task.build_model()`` and the optimizer from
     ``config.trainer.optimizer_config``."""
-    model = task.build_model()
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"{type(task).__name__}.build_model() returned "
-                        f"{type(model).__name__}; it must return a torch.nn.Module.")
+    model = built_model(task)
     try:
         optimizer = create_optimizer(config.trainer.optimizer_config.optimizer, model)
     except ValueError as error:

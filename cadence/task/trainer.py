@@ -62,9 +62,9 @@ from cadence.engine.standard_runner import (
     StandardTrainer,
     StandardTrainerOptions,
 )
+from cadence.task import build_checks, step_checks
 from cadence.task.config import DTYPES
 from cadence.task.optimization import ExponentialMovingAverage, create_lr_schedule
-from cadence.task.step_checks import refuse_a_step_that_trained_nothing, update_marks
 from cadence.task.task import Task, accepts_argument
 
 logger = logging.getLogger("cadence")
@@ -111,7 +111,9 @@ class Trainer(StandardTrainer, StandardEvaluator):
 
     Raises:
         ValueError: if the config lacks ``task`` or ``trainer``, or the task config lacks the
-            data config for a dataset that is not given.
+            data config for a dataset that is not given; if `validation_dataset` holds no batch.
+        HookError: if what ``task.build_metrics`` or ``task.build_inputs`` returns cannot be
+            used (`cadence.task.build_checks`); its steps are checked at their first call.
     """
 
     _TRACKING_IGNORED = frozenset(
@@ -188,9 +190,9 @@ class Trainer(StandardTrainer, StandardEvaluator):
         self.validation_loss = Mean()
         self.gradient_norm = Mean()
         self.train_metrics: dict[str, Any] = (
-            dict(task.build_metrics(training=True)) if train else {})
+            build_checks.built_metrics(task, training=True) if train else {})
         self.validation_metrics: dict[str, Any] = (
-            dict(task.build_metrics(training=False)) if evaluate else {})
+            build_checks.built_metrics(task, training=False) if evaluate else {})
         # torchmetrics' metrics hold their states as tensors: on the model's device, as
         # cadence's own accumulators are (those are created where the first update's values are).
         move_metrics([*self.train_metrics.values(), *self.validation_metrics.values()],
@@ -204,11 +206,9 @@ class Trainer(StandardTrainer, StandardEvaluator):
             self._accumulation == 1 or not is_distributed())
         """Whether a micro-batch runs without autocast or a gradient-sync switch: nothing to
         enter."""
-        if train and train_dataset is None:
-            train_dataset = self.distribute_dataset(task.build_inputs, config.task.train_data)
-        if evaluate and validation_dataset is None:
-            validation_dataset = self.distribute_dataset(task.build_inputs,
-                                                         config.task.validation_data)
+        train_dataset, validation_dataset = build_checks.trainer_data(  # checked, before step 0
+            task, config.task, self.distribute_dataset, (train, train_dataset),
+            (evaluate, validation_dataset))
         self._unchecked_override = type(task).train_step is not Task.train_step
         """Whether the task overrides `Task.train_step` and no step has shown yet that it
         trains something (see `refuse_a_step_that_trained_nothing`)."""
@@ -220,6 +220,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
             how = (trainer_config.compile_mode, trainer_config.cuda_graphs)
             self._task_train_step = compile_step(task.train_step, *how)
             self._task_validation_step = compile_step(task.validation_step, *how)
+        # Their first calls check what the steps return (the compiled ones', when compiled).
+        step_checks.check_step_hooks(task, self if self._task_train_step else None)
         # On CUDA the next batch is copied while the step computes (side stream, pinned memory)
         # -- not from a loader that keeps its own state (a StatefulDataLoader), whose state
         # would then be a batch ahead of training: the step copies each batch itself.
@@ -374,9 +376,10 @@ class Trainer(StandardTrainer, StandardEvaluator):
         """One step: ``gradient_accumulation_steps`` micro-batches, then one update.
 
         Raises:
-            RuntimeError: if the loss has no gradient with the default ``Task.train_step``, or
-                if an overridden one's first step returned a loss without a gradient and
-                updated no weight itself (it would train nothing).
+            HookError: if what the task's step returned cannot be used (at its first call: see
+                `cadence.task.step_checks`), or with the default one a loss has no gradient.
+            RuntimeError: if an overridden ``train_step``'s first step returned a loss without
+                a gradient and updated no weight itself (it would train nothing).
         """
         # All micro-batches are fetched first: a pass that ends mid-step leaves no half step.
         accumulation = self._accumulation
@@ -390,7 +393,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
         model, optimizer, metrics = self._train_model, self.optimizer, self.train_metrics
         # Only until an overridden train_step has shown that it trains: host-side counters, read
         # once, no sync; the default train_step never pays for it.
-        marks = update_marks(self._trainables()) if self._unchecked_override else None
+        marks = (step_checks.update_marks(self._trainables()) if self._unchecked_override
+                 else None)
         updated = False
         for index, inputs in enumerate(batches):
             if self._plain_forward:  # no autocast, no DDP: nothing to enter (the common case)
@@ -405,14 +409,12 @@ class Trainer(StandardTrainer, StandardEvaluator):
             if loss.requires_grad:
                 self._backward(loss)
                 updated = True
-            elif type(self.task).train_step is Task.train_step:
-                raise RuntimeError(
-                    "The training loss has no gradient: the model has no trainable parameters, "
-                    "or build_losses() detached the loss."
-                )
+            elif type(self.task).train_step is Task.train_step:  # after the first step
+                raise step_checks.no_gradient_error(self.task, loss)
         if marks is not None:
             self._unchecked_override = False  # later steps are not checked
-            refuse_a_step_that_trained_nothing(self.task, marks, self._trainables(), updated)
+            step_checks.refuse_a_step_that_trained_nothing(self.task, marks, self._trainables(),
+                                                           updated)
         if updated:
             self._apply_gradients()
         if self.lr_scheduler is not None:
@@ -443,11 +445,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
 
     def _loss_of(self, logs: Any) -> torch.Tensor:
         if not (type(logs) is dict or isinstance(logs, Mapping)) or self.task.loss not in logs:
-            raise TypeError(
-                f"{type(self.task).__name__}.train_step() must return a dict with the loss under "
-                f"{self.task.loss!r} (Task.loss); got {type(logs).__name__}"
-                + (f" with keys {sorted(logs)}" if isinstance(logs, Mapping) else "") + "."
-            )
+            raise step_checks.logs_error(self.task, logs)
         loss = logs[self.task.loss]
         return loss if isinstance(loss, torch.Tensor) else torch.as_tensor(loss)
 

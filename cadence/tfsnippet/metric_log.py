@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cadence.core.hook_checks import describe
 from cadence.core.summary import SummaryManager
 from cadence.engine.external_metrics import compute_metric, is_torchmetric
 from cadence.engine.metrics import Moments
@@ -59,7 +60,9 @@ class MetricLog:
         """Adds a value to the epoch's collector of `name`, and to the step's inside a step.
 
         Raises:
-            TypeError: for a name collected both as values and as a torchmetrics metric.
+            TypeError: for a name collected both as values and as a torchmetrics metric; for a
+                value that is not a number, an array of numbers, a tensor or a torchmetrics
+                metric (a string, a dict, None).
         """
         kind = type(value)  # a step's tensor or time is not a torchmetrics metric: no lookup
         if kind is torch.Tensor:
@@ -68,7 +71,7 @@ class MetricLog:
             if is_torchmetric(value):
                 self._collect_metric(name, value, within_step)
                 return
-            value = _as_values(value)
+            value = _as_values(name, value)
             if value is None:
                 return  # an empty array adds nothing
         for metrics in (self.epoch, self.step) if within_step else (self.epoch,):
@@ -147,7 +150,7 @@ def _stats_of(name: str, value: Any) -> Stats:
         for key, item in value.items():
             stats.update(_stats_of(f"{name}/{key}", item))
         return stats
-    values = value if isinstance(value, (int, float)) else _as_values(value)
+    values = value if isinstance(value, (int, float)) else _as_values(name, value)
     if values is None:
         return {}
     collector = Moments()
@@ -155,14 +158,26 @@ def _stats_of(name: str, value: Any) -> Stats:
     return _moments_of(name, collector)
 
 
-def _as_values(value: Any) -> Any:
+def _as_values(name: str, value: Any) -> Any:
     """A collected value as `Moments` takes it: a tensor (detached) or a number as it is, an
-    array or a list as a float64 tensor; None for an empty one."""
+    array or a list of numbers as a float64 tensor; None for an empty one.
+
+    Raises:
+        TypeError: for anything else -- a string (NumPy would read ``"1.5"`` as a number), a
+            dict, None (NumPy would make it NaN) -- naming the metric.
+    """
     if isinstance(value, torch.Tensor):
         return value.detach() if value.numel() else None
-    array = np.asarray(value, dtype=np.float64)
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError):  # a ragged list, an object NumPy cannot read
+        array = None
+    if array is None or array.dtype.kind not in "biuf":  # bool, int, unsigned, float
+        raise TypeError(f"TrainLoop.collect_metrics(): {name!r} (got {describe(value)}) must "
+                        "be a number, an array of numbers, a tensor or a torchmetrics Metric.")
     if array.size == 0:
         return None
+    array = array.astype(np.float64, copy=False)
     return float(array) if array.ndim == 0 else torch.from_numpy(array)
 
 

@@ -173,7 +173,8 @@ class LoopReport:
         """Adds metric values (`cadence.tfsnippet.TrainLoop.collect_metrics` says how).
 
         Raises:
-            TypeError: if `metrics` is not a mapping.
+            TypeError: if `metrics` is not a mapping, or a value is not a number, an array of
+                numbers, a tensor or a torchmetrics metric (a string, a dict, None), naming it.
             RuntimeError: outside an epoch or a step.
         """
         if metrics is not None and not isinstance(metrics, Mapping):

@@ -393,7 +393,8 @@ class TrainLoop:
         checkpoint taken inside an epoch to hold its states.
 
         Raises:
-            TypeError: if `metrics` is not a mapping.
+            TypeError: if `metrics` is not a mapping, or a value is not a number, an array of
+                numbers, a tensor or a torchmetrics metric (a string, a dict, None), naming it.
             RuntimeError: outside an epoch or a step.
         """
         self._report.collect_metrics(metrics, **kwargs)

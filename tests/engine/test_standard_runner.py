@@ -93,6 +93,14 @@ def test_persistent_eval_iterator_continues_between_evaluations():
     assert runner.evaluate(2) == {"seen": [3, 4]}
 
 
+def test_an_evaluation_that_ran_no_step_says_so(caplog):
+    runner = Recorder([], eval_data=[])
+    assert runner.evaluate(-1) == {"seen": []}
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "The evaluation ran no step: the evaluation data (list) yielded no batch, so its logs "
+        "cover nothing."]
+
+
 def test_evaluation_runs_without_gradients():
     class Grad(Recorder):
         def eval_step(self, iterator):

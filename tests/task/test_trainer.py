@@ -327,8 +327,82 @@ def test_a_train_step_without_the_loss_is_a_clear_error():
         def train_step(self, inputs, model, optimizer, metrics=None):
             return {"cost": model(inputs[0]).sum()}
 
-    with pytest.raises(TypeError, match=r"must return a dict with the loss under 'loss'.*cost"):
+    with pytest.raises(TypeError, match=r"^NoLoss\.train_step\(\) returned a dict with keys "
+                       r"\['cost'\]: it must return a dict with the loss under 'loss'"):
         make_trainer(task=NoLoss()).train(1)
+
+
+def test_the_step_hooks_are_checked_at_their_first_call_and_then_are_the_methods_themselves(
+        monkeypatch):
+    from cadence.task import step_checks
+
+    checked = []
+    for name in ("_check_train_logs", "_check_validation_logs", "_check_process_metrics"):
+        check = getattr(step_checks, name)
+        monkeypatch.setattr(step_checks, name, lambda task, result, check=check, name=name: (
+            checked.append(name), check(task, result)))
+    trainer = make_trainer()
+    task = trainer.task
+    assert {"train_step", "validation_step", "process_metrics"} <= set(vars(task))
+    trainer.train(5)
+    assert checked == ["_check_process_metrics", "_check_train_logs"]  # the first step's
+    assert "train_step" not in vars(task) and "process_metrics" not in vars(task)
+    assert task.train_step.__func__ is cadence.Task.train_step  # no wrapper on the way
+    trainer.evaluate(-1)
+    assert checked[2:] == ["_check_validation_logs"]
+    assert not {"train_step", "validation_step", "process_metrics"} & set(vars(task))
+    trainer.train(5)
+    trainer.evaluate(-1)
+    assert len(checked) == 3
+
+
+def test_a_compiled_steps_first_call_is_checked_too():
+    pytest.importorskip("torch._dynamo")
+
+    class PerExample(ToyTask):
+        def build_losses(self, labels, model_outputs, aux_losses=None):
+            return nn.functional.cross_entropy(model_outputs, labels, reduction="none")
+
+    trainer = make_trainer("trainer.compile_step=true", task=PerExample())
+    with pytest.raises(cadence.HookError, match=r"^PerExample\.build_losses\(\) returned a "
+                       r"Tensor of shape \(8,\): it must return a scalar tensor"):
+        trainer.train(1)
+    assert "_task_train_step" in vars(trainer) and "train_step" not in vars(trainer.task)
+
+
+def test_a_loss_that_loses_its_gradient_after_the_first_step_is_still_refused():
+    class Later(ToyTask):
+        calls = 0
+
+        def build_losses(self, labels, model_outputs, aux_losses=None):
+            self.calls += 1
+            loss = super().build_losses(labels, model_outputs)
+            return loss if self.calls < 3 else loss.detach()
+
+    with pytest.raises(cadence.HookError, match=r"^Later\.build_losses\(\) returned a Tensor "
+                       r"of shape \(\) without a gradient"):
+        make_trainer(task=Later()).train(5)
+
+
+def test_training_without_validation_is_said_once(caplog):
+    caplog.set_level("INFO", logger="cadence")
+    trainer = make_trainer(evaluate=False)
+    trainer.train(3)
+    said = [r.getMessage() for r in caplog.records if "without validation" in r.getMessage()]
+    assert said == ["Training without validation (mode 'train', Trainer(evaluate=False)): no "
+                    "validation data is built and nothing is evaluated."]
+
+
+def test_validation_data_that_is_an_iterator_loses_no_batch_to_the_look_for_one():
+    x, y = make_classification(8)
+
+    class OneShot(ToyTask):
+        def build_inputs(self, params, input_context=None):
+            return super().build_inputs(params) if params.is_training else iter([(x, y)])
+
+    trainer = make_trainer(task=OneShot())
+    assert trainer.evaluate(-1)["accuracy"] is not None  # the batch read to look is evaluated
+    assert trainer.last_eval_steps == 1
 
 
 def test_the_config_must_name_data_for_datasets_it_builds():

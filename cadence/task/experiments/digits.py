@@ -106,11 +106,14 @@ class DigitsTask(Task):
             ConfigError: for a hidden size below 1 or a dropout outside [0, 1).
         """
         config = self.task_config.model
-        if any(size < 1 for size in config.hidden_sizes) or not 0 <= config.dropout < 1:
-            raise ConfigError(
-                f"task.model.hidden_sizes (got {config.hidden_sizes}) must be >= 1 each and "
-                f"task.model.dropout (got {config.dropout}) in [0, 1)."
-            )
+        problems = []  # only what is wrong is named
+        if any(size < 1 for size in config.hidden_sizes):
+            problems.append(f"task.model.hidden_sizes (got {config.hidden_sizes}) must be >= 1 "
+                            "each")
+        if not 0 <= config.dropout < 1:
+            problems.append(f"task.model.dropout (got {config.dropout}) must be in [0, 1)")
+        if problems:
+            raise ConfigError("; ".join(problems) + ".")
         layers: list[nn.Module] = []
         width = 64
         for hidden in config.hidden_sizes:
