@@ -85,7 +85,6 @@ LONG_MODULES = {
     "cadence.tfsnippet.train_loop": "tfsnippet's TrainLoop: the seed's whole API on one class",
     "cadence.core.goodput": "goodput and badput by cause from a run's timeline, and its report",
     "cadence.core.timeline": "the run timeline's file format: its schema, writer and reader",
-    "cadence.task.config": "the typed dataclasses of a run's config, with their checks",
     "cadence.task.cli": "the cadence command: its parser and one small handler per subcommand",
 }
 """The modules past `LOOK_AT` lines that were looked at, with the one concept each holds. A

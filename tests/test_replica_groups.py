@@ -156,7 +156,7 @@ def kill_one_group_and_bring_it_back(job, seed):
     restarted_at = time.time()
     groups[victim] = job.group(victim)
     for replica, process in groups.items():
-        assert process.wait(timeout=300) == 0, job.log(f"group-{replica}")
+        assert process.wait(timeout=240) == 0, job.log(f"group-{replica}")
     return victim, killed_at, restarted_at
 
 
@@ -223,7 +223,7 @@ def test_a_dead_lighthouse_is_one_line_and_the_checkpoint_still_restores(job_in)
         [sys.executable, "-m", "cadence", "train", "-m", str(job.run), "--mode", "train",
          "--set", "runtime.fault_tolerance.enabled=false", "--allow-config-change",
          "--set", "trainer.train_steps=" + str(_newest_step(job.run) + 20)],
-        cwd=job.root, capture_output=True, text=True, timeout=300,
+        cwd=job.root, capture_output=True, text=True, timeout=240,
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Restored" in result.stderr, result.stderr[-3000:]

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from cadence.core.errors import Preempted
 from cadence.core.goodput import GoodputCalculator
 from cadence.core.timeline import Timeline, read_timeline
 
@@ -38,6 +39,7 @@ class RunRecord:
     def __init__(self, run_dir: str | os.PathLike[str], *, rank: int = 0,
                  replica: int | None = None, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
+        self.begun = False
         self._goodput: GoodputCalculator | None = None
         if rank == 0:
             self._goodput = GoodputCalculator()
@@ -47,6 +49,19 @@ class RunRecord:
                                   else earlier.replicas.get(replica, ()))
         self.timeline = Timeline(run_dir, rank=rank, replica=replica, clock=clock,
                                  listener=self._goodput.add if self._goodput else None)
+
+    def begin(self, world_size: int, replicas: int | None = None) -> None:
+        """The attempt begins (`Timeline.start`): the process built its parts and checked
+        them; from here on its end is recorded too (`finish`)."""
+        self.timeline.start(world_size, replicas=replicas)
+        self.begun = True
+
+    def finish(self, error: BaseException | None) -> None:
+        """Records how the attempt ends -- finished (`error` None), preempted or an error --
+        if it began, and closes the timeline."""
+        if self.begun:
+            self.timeline.end(*outcome_of(error))
+        self.close()
 
     def goodput(self) -> float | None:
         """The run's goodput so far -- productive time over wall time, across its attempts, up
@@ -65,3 +80,15 @@ class RunRecord:
     def close(self) -> None:
         """Closes the timeline's file."""
         self.timeline.close()
+
+
+def outcome_of(error: BaseException | None) -> tuple[str, int | None, str | None]:
+    """How a process that ends on `error` (None: it finished) ends, as its timeline's ``end``
+    says it: ``(outcome, step, error text)``."""
+    if error is None:
+        return "finished", None, None
+    if isinstance(error, Preempted):
+        return "preempted", None, None
+    if isinstance(error, KeyboardInterrupt):  # a second Ctrl-C: no checkpoint was saved
+        return "error", None, "KeyboardInterrupt"
+    return "error", None, f"{type(error).__name__}: {error}"

@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action=_Version, help="print cadence's version and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from cadence.task.config import MODES
+    from cadence.task.config_checks import MODES
 
     train = commands.add_parser("train", help="train an experiment (resumes unfinished runs)")
     _add_config_arguments(train)

@@ -20,10 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from cadence.core.errors import ConfigError
-from cadence.core.run_dir import LOCK_FILE, PARAMS_FILE, RESUMES_FILE
-from cadence.core.summary import DEFAULT_WRITERS, WRITERS
-from cadence.engine.compile import COMPILE_MODES
-from cadence.engine.strategies import STRATEGIES
+from cadence.core.summary import DEFAULT_WRITERS
+from cadence.task.config_checks import config_problems
 
 C = TypeVar("C", bound="Config")
 
@@ -570,70 +568,6 @@ class ExperimentConfig(Config):
         Raises:
             ConfigError: listing every problem with its key path, on one line.
         """
-        problems = list(_problems(self))
+        problems = list(config_problems(self))
         if problems:  # one line, however many: the command line's error is one line
             raise ConfigError("Invalid config: " + " ".join(problems))
-
-
-MODES = ("train", "train_and_eval", "train_and_post_eval", "eval", "continuous_eval")
-"""What `cadence.run_experiment` can run (see `cadence.task.train_lib`)."""
-OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
-SCHEDULES = ("constant", "cosine", "linear", "step", "exponential")
-PRECISIONS = (None, "bf16", "fp16")
-WANDB_MODES = (None, "online", "offline", "disabled", "shared")
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-"""``runtime.fsdp``'s dtype names, and torch's."""
-
-
-def _problems(config: ExperimentConfig) -> Iterable[str]:
-    """What `ExperimentConfig.validate` reports: the ranges of `cadence.task.config_checks`,
-    then the choices among names and the settings that exclude each other."""
-    from cadence.task.config_checks import config_problems
-
-    yield from config_problems(config)
-    trainer, opt = config.trainer, config.trainer.optimizer_config
-    if trainer.best_checkpoint_metric_comp not in ("higher", "lower"):
-        yield (f"trainer.best_checkpoint_metric_comp: must be 'higher' or 'lower' "
-               f"(got {trainer.best_checkpoint_metric_comp!r}).")
-    if trainer.early_stopping.mode not in (None, "min", "max"):
-        yield (f"trainer.early_stopping.mode: must be null, 'min' or 'max' "
-               f"(got {trainer.early_stopping.mode!r}).")
-    if opt.optimizer.name not in OPTIMIZERS:
-        yield (f"trainer.optimizer_config.optimizer.name: unknown optimizer "
-               f"{opt.optimizer.name!r}; valid: {', '.join(OPTIMIZERS)}.")
-    if opt.learning_rate.schedule not in SCHEDULES:
-        yield (f"trainer.optimizer_config.learning_rate.schedule: unknown schedule "
-               f"{opt.learning_rate.schedule!r}; valid: {', '.join(SCHEDULES)}.")
-    if trainer.compile_mode not in COMPILE_MODES:
-        yield (f"trainer.compile_mode: unknown mode {trainer.compile_mode!r}; valid: null, "
-               f"{', '.join(str(m) for m in COMPILE_MODES[1:])}.")
-    for key in ("param_dtype", "reduce_dtype"):
-        value = getattr(config.runtime.fsdp, key)
-        if value is not None and value not in DTYPES:
-            yield (f"runtime.fsdp.{key}: must be null, {', '.join(map(repr, DTYPES))} "
-                   f"(got {value!r}).")
-    if trainer.compile_step and trainer.compile_blocks:
-        yield ("trainer.compile_blocks: compiles each block, trainer.compile_step the whole "
-               "step; set one of them, not both.")
-    if config.runtime.strategy not in STRATEGIES:
-        yield (f"runtime.strategy: must be one of {', '.join(STRATEGIES)} "
-               f"(got {config.runtime.strategy!r}).")
-    unknown = [name for name in config.runtime.writers if name not in WRITERS]
-    if unknown:
-        yield (f"runtime.writers: unknown writer{'s' if len(unknown) > 1 else ''} "
-               f"{', '.join(map(repr, unknown))}; valid: {', '.join(WRITERS)}.")
-    if config.runtime.wandb.mode not in WANDB_MODES:
-        yield (f"runtime.wandb.mode: must be null, 'online', 'offline', 'disabled' or 'shared' "
-               f"(got {config.runtime.wandb.mode!r}).")
-    if config.runtime.mixed_precision not in PRECISIONS:
-        yield (f"runtime.mixed_precision: must be null, 'bf16' or 'fp16' "
-               f"(got {config.runtime.mixed_precision!r}).")
-    for key in ("validation_summary_subdir", "best_checkpoint_export_subdir"):
-        top = str(getattr(trainer, key)).split("/")[0]
-        if top in _RUN_FILES:
-            yield (f"trainer.{key}: {top!r} is where the run keeps its own files; pass another "
-                   f"name, e.g. {'eval' if key.startswith('validation') else 'best'}.")
-
-
-_RUN_FILES = ("checkpoints", "train", PARAMS_FILE, LOCK_FILE, RESUMES_FILE)
-"""What a run directory holds that a configured subdirectory must not be (`RunDirectory`)."""

@@ -1,11 +1,16 @@
-"""The ranges of an `ExperimentConfig`'s values, checked before anything is created.
+"""Every check of an `ExperimentConfig` its values alone decide, in one place, made before
+anything is created: the ranges of its values, the names it chooses among, and the settings
+that exclude each other.
 
 Types alone let through what cannot train: a negative learning-rate factor trains with a
 negative rate, a seed of -1 fails deep inside NumPy, a summary subdirectory of ``../x`` writes
 outside the run. `config_problems` lists every value out of its range as ``key: must be <the
 range> (got <value>)`` and, where the key alone does not say it, why; `ExperimentConfig.validate`
 puts them on one line. Each rule is a row of `RANGES`, so a reader finds a key's range in one
-place, and a new field gets its range by adding a row.
+place, and a new field gets its range by adding a row. `choice_problems` checks the names
+(an optimizer, a schedule, a writer, a strategy) and the pairs that exclude each other. What the
+environment decides -- a device, a path, a run directory -- is checked by
+`cadence.task.train_lib` when a run starts.
 
 A `TaskConfig` subclass checks its own fields by overriding `TaskConfig.problems` (with the
 rules here: `range_problem`).
@@ -23,7 +28,21 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from cadence.core.files import relative_name
+from cadence.core.intervals import is_int
 from cadence.core.logs import is_finite_scalar, is_scalar
+from cadence.core.run_dir import LOCK_FILE, PARAMS_FILE, RESUMES_FILE
+from cadence.core.summary import WRITERS
+from cadence.engine.compile import COMPILE_MODES
+from cadence.engine.strategies import STRATEGIES
+
+MODES = ("train", "train_and_eval", "train_and_post_eval", "eval", "continuous_eval")
+"""What `cadence.run_experiment` can run (see `cadence.task.train_lib`)."""
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
+SCHEDULES = ("constant", "cosine", "linear", "step", "exponential")
+PRECISIONS = (None, "bf16", "fp16")
+WANDB_MODES = (None, "online", "offline", "disabled", "shared")
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+"""``runtime.fsdp``'s dtype names, and torch's."""
 
 
 class Rule(NamedTuple):
@@ -171,10 +190,75 @@ def range_problem(key: str, value: Any, rule: Rule, why: str = "") -> str | None
 
 
 def config_problems(config: Any) -> Iterable[str]:
-    """Every value of `config` (an `ExperimentConfig`) outside its range in `RANGES`, then what
-    its task config's `problems` says."""
+    """Every problem of `config` (an `ExperimentConfig`) that its values alone show: each value
+    outside its range in `RANGES`, what its task config's `problems` says, then the choices
+    among names and the settings that exclude each other."""
     for key, (rule, why) in RANGES.items():
         problem = range_problem(key, value_at(config, key), rule, why)
         if problem is not None:
             yield problem
     yield from config.task.problems()
+    yield from choice_problems(config)
+
+
+def choice_problems(config: Any) -> Iterable[str]:
+    """The names `config` chooses that are not among the choices, and the settings that exclude
+    each other."""
+    trainer, opt = config.trainer, config.trainer.optimizer_config
+    if trainer.best_checkpoint_metric_comp not in ("higher", "lower"):
+        yield (f"trainer.best_checkpoint_metric_comp: must be 'higher' or 'lower' "
+               f"(got {trainer.best_checkpoint_metric_comp!r}).")
+    if trainer.early_stopping.mode not in (None, "min", "max"):
+        yield (f"trainer.early_stopping.mode: must be null, 'min' or 'max' "
+               f"(got {trainer.early_stopping.mode!r}).")
+    if opt.optimizer.name not in OPTIMIZERS:
+        yield (f"trainer.optimizer_config.optimizer.name: unknown optimizer "
+               f"{opt.optimizer.name!r}; valid: {', '.join(OPTIMIZERS)}.")
+    if opt.learning_rate.schedule not in SCHEDULES:
+        yield (f"trainer.optimizer_config.learning_rate.schedule: unknown schedule "
+               f"{opt.learning_rate.schedule!r}; valid: {', '.join(SCHEDULES)}.")
+    if trainer.compile_mode not in COMPILE_MODES:
+        yield (f"trainer.compile_mode: unknown mode {trainer.compile_mode!r}; valid: null, "
+               f"{', '.join(str(m) for m in COMPILE_MODES[1:])}.")
+    for key in ("param_dtype", "reduce_dtype"):
+        value = getattr(config.runtime.fsdp, key)
+        if value is not None and value not in DTYPES:
+            yield (f"runtime.fsdp.{key}: must be null, {', '.join(map(repr, DTYPES))} "
+                   f"(got {value!r}).")
+    if trainer.compile_step and trainer.compile_blocks:
+        yield ("trainer.compile_blocks: compiles each block, trainer.compile_step the whole "
+               "step; set one of them, not both.")
+    if config.runtime.strategy not in STRATEGIES:
+        yield (f"runtime.strategy: must be one of {', '.join(STRATEGIES)} "
+               f"(got {config.runtime.strategy!r}).")
+    unknown = [name for name in config.runtime.writers if name not in WRITERS]
+    if unknown:
+        yield (f"runtime.writers: unknown writer{'s' if len(unknown) > 1 else ''} "
+               f"{', '.join(map(repr, unknown))}; valid: {', '.join(WRITERS)}.")
+    if config.runtime.wandb.mode not in WANDB_MODES:
+        yield (f"runtime.wandb.mode: must be null, 'online', 'offline', 'disabled' or 'shared' "
+               f"(got {config.runtime.wandb.mode!r}).")
+    if config.runtime.mixed_precision not in PRECISIONS:
+        yield (f"runtime.mixed_precision: must be null, 'bf16' or 'fp16' "
+               f"(got {config.runtime.mixed_precision!r}).")
+    for key in ("validation_summary_subdir", "best_checkpoint_export_subdir"):
+        top = str(getattr(trainer, key)).split("/")[0]
+        if top in _RUN_FILES:
+            yield (f"trainer.{key}: {top!r} is where the run keeps its own files; pass another "
+                   f"name, e.g. {'eval' if key.startswith('validation') else 'best'}.")
+
+
+    ft = config.runtime.fault_tolerance
+    if ft.replica_id is not None and is_int(ft.replica_id) and is_int(ft.replica_groups) and (
+            ft.replica_id >= ft.replica_groups):
+        yield (f"runtime.fault_tolerance.replica_id (got {ft.replica_id}) must be below "
+               f"runtime.fault_tolerance.replica_groups (got {ft.replica_groups}): groups "
+               "count from 0.")
+    if is_int(ft.min_live_groups) and is_int(ft.replica_groups) and (
+            ft.min_live_groups > ft.replica_groups):
+        yield (f"runtime.fault_tolerance.min_live_groups (got {ft.min_live_groups}) must be at "
+               f"most runtime.fault_tolerance.replica_groups (got {ft.replica_groups}).")
+
+
+_RUN_FILES = ("checkpoints", "train", PARAMS_FILE, LOCK_FILE, RESUMES_FILE)
+"""What a run directory holds that a configured subdirectory must not be (`RunDirectory`)."""

@@ -47,6 +47,7 @@ import logging
 import os
 import random
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +58,10 @@ from torch import nn
 from cadence.callbacks.loss_guard import LossGuard
 from cadence.callbacks.progress import ProgressBar
 from cadence.core.callbacks import Callback
-from cadence.core.checkpoint_dir import CheckpointDirectory
 from cadence.core.controller import Action, Controller
-from cadence.core.errors import CheckpointError, ConfigError, DivergenceError, Preempted
+from cadence.core.errors import CheckpointError, ConfigError, DivergenceError
 from cadence.core.rank import process_rank, world_size
-from cadence.core.run_dir import PARAMS_FILE, RunDirectory
+from cadence.core.run_dir import RunDirectory
 from cadence.core.run_record import RunRecord
 from cadence.core.summary import SummaryManager, WriterSpec, close_summaries, writer_factory
 from cadence.engine.checkpoint import CheckpointManager
@@ -73,10 +73,10 @@ from cadence.engine.distributed import (
     local_device,
 )
 from cadence.engine.exporter import BestCheckpointExporter
-from cadence.engine.fault_tolerance import LIGHTHOUSE_HINT, ReplicaGroups, ReplicaOptions
-from cadence.task.build_checks import built_metrics, built_model
+from cadence.engine.fault_tolerance import ReplicaGroups, ReplicaOptions
+from cadence.task.build_checks import built_model
 from cadence.task.chosen_weights import chosen_weights, load_chosen
-from cadence.task.config import MODES, ExperimentConfig
+from cadence.task.config import ExperimentConfig
 from cadence.task.config_callbacks import check_config_callbacks, config_callbacks
 from cadence.task.config_files import (
     check_saved_config,
@@ -87,21 +87,17 @@ from cadence.task.config_files import (
 )
 from cadence.task.optimization import create_optimizer
 from cadence.task.registry import get_task
+from cadence.task.run_checks import (
+    check_before_writing,
+    check_best_metric,
+    check_mode,
+    evaluation_metric_names,
+    replica_options,
+)
 from cadence.task.task import Task
 from cadence.task.trainer import Trainer
 
 logger = logging.getLogger("cadence")
-
-def check_mode(mode: str) -> str:
-    """Returns `mode` if it is one of `MODES`.
-
-    Raises:
-        ValueError: naming the valid modes.
-    """
-    if mode not in MODES:
-        raise ValueError(f"Unknown mode {mode!r}; valid: {', '.join(MODES)}.")
-    return mode
-
 
 def setup_runtime(config: ExperimentConfig) -> None:
     """Applies ``config.runtime``: threads, determinism, seeds; joins a torchrun job."""
@@ -151,71 +147,6 @@ def agree_on_checkpoint(manager: CheckpointManager) -> None:
             + ", ".join(f"rank {rank}: {path or 'none'}" for rank, path in enumerate(seen))
             + f") in {str(manager.directory)!r}: the run directory must be on a filesystem "
             "every node mounts."
-        )
-
-
-def _check_before_writing(config: ExperimentConfig, mode: str, run: RunDirectory,
-                          chosen: Path | None = None) -> None:
-    """What can be known wrong before anything is built or written, as `ConfigError`s."""
-    trainer = config.trainer
-    if mode.startswith("train") and trainer.train_steps <= 0:
-        raise ConfigError("trainer.train_steps is 0: set it, e.g. --set "
-                          "trainer.train_steps=1000.")
-    problem = run.layout_problem(training=mode.startswith("train"))
-    if problem is not None:
-        raise ConfigError(problem)
-    try:
-        device = local_device(config.runtime.device, "runtime.device")
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    if trainer.cuda_graphs and device.type != "cuda":
-        raise ConfigError(f"trainer.cuda_graphs is true but the device is {device}: CUDA graphs "
-                          "replay recorded GPU kernels. Set trainer.cuda_graphs=false (and "
-                          "trainer.compile_step=true to compile), or run on a GPU.")
-    init = Path(config.task.init_checkpoint) if config.task.init_checkpoint else None
-    if init is not None and not init.exists():
-        raise ConfigError(f"task.init_checkpoint {str(init)!r} does not exist: pass a "
-                          ".safetensors file, a best-export directory, a checkpoint "
-                          "(ckpt-<step>) or a directory of checkpoints.")
-    if init is not None and init.is_file() and init.suffix != ".safetensors":
-        raise ConfigError(f"task.init_checkpoint {str(init)!r} is a file but not a "
-                          ".safetensors file: pass a .safetensors file, a best-export "
-                          "directory, a checkpoint (ckpt-<step>) or a directory of checkpoints.")
-    if mode == "eval" and chosen is None and not config.task.init_checkpoint and (
-            CheckpointDirectory(run.checkpoints, None).latest() is None):
-        runs = sorted(str(p.parent) for p in run.root.glob(f"*/{PARAMS_FILE}"))
-        hint = (f" It holds run directories ({', '.join(runs[:3])}"
-                f"{', ...' if len(runs) > 3 else ''}): pass one of them." if runs else
-                " Train first (cadence train), or pass the directory of a trained run.")
-        raise CheckpointError(f"{str(run.root)!r} has no checkpoint to evaluate (nothing "
-                              f"complete in {str(run.checkpoints)!r}).{hint}")
-
-
-def evaluation_metric_names(task: Task) -> set[str] | None:
-    """The names an evaluation of `task` reports, or None when they cannot be known before
-    it runs (the task reduces aggregated logs of its own)."""
-    if type(task).reduce_aggregated_logs is not Task.reduce_aggregated_logs:
-        return None
-    return {"validation_loss", *built_metrics(task, training=False)}
-
-
-def check_best_metric(config: ExperimentConfig, task: Task) -> None:
-    """Checks ``trainer.best_checkpoint_eval_metric`` against what `task` reports, before
-    training, rather than at the first evaluation (which would lose the checkpoint due then).
-
-    Raises:
-        ConfigError: naming the metrics there are.
-    """
-    metric = config.trainer.best_checkpoint_eval_metric.replace("|", "/")
-    if not metric or not config.trainer.best_checkpoint_export_subdir:
-        return
-    names = evaluation_metric_names(task)
-    # A metric whose result is a dict reports "<name>/<key>" for each of its keys.
-    if names is not None and not any(metric == n or metric.startswith(f"{n}/") for n in names):
-        raise ConfigError(
-            f"trainer.best_checkpoint_eval_metric (got {metric!r}) is not a metric "
-            f"{type(task).__name__} reports; it reports: {', '.join(sorted(names))}. Set it to "
-            "one of them, or to '' to export no best weights."
         )
 
 
@@ -362,7 +293,7 @@ def run_experiment(
         raise ConfigError(f"A checkpoint to evaluate ({checkpoint!r}) is for mode 'eval'; "
                           f"{mode!r} evaluates the checkpoints training writes.")
     chosen = chosen_weights(checkpoint, run)
-    _check_before_writing(config, mode, run, chosen)
+    check_before_writing(config, mode, run, chosen)
     replicas = replica_options(config, mode)
     created = not run.root.exists()
     lock = (run.training_lock(replicas.replica_id if replicas is not None else None)
@@ -387,44 +318,6 @@ _CONFIG_KEYS: dict[type[BaseException], str] = {
     CollectiveTimeout: "In the Task config, the process group's timeout is "
                        "runtime.collective_timeout.",
 }
-
-
-def replica_options(config: ExperimentConfig, mode: str) -> ReplicaOptions | None:
-    """Where this process's replica group stands, when ``runtime.fault_tolerance`` is enabled
-    (its id and the lighthouse from the config, else from ``REPLICA_GROUP_ID`` and
-    ``TORCHFT_LIGHTHOUSE``); None otherwise.
-
-    Raises:
-        ConfigError: for a mode other than ``train``, or an id or a lighthouse that is missing
-            or does not fit.
-    """
-    ft = config.runtime.fault_tolerance
-    if not ft.enabled:
-        return None
-    key = "runtime.fault_tolerance"
-    if mode != "train":
-        raise ConfigError(f"{key}.enabled trains replica groups in mode 'train' (got {mode!r}): "
-                          "pass --mode train, and evaluate the checkpoints with cadence eval.")
-    replica_id = ft.replica_id
-    if replica_id is None:
-        text = os.environ.get("REPLICA_GROUP_ID", "")
-        if not text.isdigit():
-            raise ConfigError(f"{key}.replica_id is not set and REPLICA_GROUP_ID is "
-                              f"{text or 'not set'}: set one to this group's number, e.g. "
-                              f"--set {key}.replica_id=0.")
-        replica_id = int(text)
-    if replica_id >= ft.replica_groups:
-        raise ConfigError(f"{key}.replica_id (got {replica_id}) must be below {key}."
-                          f"replica_groups (got {ft.replica_groups}): groups count from 0.")
-    if ft.min_live_groups > ft.replica_groups:
-        raise ConfigError(f"{key}.min_live_groups (got {ft.min_live_groups}) must be at most "
-                          f"{key}.replica_groups (got {ft.replica_groups}).")
-    lighthouse = ft.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE", "")
-    if not lighthouse:
-        raise ConfigError(f"{key}.lighthouse is not set and TORCHFT_LIGHTHOUSE is not set: "
-                          f"{LIGHTHOUSE_HINT}.")
-    return ReplicaOptions(replica_id, ft.replica_groups, ft.min_live_groups, lighthouse,
-                          ft.timeout, ft.quorum_timeout, ft.connect_timeout)
 
 
 def in_config_terms(error: BaseException) -> BaseException:
@@ -455,143 +348,170 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
          eval_actions: Iterable[Action], progress_bar: bool | None,
          chosen: Path | None = None,
          replicas: ReplicaOptions | None = None) -> tuple[nn.Module, dict[str, Any]]:
+    """`run_experiment` once its arguments are checked: joins the job (and the replica groups),
+    builds the run, restores it, runs `mode`. A training process records its attempt in the
+    run's timeline (rank 0 under the run's lock, every rank its own waits) from the moment its
+    parts are built and checked -- a mistake refused before then writes nothing -- to how it
+    ends. An evaluation job records nothing."""
     trains = mode.startswith("train")
     setup_runtime(config)
     agree_on_run(run)
     groups = (ReplicaGroups(replicas, process_rank(), world_size())
               if replicas is not None else None)
-    # A training process records its run's timeline (cadence goodput reads it); rank 0 under
-    # the run's lock, every rank its own waits. An evaluation job records nothing.
     record = (RunRecord(run.root, rank=process_rank(),
                         replica=replicas.replica_id if replicas is not None else None)
               if trains else None)
-    if record is not None:
-        record.timeline.start(world_size(), replicas=replicas.replica_groups
-                              if replicas is not None else None)
     try:
-        model, logs = _run_recorded(config, mode, run, differences, record, callbacks=callbacks,
-                                    train_actions=train_actions, eval_actions=eval_actions,
-                                    progress_bar=progress_bar, chosen=chosen, groups=groups)
+        parts = _RunParts.build(config, mode, run, record, groups)
+        if record is not None:
+            record.begin(world_size(), replicas.replica_groups if replicas is not None else None)
+            record.timeline.setup_end()
+        parts.restore(chosen)
+        controller = parts.controller(progress_bar, [*callbacks], train_actions, eval_actions,
+                                      chosen)
+        if trains:
+            parts.start_run_directory(differences)
+        logs = parts.run_mode(controller, chosen)
     except BaseException as error:
         if record is not None:
-            record.timeline.end(*_outcome_of(error))
-            record.close()
+            record.finish(error)
         raise
     finally:
         if groups is not None:
             groups.shutdown()
     if record is not None:
-        record.timeline.end("finished", None)
-        record.close()
-    return model, logs
+        record.finish(None)
+    return parts.trainer.model, logs
 
 
-def _outcome_of(error: BaseException) -> tuple[str, int | None, str | None]:
-    """How a training process that raised `error` ends, as its timeline says it."""
-    if isinstance(error, Preempted):
-        return "preempted", None, None
-    if isinstance(error, KeyboardInterrupt):  # a second Ctrl-C: no checkpoint was saved
-        return "error", None, "KeyboardInterrupt"
-    return "error", None, f"{type(error).__name__}: {error}"
+@dataclass
+class _RunParts:
+    """What `run_experiment` builds for a run, and its steps with them."""
 
+    config: ExperimentConfig
+    mode: str
+    run: RunDirectory
+    trainer: Trainer
+    manager: CheckpointManager
+    state: Any
+    """What the manager restores: the trainer, or an evaluation's model, step and EMA."""
+    record: RunRecord | None
+    groups: ReplicaGroups | None
+    summaries: tuple[SummaryManager, SummaryManager] | None = None
 
-def _run_recorded(config: ExperimentConfig, mode: str, run: RunDirectory,
-                  differences: list[str], record: RunRecord | None, *,
-                  callbacks: Iterable[Callback], train_actions: Iterable[Action],
-                  eval_actions: Iterable[Action], progress_bar: bool | None,
-                  chosen: Path | None,
-                  groups: ReplicaGroups | None) -> tuple[nn.Module, dict[str, Any]]:
-    trains = mode.startswith("train")
-    evaluates = mode != "train"
-    trainer_config = config.trainer
-    task = get_task(config.task, logging_dir=str(run.root))
-    if evaluates:
-        check_best_metric(config, task)
-    check_config_callbacks(config, mode, evaluation_metric_names(task))
-    exporter = maybe_create_best_ckpt_exporter(config, run) if evaluates else None
-    trainer = create_trainer(config, task, train=trains, evaluate=evaluates,
-                             checkpoint_exporter=exporter, replicas=groups)
-    if trains:
+    @classmethod
+    def build(cls, config: ExperimentConfig, mode: str, run: RunDirectory,
+              record: RunRecord | None, groups: ReplicaGroups | None) -> _RunParts:
+        """The task (its best metric and callbacks' metrics checked), the exporter, the
+        Trainer and the checkpoint manager."""
+        trains, evaluates = mode.startswith("train"), mode != "train"
+        trainer_config = config.trainer
+        task = get_task(config.task, logging_dir=str(run.root))
+        if evaluates:
+            check_best_metric(config, task)
+        check_config_callbacks(config, mode, evaluation_metric_names(task))
+        exporter = maybe_create_best_ckpt_exporter(config, run) if evaluates else None
+        trainer = create_trainer(config, task, train=trains, evaluate=evaluates,
+                                 checkpoint_exporter=exporter, replicas=groups)
         state: Any = trainer
-    else:  # an evaluation job reads the weights (and the step) from training checkpoints
-        state = {"model": trainer.model, "progress": trainer.progress}
-        if trainer.ema is not None:
-            state["ema"] = trainer.ema
-    manager = CheckpointManager(
-        state, run.checkpoints, max_to_keep=trainer_config.max_to_keep,
-        checkpoint_interval=trainer_config.checkpoint_interval, init_fn=trainer.initialize,
-        strict=trains, read_only=not trains,
-        async_save=trainer_config.async_checkpoints and trains,
-        on_commit=record.timeline.commit if record is not None else None,
-        writes=(lambda: groups.writes_checkpoints) if groups is not None else None,
-        writer=f"r{groups.options.replica_id}" if groups is not None else "",
-    )
-    if record is not None:
-        record.timeline.setup_end()
-    if chosen is None:
-        agree_on_checkpoint(manager)
-    else:  # evaluating chosen weights: the manager restores nothing
-        logger.info("Evaluating %s (step %d).", chosen, load_chosen(chosen, state, trainer))
-    trainer.coordinator_for_async().add_waitable(manager)
-    summaries, eval_summaries = create_summaries(
-        config, run, lambda: trainer.global_step,
-        replica=groups.options.replica_id if groups is not None else None)
-    builtin: list[Callback] = [ProgressBar(enabled=progress_bar)] if trains else []
-    if trains:
-        builtin.append(LossGuard("training_loss", trainer_config.loss_upper_bound,
-                                 trainer_config.recovery_begin_steps,
-                                 trainer_config.recovery_max_trials))
-    builtin.extend(config_callbacks(config, mode))  # summary, early stopping, time, profiler
-    controller = Controller(
-        trainer=trainer if trains else None,
-        evaluator=trainer if evaluates else None,
-        steps_per_loop=trainer_config.steps_per_loop if trains else None,
-        checkpoint_manager=manager if chosen is None else None,
-        summary_manager=summaries,
-        summary_interval=trainer_config.summary_interval,
-        eval_summary_manager=eval_summaries,
-        callbacks=[*builtin, *callbacks],
-        train_actions=train_actions,
-        eval_actions=eval_actions,
-        run_dir=run,
-        record=record,
-    )
-    if trains:  # the run has started: its config is the directory's from now on
-        save_run_config(config, run, differences)
-        summaries.write_hparams(flatten_config(config))  # MLflow params, W&B config
-        if 0 < trainer.global_step < trainer_config.train_steps:  # it continues from there
-            run.record_resume(trainer.global_step, manager.latest_checkpoint)
-    eval_logs: dict[str, Any] | None = None
-    error: BaseException | None = None  # how the run ends, for MLflow's status, W&B's exit code
-    try:
-        if mode == "train":
-            controller.train(trainer_config.train_steps)
-        elif mode == "train_and_eval":
-            eval_logs = controller.train_and_evaluate(
-                trainer_config.train_steps, trainer_config.validation_steps,
-                trainer_config.validation_interval)
-        elif mode == "train_and_post_eval":
-            # Training, then one evaluation: the final checkpoint is saved after it, so that
-            # a finished run run again knows it happened (and returns its logs).
-            eval_logs = controller.train_and_evaluate(
-                trainer_config.train_steps, trainer_config.validation_steps, None)
-        elif mode == "eval":
-            if chosen is None and manager.latest_checkpoint is None:
-                logger.warning("No checkpoint in %s: evaluating the weights of "
-                               "task.init_checkpoint.", manager.directory)
-            eval_logs = controller.evaluate(trainer_config.validation_steps)
-        else:
-            eval_logs = controller.evaluate_continuously(
-                trainer_config.validation_steps, timeout=trainer_config.continuous_eval_timeout,
-                stop_at_step=trainer_config.train_steps or None)
-    except BaseException as raised:
-        error = in_config_terms(raised)
-        if error is raised:
-            raise
-        raise error from raised
-    finally:
-        trainer.join()
-        controller.close()
-        close_summaries(error, close=[summaries, eval_summaries])
-        del error  # its traceback holds the trainer's frames
-    return trainer.model, dict(eval_logs or {})
+        if not trains:  # an evaluation reads the weights (and the step) of training's
+            state = {"model": trainer.model, "progress": trainer.progress}
+            if trainer.ema is not None:
+                state["ema"] = trainer.ema
+        manager = CheckpointManager(
+            state, run.checkpoints, max_to_keep=trainer_config.max_to_keep,
+            checkpoint_interval=trainer_config.checkpoint_interval, init_fn=trainer.initialize,
+            strict=trains, read_only=not trains,
+            async_save=trainer_config.async_checkpoints and trains,
+            on_commit=record.timeline.commit if record is not None else None,
+            writes=(lambda: groups.writes_checkpoints) if groups is not None else None,
+            writer=f"r{groups.options.replica_id}" if groups is not None else "")
+        return cls(config, mode, run, trainer, manager, state, record, groups)
+
+    def restore(self, chosen: Path | None) -> None:
+        """Checks that the ranks see one checkpoint directory, for the Controller's restore --
+        or loads the chosen weights an evaluation asked for."""
+        if chosen is None:
+            agree_on_checkpoint(self.manager)
+        else:  # evaluating chosen weights: the manager restores nothing
+            logger.info("Evaluating %s (step %d).", chosen,
+                        load_chosen(chosen, self.state, self.trainer))
+        self.trainer.coordinator_for_async().add_waitable(self.manager)
+
+    def controller(self, progress_bar: bool | None, callbacks: list[Callback],
+                   train_actions: Iterable[Action], eval_actions: Iterable[Action],
+                   chosen: Path | None) -> Controller:
+        """The Controller of the run, with its summaries and built-in callbacks (the progress
+        bar and the loss guard of a training mode, then the config's) before the user's; it
+        restores the newest checkpoint as it is made, unless chosen weights are evaluated."""
+        config, mode, trainer = self.config, self.mode, self.trainer
+        trains, evaluates = mode.startswith("train"), mode != "train"
+        trainer_config = config.trainer
+        groups = self.groups
+        summaries, eval_summaries = self.summaries = create_summaries(
+            config, self.run, lambda: trainer.global_step,
+            replica=groups.options.replica_id if groups is not None else None)
+        builtin: list[Callback] = [ProgressBar(enabled=progress_bar)] if trains else []
+        if trains:
+            builtin.append(LossGuard("training_loss", trainer_config.loss_upper_bound,
+                                     trainer_config.recovery_begin_steps,
+                                     trainer_config.recovery_max_trials))
+        builtin.extend(config_callbacks(config, mode))  # summary, early stopping, time, ...
+        return Controller(
+            trainer=trainer if trains else None,
+            evaluator=trainer if evaluates else None,
+            steps_per_loop=trainer_config.steps_per_loop if trains else None,
+            checkpoint_manager=self.manager if chosen is None else None,
+            summary_manager=summaries, summary_interval=trainer_config.summary_interval,
+            eval_summary_manager=eval_summaries, callbacks=[*builtin, *callbacks],
+            train_actions=train_actions, eval_actions=eval_actions, run_dir=self.run,
+            record=self.record)
+
+    def start_run_directory(self, differences: list[str]) -> None:
+        """The run has started: its config is the directory's from now on (`params.yaml`), the
+        writers that keep hyper-parameters get them, and a continued run says from where."""
+        config, trainer = self.config, self.trainer
+        assert self.summaries is not None
+        save_run_config(config, self.run, differences)
+        self.summaries[0].write_hparams(flatten_config(config))  # MLflow params, W&B config
+        if 0 < trainer.global_step < config.trainer.train_steps:  # it continues from there
+            self.run.record_resume(trainer.global_step, self.manager.latest_checkpoint)
+
+    def run_mode(self, controller: Controller, chosen: Path | None) -> dict[str, Any]:
+        """Runs the mode through `controller`; returns its last evaluation's logs. However it
+        ends, the background work is joined and the writers closed with the outcome."""
+        config, mode, manager = self.config, self.mode, self.manager
+        trainer_config = config.trainer
+        eval_logs: dict[str, Any] | None = None
+        error: BaseException | None = None  # how the run ends: MLflow's status, W&B's code
+        try:
+            if mode == "train":
+                controller.train(trainer_config.train_steps)
+            elif mode in ("train_and_eval", "train_and_post_eval"):
+                # train_and_post_eval: training, then one evaluation; the final checkpoint is
+                # saved after it, so that a finished run run again knows it happened.
+                eval_logs = controller.train_and_evaluate(
+                    trainer_config.train_steps, trainer_config.validation_steps,
+                    trainer_config.validation_interval if mode == "train_and_eval" else None)
+            elif mode == "eval":
+                if chosen is None and manager.latest_checkpoint is None:
+                    logger.warning("No checkpoint in %s: evaluating the weights of "
+                                   "task.init_checkpoint.", manager.directory)
+                eval_logs = controller.evaluate(trainer_config.validation_steps)
+            else:
+                eval_logs = controller.evaluate_continuously(
+                    trainer_config.validation_steps,
+                    timeout=trainer_config.continuous_eval_timeout,
+                    stop_at_step=trainer_config.train_steps or None)
+        except BaseException as raised:
+            error = in_config_terms(raised)
+            if error is raised:
+                raise
+            raise error from raised
+        finally:
+            self.trainer.join()
+            controller.close()
+            assert self.summaries is not None
+            close_summaries(error, close=list(self.summaries))
+            del error  # its traceback holds the trainer's frames
+        return dict(eval_logs or {})

@@ -63,7 +63,7 @@ from cadence.engine.standard_runner import (
     StandardTrainerOptions,
 )
 from cadence.task import build_checks, step_checks
-from cadence.task.config import DTYPES
+from cadence.task.config_checks import DTYPES
 from cadence.task.optimization import ExponentialMovingAverage, create_lr_schedule
 from cadence.task.task import Task, accepts_argument
 

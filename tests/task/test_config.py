@@ -191,9 +191,9 @@ def test_runtime_strategy_accepts_exactly_the_strategies_prepare_model_knows():
     from torch import nn
 
     from cadence.engine import distributed, strategies
-    from cadence.task import config as config_module
+    from cadence.task import config_checks
 
-    assert config_module.STRATEGIES is distributed.STRATEGIES is strategies.STRATEGIES
+    assert config_checks.STRATEGIES is distributed.STRATEGIES is strategies.STRATEGIES
     for name in strategies.STRATEGIES:
         load_config("digits", overrides=[f"runtime.strategy={name}"]).validate()
         assert distributed.resolve_strategy(name, nn.Linear(1, 1)) in ("none", "ddp", "fsdp2")
@@ -210,7 +210,8 @@ def test_a_config_and_its_strategies_are_checked_without_torch():
 
     blocker = (Path(__file__).parents[1] / "core" / "torch_blocker.py").read_text()
     code = (blocker + "\nexec(BLOCK_TORCH)\n"
-            "from cadence.task.config import ExperimentConfig, STRATEGIES\n"
+            "from cadence.task.config import ExperimentConfig\n"
+            "from cadence.task.config_checks import STRATEGIES\n"
             "config = ExperimentConfig()\nconfig.runtime.strategy = 'fsdp2'\nconfig.validate()\n"
             "print(STRATEGIES, 'torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", "import sys\n" + code], capture_output=True,

@@ -81,7 +81,7 @@ def test_goodput_of_a_killed_preempted_and_finished_run_says_what_happened(tmp_p
     assert second.wait(timeout=120) == 143, second.output()
 
     third = Training(tmp_path, "third")
-    assert third.wait(timeout=300) == 0, third.output()
+    assert third.wait(timeout=240) == 0, third.output()
 
     result = subprocess.run([sys.executable, "-m", "cadence", "goodput", str(run), "--json"],
                             capture_output=True, text=True, check=True)

@@ -1,0 +1,131 @@
+"""What is checked of a run before anything is written: its mode, its directory, its device and
+the weights it starts from, its best metric against what its task reports, and its place among
+replica groups. A mistake here is one `ConfigError` (or `CheckpointError`) and leaves the run
+directory as it was; what the config's values alone decide is `cadence.task.config_checks`'.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cadence.core.checkpoint_dir import CheckpointDirectory
+from cadence.core.errors import CheckpointError, ConfigError
+from cadence.core.run_dir import PARAMS_FILE, RunDirectory
+from cadence.engine.distributed import local_device
+from cadence.engine.fault_tolerance import LIGHTHOUSE_HINT, ReplicaOptions
+from cadence.task.build_checks import built_metrics
+from cadence.task.config import ExperimentConfig
+from cadence.task.config_checks import MODES
+from cadence.task.task import Task
+
+
+def check_mode(mode: str) -> str:
+    """Returns `mode` if it is one of `MODES`.
+
+    Raises:
+        ValueError: naming the valid modes.
+    """
+    if mode not in MODES:
+        raise ValueError(f"Unknown mode {mode!r}; valid: {', '.join(MODES)}.")
+    return mode
+
+
+def check_before_writing(config: ExperimentConfig, mode: str, run: RunDirectory,
+                          chosen: Path | None = None) -> None:
+    """What can be known wrong before anything is built or written, as `ConfigError`s."""
+    trainer = config.trainer
+    if mode.startswith("train") and trainer.train_steps <= 0:
+        raise ConfigError("trainer.train_steps is 0: set it, e.g. --set "
+                          "trainer.train_steps=1000.")
+    problem = run.layout_problem(training=mode.startswith("train"))
+    if problem is not None:
+        raise ConfigError(problem)
+    try:
+        device = local_device(config.runtime.device, "runtime.device")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    if trainer.cuda_graphs and device.type != "cuda":
+        raise ConfigError(f"trainer.cuda_graphs is true but the device is {device}: CUDA graphs "
+                          "replay recorded GPU kernels. Set trainer.cuda_graphs=false (and "
+                          "trainer.compile_step=true to compile), or run on a GPU.")
+    init = Path(config.task.init_checkpoint) if config.task.init_checkpoint else None
+    if init is not None and not init.exists():
+        raise ConfigError(f"task.init_checkpoint {str(init)!r} does not exist: pass a "
+                          ".safetensors file, a best-export directory, a checkpoint "
+                          "(ckpt-<step>) or a directory of checkpoints.")
+    if init is not None and init.is_file() and init.suffix != ".safetensors":
+        raise ConfigError(f"task.init_checkpoint {str(init)!r} is a file but not a "
+                          ".safetensors file: pass a .safetensors file, a best-export "
+                          "directory, a checkpoint (ckpt-<step>) or a directory of checkpoints.")
+    if mode == "eval" and chosen is None and not config.task.init_checkpoint and (
+            CheckpointDirectory(run.checkpoints, None).latest() is None):
+        runs = sorted(str(p.parent) for p in run.root.glob(f"*/{PARAMS_FILE}"))
+        hint = (f" It holds run directories ({', '.join(runs[:3])}"
+                f"{', ...' if len(runs) > 3 else ''}): pass one of them." if runs else
+                " Train first (cadence train), or pass the directory of a trained run.")
+        raise CheckpointError(f"{str(run.root)!r} has no checkpoint to evaluate (nothing "
+                              f"complete in {str(run.checkpoints)!r}).{hint}")
+
+
+def evaluation_metric_names(task: Task) -> set[str] | None:
+    """The names an evaluation of `task` reports, or None when they cannot be known before
+    it runs (the task reduces aggregated logs of its own)."""
+    if type(task).reduce_aggregated_logs is not Task.reduce_aggregated_logs:
+        return None
+    return {"validation_loss", *built_metrics(task, training=False)}
+
+
+def check_best_metric(config: ExperimentConfig, task: Task) -> None:
+    """Checks ``trainer.best_checkpoint_eval_metric`` against what `task` reports, before
+    training, rather than at the first evaluation (which would lose the checkpoint due then).
+
+    Raises:
+        ConfigError: naming the metrics there are.
+    """
+    metric = config.trainer.best_checkpoint_eval_metric.replace("|", "/")
+    if not metric or not config.trainer.best_checkpoint_export_subdir:
+        return
+    names = evaluation_metric_names(task)
+    # A metric whose result is a dict reports "<name>/<key>" for each of its keys.
+    if names is not None and not any(metric == n or metric.startswith(f"{n}/") for n in names):
+        raise ConfigError(
+            f"trainer.best_checkpoint_eval_metric (got {metric!r}) is not a metric "
+            f"{type(task).__name__} reports; it reports: {', '.join(sorted(names))}. Set it to "
+            "one of them, or to '' to export no best weights."
+        )
+
+
+def replica_options(config: ExperimentConfig, mode: str) -> ReplicaOptions | None:
+    """Where this process's replica group stands, when ``runtime.fault_tolerance`` is enabled
+    (its id and the lighthouse from the config, else from ``REPLICA_GROUP_ID`` and
+    ``TORCHFT_LIGHTHOUSE``); None otherwise.
+
+    Raises:
+        ConfigError: for a mode other than ``train``, or an id or a lighthouse that is missing
+            or does not fit.
+    """
+    ft = config.runtime.fault_tolerance
+    if not ft.enabled:
+        return None
+    key = "runtime.fault_tolerance"
+    if mode != "train":
+        raise ConfigError(f"{key}.enabled trains replica groups in mode 'train' (got {mode!r}): "
+                          "pass --mode train, and evaluate the checkpoints with cadence eval.")
+    replica_id = ft.replica_id
+    if replica_id is None:
+        text = os.environ.get("REPLICA_GROUP_ID", "")
+        if not text.isdigit():
+            raise ConfigError(f"{key}.replica_id is not set and REPLICA_GROUP_ID is "
+                              f"{text or 'not set'}: set one to this group's number, e.g. "
+                              f"--set {key}.replica_id=0.")
+        replica_id = int(text)
+    if replica_id >= ft.replica_groups:  # (one the config names: its own check said so)
+        raise ConfigError(f"{key}.replica_id (got {replica_id}) must be below {key}."
+                          f"replica_groups (got {ft.replica_groups}): groups count from 0.")
+    lighthouse = ft.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE", "")
+    if not lighthouse:
+        raise ConfigError(f"{key}.lighthouse is not set and TORCHFT_LIGHTHOUSE is not set: "
+                          f"{LIGHTHOUSE_HINT}.")
+    return ReplicaOptions(replica_id, ft.replica_groups, ft.min_live_groups, lighthouse,
+                          ft.timeout, ft.quorum_timeout, ft.connect_timeout)
