@@ -82,6 +82,7 @@ LOOK_AT = 600
 """Lines past which a module asks for a look: does it still hold one concept?"""
 LONG_MODULES = {
     "cadence.core.controller": "Orbit's Controller: the outer loop of training and evaluation",
+    "cadence.task.trainer": "seed 002's Trainer: a Task's steps, its updates and evaluations",
     "cadence.tfsnippet.train_loop": "tfsnippet's TrainLoop: the seed's whole API on one class",
     "cadence.core.goodput": "goodput and badput by cause from a run's timeline, and its report",
     "cadence.core.timeline": "the run timeline's file format: its schema, writer and reader",

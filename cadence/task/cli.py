@@ -108,6 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action=_Version, help="print cadence's version and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_train_command, _add_eval_command, _add_experiments_command,
+                _add_config_command, _add_plot_command, _add_inspect_command,
+                _add_export_command, _add_goodput_command):
+        add(commands)
+    return parser
+
+
+def _add_train_command(commands: Any) -> None:
+    """The ``cadence train`` subcommand and its arguments."""
     from cadence.task.config_checks import MODES
 
     train = commands.add_parser("train", help="train an experiment (resumes unfinished runs)")
@@ -121,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue a run whose saved config differs from this one")
     _add_progress_arguments(train)
 
+
+def _add_eval_command(commands: Any) -> None:
+    """The ``cadence eval`` subcommand and its arguments."""
     evaluate = commands.add_parser("eval", help="evaluate the newest checkpoint of a run")
     _add_config_arguments(evaluate)
     evaluate.add_argument("--model-dir", "-m", type=_model_dir_argument,
@@ -132,13 +144,22 @@ def build_parser() -> argparse.ArgumentParser:
                           "newest checkpoint), best (the best export) or a path (a "
                           "ckpt-<step>, a best-export directory, a .safetensors file)")
 
+
+def _add_experiments_command(commands: Any) -> None:
+    """The ``cadence experiments`` subcommand and its arguments."""
     commands.add_parser("experiments", help="list the registered experiments")
 
+
+def _add_config_command(commands: Any) -> None:
+    """The ``cadence config`` subcommand and its arguments."""
     config = commands.add_parser("config", help="print the final config as YAML")
     _add_config_arguments(config)
     config.add_argument("--model-dir", "-m", type=_model_dir_argument,
                         help="a run directory: its params.yaml is the base")
 
+
+def _add_plot_command(commands: Any) -> None:
+    """The ``cadence plot`` subcommand and its arguments."""
     plot = commands.add_parser(
         "plot", help="draw runs' training and evaluation scalars as PNG curves",
         description="One PNG per scalar, one colour per run: training solid, evaluation dashed, "
@@ -157,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--log-y", action="store_true",
                       help="logarithmic y axes (for metrics whose values are all positive)")
 
+
+def _add_inspect_command(commands: Any) -> None:
+    """The ``cadence inspect`` subcommand and its arguments."""
     inspect = commands.add_parser(
         "inspect", help="print what a checkpoint holds: step, files, tensors, values, config",
         description="Lists a checkpoint's files, the tensors of its state files (safetensors) "
@@ -169,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="also check every file against its SHA-256 in the manifest")
     inspect.add_argument("--no-config", action="store_true", help="leave out the run's config")
 
+
+def _add_export_command(commands: Any) -> None:
+    """The ``cadence export`` subcommand and its arguments."""
     export = commands.add_parser(
         "export", help="write a checkpoint's model as one safetensors file (FSDP2's too)",
         description="Writes OUT/model.safetensors: whole tensors by the model's own names, "
@@ -179,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", "-o", type=Path, metavar="DIR", required=True,
                         help="the folder to write model.safetensors into (created if needed)")
 
+
+def _add_goodput_command(commands: Any) -> None:
+    """The ``cadence goodput`` subcommand and its arguments."""
     goodput = commands.add_parser(
         "goodput", help="where a run's time went: goodput, badput by cause, each attempt",
         description="Reads the run's timeline (timeline/ in the run directory) across every "
@@ -187,7 +217,6 @@ def build_parser() -> argparse.ArgumentParser:
     goodput.add_argument("run", type=Path, metavar="RUN", help="a run directory")
     goodput.add_argument("--json", action="store_true",
                          help="print one JSON object instead of the table")
-    return parser
 
 
 def _inspect(args: argparse.Namespace) -> int:

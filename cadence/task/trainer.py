@@ -89,6 +89,22 @@ def parallel_options(config: Any) -> ParallelOptions:
         reshard_after_forward=fsdp.reshard_after_forward)
 
 
+def _check_arguments(config: Any, optimizer: Any, train: tuple[bool, Any],
+                     evaluate: tuple[bool, Any], replicas: Any) -> None:
+    """Refuses a `Trainer` that could not run (see its Raises)."""
+    for part in ("task", "trainer", "runtime"):
+        if not hasattr(config, part):
+            raise ValueError(f"`config` (got {type(config).__name__}) has no {part!r}; pass "
+                             "a cadence.ExperimentConfig.")
+    for (flag, dataset), key in ((train, "train_data"), (evaluate, "validation_data")):
+        if flag and dataset is None and getattr(config.task, key, None) is None:
+            raise ValueError(f"config.task.{key} is not set and no dataset was given: set "
+                             f"it, or pass the dataset to Trainer().")
+    if replicas is not None and optimizer is None:
+        raise ValueError("Replica groups need the Trainer to update the weights (it averages "
+                         "the gradients over the groups first): pass an optimizer.")
+
+
 class Trainer(StandardTrainer, StandardEvaluator):
     """Trains and evaluates `task` (seed 002's ``base_trainer.Trainer``).
 
@@ -135,93 +151,24 @@ class Trainer(StandardTrainer, StandardEvaluator):
         checkpoint_exporter: Any = None,
         replicas: ReplicaGroups | None = None,
     ) -> None:
-        for part in ("task", "trainer", "runtime"):
-            if not hasattr(config, part):
-                raise ValueError(f"`config` (got {type(config).__name__}) has no {part!r}; pass "
-                                 "a cadence.ExperimentConfig.")
-        for flag, dataset, key in ((train, train_dataset, "train_data"),
-                                   (evaluate, validation_dataset, "validation_data")):
-            if flag and dataset is None and getattr(config.task, key, None) is None:
-                raise ValueError(f"config.task.{key} is not set and no dataset was given: set "
-                                 f"it, or pass the dataset to Trainer().")
-        trainer_config, runtime = config.trainer, config.runtime
+        _check_arguments(config, optimizer, (train, train_dataset),
+                         (evaluate, validation_dataset), replicas)
+        runtime = config.runtime
         self._config = config
         self._device = local_device(runtime.device, "runtime.device")
         self._autocast_dtype = _AUTOCAST_DTYPES.get(runtime.mixed_precision or "")
         self._coordinator = AsyncCoordinator()
         self._checkpoint_exporter = checkpoint_exporter
         self._replicas = replicas
-        if replicas is not None and optimizer is None:
-            raise ValueError("Replica groups need the Trainer to update the weights (it averages "
-                             "the gradients over the groups first): pass an optimizer.")
         self.task = task
-        self.model = model.to(self._device)
-        sharded = resolve_strategy(runtime.strategy, self.model) == "fsdp2"
-        if sharded and trainer_config.ema.enabled:
-            raise ValueError("trainer.ema.enabled with runtime.strategy=fsdp2 is not supported: "
-                             "the average would be sharded too. Use runtime.strategy=ddp, or "
-                             "turn the EMA off.")
-        # FSDP2 evaluates (and exports) a full copy of the weights, gathered at each evaluation.
-        # It and the EMA average are copies of the plain model, taken before it is wrapped.
-        self._full_copy = copy.deepcopy(self.model) if sharded and evaluate else None
-        ema = trainer_config.ema
-        self.ema = (ExponentialMovingAverage(self.model, ema.decay, ema.dynamic_decay,
-                                             ema.start_step) if ema.enabled else None)
-        # The task says how the model is spread over the ranks (default: per repeated block).
-        # DDP wraps it (checkpoints and exports hold the plain one); FSDP2 shards it in place.
-        # Either way gradients are averaged across processes during backward.
-        self._train_model: nn.Module = prepare_model(
-            self.model, runtime.strategy, self._device,
-            optimizers=[optimizer] if optimizer is not None else [],
-            options=parallel_options(config), parallelize=task.parallelize)
         self.optimizer = optimizer
-        schedule = trainer_config.optimizer_config.learning_rate
-        self.lr_scheduler = (  # none for a constant rate: no work per step that changes nothing
-            create_lr_schedule(schedule, optimizer, trainer_config.train_steps)
-            if optimizer is not None and (schedule.schedule != "constant"
-                                          or schedule.warmup_steps > 0) else None
-        )
-        self.grad_scaler = (
-            torch.amp.GradScaler(self._device.type)
-            if runtime.mixed_precision == "fp16" and optimizer is not None else None
-        )
-        self._eval_model: nn.Module = self.model
-        self.training_loss = Mean()
-        self.validation_loss = Mean()
-        self.gradient_norm = Mean()
-        self.train_metrics: dict[str, Any] = (
-            build_checks.built_metrics(task, training=True) if train else {})
-        self.validation_metrics: dict[str, Any] = (
-            build_checks.built_metrics(task, training=False) if evaluate else {})
-        # torchmetrics' metrics hold their states as tensors: on the model's device, as
-        # cadence's own accumulators are (those are created where the first update's values are).
-        move_metrics([*self.train_metrics.values(), *self.validation_metrics.values()],
-                     self._device)
-        self._extra_train_logs: dict[str, Mean] = {}
-        self._validation_loss_seen = False
-        optimization = trainer_config.optimizer_config
-        self._accumulation = optimization.gradient_accumulation_steps
-        self._clip_norm = optimization.gradient_clip_norm
-        self._plain_forward = self._autocast_dtype is None and (
-            self._accumulation == 1 or not is_distributed())
-        """Whether a micro-batch runs without autocast or a gradient-sync switch: nothing to
-        enter."""
+        self._place_model(model, evaluate)
+        self._build_update()
+        self._build_metrics(train, evaluate)
         train_dataset, validation_dataset = build_checks.trainer_data(  # checked, before step 0
             task, config.task, self.distribute_dataset, (train, train_dataset),
             (evaluate, validation_dataset))
-        self._unchecked_override = type(task).train_step is not Task.train_step
-        """Whether the task overrides `Task.train_step` and no step has shown yet that it
-        trains something (see `refuse_a_step_that_trained_nothing`)."""
-        # With compile_step, the task's forward and loss are compiled and backward runs through
-        # the compiled graph; the update stays eager (a graph break there gains nothing).
-        self._task_train_step: Callable[..., Any] | None = None
-        self._task_validation_step: Callable[..., Any] | None = None
-        if trainer_config.compile_step or trainer_config.cuda_graphs:
-            how = (trainer_config.compile_mode, trainer_config.cuda_graphs)
-            self._task_train_step = compile_step(task.train_step, *how)
-            self._task_validation_step = compile_step(task.validation_step, *how)
-        # Their first calls check what the steps return (the compiled ones', when compiled).
-        step_checks.check_step_hooks(task, self if self._task_train_step else None)
+        self._build_steps()
         # On CUDA the next batch is copied while the step computes (side stream, pinned memory)
         # -- not from a loader that keeps its own state (a StatefulDataLoader), whose state
         # would then be a batch ahead of training: the step copies each batch itself.
@@ -235,6 +182,92 @@ class Trainer(StandardTrainer, StandardEvaluator):
         self.init_async()
         if replicas is not None:
             self._register_for_healing(replicas)
+
+    def _place_model(self, model: nn.Module, evaluate: bool) -> None:
+        """The model on its device, its EMA average and evaluation copy, and the module that
+        trains: as the task spreads it over the ranks (default: per repeated block). DDP wraps
+        it (checkpoints and exports hold the plain one); FSDP2 shards it in place. Either way
+        gradients are averaged across processes during backward.
+
+        Raises:
+            ValueError: for an EMA with FSDP2.
+        """
+        config, optimizer = self._config, self.optimizer
+        runtime, ema = config.runtime, config.trainer.ema
+        self.model = model.to(self._device)
+        sharded = resolve_strategy(runtime.strategy, self.model) == "fsdp2"
+        if sharded and ema.enabled:
+            raise ValueError("trainer.ema.enabled with runtime.strategy=fsdp2 is not supported: "
+                             "the average would be sharded too. Use runtime.strategy=ddp, or "
+                             "turn the EMA off.")
+        # FSDP2 evaluates (and exports) a full copy of the weights, gathered at each evaluation.
+        # It and the EMA average are copies of the plain model, taken before it is wrapped.
+        self._full_copy = copy.deepcopy(self.model) if sharded and evaluate else None
+        self.ema = (ExponentialMovingAverage(self.model, ema.decay, ema.dynamic_decay,
+                                             ema.start_step) if ema.enabled else None)
+        self._train_model: nn.Module = prepare_model(
+            self.model, runtime.strategy, self._device,
+            optimizers=[optimizer] if optimizer is not None else [],
+            options=parallel_options(config), parallelize=self.task.parallelize)
+        self._eval_model: nn.Module = self.model
+
+    def _build_update(self) -> None:
+        """What each update does besides the optimizer's step: the learning-rate schedule
+        (none for a constant rate: no work per step that changes nothing), fp16's gradient
+        scaler, gradient accumulation and clipping."""
+        config, optimizer = self._config, self.optimizer
+        trainer_config = config.trainer
+        schedule = trainer_config.optimizer_config.learning_rate
+        self.lr_scheduler = (
+            create_lr_schedule(schedule, optimizer, trainer_config.train_steps)
+            if optimizer is not None and (schedule.schedule != "constant"
+                                          or schedule.warmup_steps > 0) else None
+        )
+        self.grad_scaler = (
+            torch.amp.GradScaler(self._device.type)
+            if config.runtime.mixed_precision == "fp16" and optimizer is not None else None
+        )
+        optimization = trainer_config.optimizer_config
+        self._accumulation = optimization.gradient_accumulation_steps
+        self._clip_norm = optimization.gradient_clip_norm
+        self._plain_forward = self._autocast_dtype is None and (
+            self._accumulation == 1 or not is_distributed())
+        """Whether a micro-batch runs without autocast or a gradient-sync switch: nothing to
+        enter."""
+
+    def _build_metrics(self, train: bool, evaluate: bool) -> None:
+        """The losses' means and the task's metrics (checked as built), on the model's device."""
+        task = self.task
+        self.training_loss = Mean()
+        self.validation_loss = Mean()
+        self.gradient_norm = Mean()
+        self.train_metrics: dict[str, Any] = (
+            build_checks.built_metrics(task, training=True) if train else {})
+        self.validation_metrics: dict[str, Any] = (
+            build_checks.built_metrics(task, training=False) if evaluate else {})
+        # torchmetrics' metrics hold their states as tensors: on the model's device, as
+        # cadence's own accumulators are (those are created where the first update's values are).
+        move_metrics([*self.train_metrics.values(), *self.validation_metrics.values()],
+                     self._device)
+        self._extra_train_logs: dict[str, Mean] = {}
+        self._validation_loss_seen = False
+
+    def _build_steps(self) -> None:
+        """The task's steps as the Trainer calls them -- compiled with ``compile_step``: the
+        task's forward and loss are compiled and backward runs through the compiled graph, the
+        update stays eager (a graph break there gains nothing) -- and the checks of their first
+        calls (the compiled ones', when compiled)."""
+        task, trainer_config = self.task, self._config.trainer
+        self._unchecked_override = type(task).train_step is not Task.train_step
+        """Whether the task overrides `Task.train_step` and no step has shown yet that it
+        trains something (see `refuse_a_step_that_trained_nothing`)."""
+        self._task_train_step: Callable[..., Any] | None = None
+        self._task_validation_step: Callable[..., Any] | None = None
+        if trainer_config.compile_step or trainer_config.cuda_graphs:
+            how = (trainer_config.compile_mode, trainer_config.cuda_graphs)
+            self._task_train_step = compile_step(task.train_step, *how)
+            self._task_validation_step = compile_step(task.validation_step, *how)
+        step_checks.check_step_hooks(task, self if self._task_train_step else None)
 
     def _register_for_healing(self, replicas: ReplicaGroups) -> None:
         """What a joining replica group takes from a live one: everything a checkpoint holds
