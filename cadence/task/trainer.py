@@ -508,12 +508,13 @@ class Trainer(StandardTrainer, StandardEvaluator):
             )
         scaler = self.grad_scaler
         replicas = self._replicas
-        params = [p for group in optimizer.param_groups for p in group["params"]]
         if replicas is not None:  # the live groups' mean gradient, before clipping
-            replicas.reduce_gradients(params)
+            replicas.reduce_gradients(p for group in optimizer.param_groups
+                                      for p in group["params"])
         if self._clip_norm is not None:
             if scaler is not None:
                 scaler.unscale_(optimizer)
+            params = [p for group in optimizer.param_groups for p in group["params"]]
             norm = torch.nn.utils.clip_grad_norm_(params, self._clip_norm)
             if type(norm) is not torch.Tensor:  # FSDP2: a DTensor; its value is everyone's
                 norm = norm.full_tensor()  # type: ignore[attr-defined]
