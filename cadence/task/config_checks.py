@@ -246,8 +246,8 @@ def choice_problems(config: Any) -> Iterable[str]:
         if top in _RUN_FILES:
             yield (f"trainer.{key}: {top!r} is where the run keeps its own files; pass another "
                    f"name, e.g. {'eval' if key.startswith('validation') else 'best'}.")
-
-
+    if trainer.ema.enabled and config.runtime.strategy == "fsdp2":
+        yield EMA_WITH_FSDP2
     ft = config.runtime.fault_tolerance
     if ft.replica_id is not None and is_int(ft.replica_id) and is_int(ft.replica_groups) and (
             ft.replica_id >= ft.replica_groups):
@@ -259,6 +259,10 @@ def choice_problems(config: Any) -> Iterable[str]:
         yield (f"runtime.fault_tolerance.min_live_groups (got {ft.min_live_groups}) must be at "
                f"most runtime.fault_tolerance.replica_groups (got {ft.replica_groups}).")
 
+
+EMA_WITH_FSDP2 = ("trainer.ema.enabled: the average is a full copy of the weights, which "
+                  "runtime.strategy=fsdp2 shards; use runtime.strategy=ddp, or turn the EMA off.")
+"""Why an EMA and FSDP2 exclude each other (the config's check, and a `Trainer`'s own)."""
 
 _RUN_FILES = ("checkpoints", "train", PARAMS_FILE, LOCK_FILE, RESUMES_FILE)
 """What a run directory holds that a configured subdirectory must not be (`RunDirectory`)."""

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from cadence.core.errors import StepDiscarded
+from cadence.core.errors import ConfigError, StepDiscarded
 from cadence.core.protocols import is_stateful
 from cadence.data.device import on_device, to_device
 from cadence.data.sharding import InputContext
@@ -63,7 +63,7 @@ from cadence.engine.standard_runner import (
     StandardTrainerOptions,
 )
 from cadence.task import build_checks, step_checks
-from cadence.task.config_checks import DTYPES
+from cadence.task.config_checks import DTYPES, EMA_WITH_FSDP2
 from cadence.task.optimization import ExponentialMovingAverage, create_lr_schedule
 from cadence.task.task import Task, accepts_argument
 
@@ -100,6 +100,8 @@ def _check_arguments(config: Any, optimizer: Any, train: tuple[bool, Any],
         if flag and dataset is None and getattr(config.task, key, None) is None:
             raise ValueError(f"config.task.{key} is not set and no dataset was given: set "
                              f"it, or pass the dataset to Trainer().")
+    if config.trainer.ema.enabled and config.runtime.strategy == "fsdp2":
+        raise ConfigError(EMA_WITH_FSDP2)
     if replicas is not None and optimizer is None:
         raise ValueError("Replica groups need the Trainer to update the weights (it averages "
                          "the gradients over the groups first): pass an optimizer.")
@@ -128,6 +130,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
     Raises:
         ValueError: if the config lacks ``task`` or ``trainer``, or the task config lacks the
             data config for a dataset that is not given; if `validation_dataset` holds no batch.
+        ConfigError: for ``trainer.ema.enabled`` with ``runtime.strategy=fsdp2``.
         HookError: if what ``task.build_metrics`` or ``task.build_inputs`` returns cannot be
             used (`cadence.task.build_checks`); its steps are checked at their first call.
     """
@@ -189,17 +192,12 @@ class Trainer(StandardTrainer, StandardEvaluator):
         it (checkpoints and exports hold the plain one); FSDP2 shards it in place. Either way
         gradients are averaged across processes during backward.
 
-        Raises:
-            ValueError: for an EMA with FSDP2.
+        An EMA with FSDP2 is refused before (`_check_arguments`).
         """
         config, optimizer = self._config, self.optimizer
         runtime, ema = config.runtime, config.trainer.ema
         self.model = model.to(self._device)
         sharded = resolve_strategy(runtime.strategy, self.model) == "fsdp2"
-        if sharded and ema.enabled:
-            raise ValueError("trainer.ema.enabled with runtime.strategy=fsdp2 is not supported: "
-                             "the average would be sharded too. Use runtime.strategy=ddp, or "
-                             "turn the EMA off.")
         # FSDP2 evaluates (and exports) a full copy of the weights, gathered at each evaluation.
         # It and the EMA average are copies of the plain model, taken before it is wrapped.
         self._full_copy = copy.deepcopy(self.model) if sharded and evaluate else None
