@@ -190,8 +190,8 @@ def test_a_killed_replica_group_rejoins_and_every_group_ends_with_the_same_weigh
 @pytest.mark.distributed
 def test_ten_kills_in_a_row_each_end_with_equal_weights(tmp_path):
     for trial in range(10):
+        (tmp_path / f"trial-{trial}").mkdir()
         job = Job(tmp_path / f"trial-{trial}", 1, 400, ["runtime.strategy=none"])
-        (tmp_path / f"trial-{trial}").mkdir(exist_ok=True)
         try:
             kill_one_group_and_bring_it_back(job, seed=100 + trial)
             assert_groups_equal(job)
