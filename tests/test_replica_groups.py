@@ -188,6 +188,7 @@ def test_a_killed_replica_group_rejoins_and_every_group_ends_with_the_same_weigh
 
 @pytest.mark.soak
 @pytest.mark.distributed
+@pytest.mark.timeout(2400)  # ten jobs of 400 paced steps, each up to 240 s
 def test_ten_kills_in_a_row_each_end_with_equal_weights(tmp_path):
     for trial in range(10):
         (tmp_path / f"trial-{trial}").mkdir()

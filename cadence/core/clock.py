@@ -164,12 +164,17 @@ class RunClock:
     def adopt(self, counters: dict[str, Any]) -> None:
         """Takes another replica group's `counters` (a heal, in the middle of a step): the
         global step jumps; `jumped` adds by how much. This process's own bookkeeping -- an
-        open epoch, a step in flight -- stays as it is."""
+        open epoch, a step in flight -- stays as it is. The running loop still ends at the
+        step it was aimed at (a checkpoint's multiple, the end of training), or after the step
+        in flight when the jump passed it: its budget shrinks by the jump."""
         progress = self.progress
         before, running, open_ = progress.global_step, progress.step_running, progress.epoch_open
         progress.load_state_dict(counters)
         progress.step_running, progress.epoch_open = running, open_
-        self.jumped += progress.global_step - before
+        jump = progress.global_step - before
+        self.jumped += jump
+        if self._steps_left is not None and jump:
+            self._steps_left = max(self._steps_left - jump, 1 if running else 0)
 
     def start_at_epoch(self, epoch: int) -> None:
         """A fresh run's first epoch is `epoch` (tensorpack's ``starting_epoch``): the epochs

@@ -525,8 +525,9 @@ class Controller:
         logs = to_host(output)  # the one host-device synchronization of the loop
         elapsed = time.perf_counter() - start
         after = self._global_step()
-        done = after - before - (self._clock.jumped - jumped)  # a heal's jump: not run here
-        if done != num_steps and not self.state.stop_requested:
+        jump = self._clock.jumped - jumped  # a heal's: not run here, and the loop shortened
+        done = after - before - jump
+        if done != num_steps and not jump and not self.state.stop_requested:
             logger.warning(
                 "trainer.train(%d) advanced the global step by %d. A step may do several "
                 "updates, but the global step must count steps.", num_steps, done,

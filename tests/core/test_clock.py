@@ -330,6 +330,39 @@ def test_counters_from_elsewhere_go_through_the_clock():
     assert clock.state.global_step == 40 and clock.state.epoch == 2
 
 
+def heal_in_loop(clock, num_steps, heal_at, to_step):
+    """A loop whose step number `heal_at` takes a live replica group's counters (its global
+    step `to_step`) in the middle of the step, as a heal does; returns each step's end."""
+    ends, taken = [], 0
+    runs = clock.begin_loop(num_steps)
+    while runs and clock.begin_step():
+        taken += 1
+        if taken == heal_at:
+            counters = clock.progress.state_dict()
+            clock.adopt({**counters, "global_step": to_step})
+        runs = clock.end_step(False)
+        ends.append(clock.progress.global_step)
+    clock.end_loop()
+    return ends
+
+
+def test_a_heal_that_jumps_keeps_the_loop_ending_at_the_step_it_was_aimed_at():
+    clock, _ = make()
+    clock.set_global_step(300)
+    assert heal_in_loop(clock, 20, heal_at=1, to_step=305) == [*range(306, 321)]
+    assert clock.jumped == 5
+
+
+def test_a_heal_that_jumps_past_the_loops_end_ends_it_after_the_step_in_flight():
+    """A group that restored step 300 and joined a live group at step 392, in a loop aimed at
+    320 of a run of 400: the loop ends at 393, and the next ones can still end at 400 (they
+    ran 412 steps when the loop kept its 20)."""
+    clock, _ = make()
+    clock.set_global_step(300)
+    assert heal_in_loop(clock, 20, heal_at=2, to_step=392) == [301, 393]
+    assert clock.jumped == 91
+
+
 def test_no_module_but_the_clock_writes_a_progress_field():
     """`Progress` has one writer: the clock. Everyone else reads it (a checkpoint restores it
     with ``load_state_dict``)."""
