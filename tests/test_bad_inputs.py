@@ -248,6 +248,22 @@ class LossPerExample(Blobs):
 
 def loss_per_example():
     return with_task(LossPerExampleConfig())
+
+
+@dataclass
+class TrainsNothingConfig(BlobsConfig):
+    pass
+
+
+@cadence.register_task(TrainsNothingConfig)
+class TrainsNothing(Blobs):
+    def train_step(self, inputs, model, optimizer, metrics=None):
+        logs = super().train_step(inputs, model, optimizer, metrics)
+        return {self.loss: logs[self.loss].detach()}
+
+
+def trains_nothing():
+    return with_task(TrainsNothingConfig())
 '''
 """Experiments of tasks whose hooks return what cadence cannot use: the build hooks' refused
 when the Trainer is built (before anything is written), the steps' at the first step."""
@@ -661,14 +677,21 @@ def test_a_mistake_at_the_command_line_is_one_clear_line_and_nothing_is_written(
     assert snapshot(workdir) == before
 
 
-def test_a_hook_refused_at_the_first_step_is_one_line_and_exit_2(capsys, workdir):
+@pytest.mark.parametrize(("experiment", "says"), [
+    ("loss_per_example", r"cadence: error: LossPerExample\.build_losses\(\) returned a Tensor of "
+                         r"shape \(\d+,\): it must return a scalar tensor \(one value\) as the "
+                         r"loss\. Reduce the per-example losses, e\.g\. with \.mean\(\)\.$"),
+    ("trains_nothing", r"cadence: error: TrainsNothing\.train_step\(\) returned a loss 'loss' "
+                       r"that has no gradient \(requires_grad=False\) and updated no weight, so "
+                       r"training would change nothing\. .*update them in train_step"),
+])
+def test_a_hook_refused_at_the_first_step_is_one_line_and_exit_2(capsys, workdir, experiment,
+                                                                  says):
     """A step hook is checked at its first call: after the run started (its directory holds
     the config it was started with), before any step is counted or saved."""
     hook_mistakes(workdir)
-    line = one_clear_line(capsys, ["train", "-e", "hooks:loss_per_example", "-m", "run"])
-    assert re.match(r"cadence: error: LossPerExample\.build_losses\(\) returned a Tensor of "
-                    r"shape \(\d+,\): it must return a scalar tensor \(one value\) as the "
-                    r"loss\. Reduce the per-example losses, e\.g\. with \.mean\(\)\.$", line)
+    line = one_clear_line(capsys, ["train", "-e", f"hooks:{experiment}", "-m", "run"])
+    assert re.match(says, line), line
     assert not list((workdir / "run").glob("checkpoints/ckpt-*"))
 
 

@@ -53,11 +53,12 @@ def refuse_a_step_that_trained_nothing(task: Any, before: Marks,
     and calls no ``backward`` is refused although it trained.
 
     Raises:
-        RuntimeError: if the step trained nothing while there are weights to train.
+        HookValueError: if the step trained nothing while there are weights to train (the
+            ``cadence`` command prints it in one line).
     """
     if updated or not before or update_marks(tensors) != before:
         return
-    raise RuntimeError(
+    raise HookValueError(
         f"{type(task).__name__}.train_step() returned a loss {task.loss!r} that has no gradient "
         "(requires_grad=False) and updated no weight, so training would change nothing. Was the "
         "loss computed under torch.no_grad() or .detach()ed? Return it with its gradient for "

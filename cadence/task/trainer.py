@@ -408,9 +408,9 @@ class Trainer(StandardTrainer, StandardEvaluator):
 
         Raises:
             HookError: if what the task's step returned cannot be used (at its first call: see
-                `cadence.task.step_checks`), or with the default one a loss has no gradient.
-            RuntimeError: if an overridden ``train_step``'s first step returned a loss without
-                a gradient and updated no weight itself (it would train nothing).
+                `cadence.task.step_checks`), or with the default one a loss has no gradient, or
+                an overridden ``train_step``'s first step returned a loss without a gradient
+                and updated no weight itself (it would train nothing).
         """
         # All micro-batches are fetched first: a pass that ends mid-step leaves no half step.
         accumulation = self._accumulation

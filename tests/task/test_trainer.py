@@ -10,6 +10,7 @@ from fakes import make_classification
 from torch import nn
 
 import cadence
+from cadence.core.errors import HookValueError
 from cadence.task.config import TaskConfig
 from cadence.task.config_files import load_config
 
@@ -277,7 +278,7 @@ class DetachedLoss(ToyTask):
 def test_an_overridden_train_step_whose_loss_has_no_gradient_is_refused_at_its_first_step(how):
     trainer = make_trainer(task=DetachedLoss(how))
     before = trainer.model.weight.detach().clone()
-    with pytest.raises(RuntimeError, match=(
+    with pytest.raises(HookValueError, match=(
             r"^DetachedLoss\.train_step\(\) returned a loss 'loss' that has no gradient "
             r"\(requires_grad=False\) and updated no weight, so training would change nothing\. "
             r"Was the loss computed under torch\.no_grad\(\) or \.detach\(\)ed\? Return it "
