@@ -37,7 +37,7 @@ from cadence.core.checkpoint_dir import (
 from cadence.core.errors import CheckpointError, CheckpointMismatchError, MissingMetricError
 from cadence.core.files import plain_name
 from cadence.core.hook_checks import describe
-from cadence.core.intervals import check_int
+from cadence.core.intervals import check_int, is_int
 from cadence.core.logs import flatten, is_scalar
 from cadence.core.rank import process_rank
 from cadence.engine.sharded import read_sharded, sharded_names, sharded_reader
@@ -352,7 +352,7 @@ def _is_number(value: Any) -> bool:
 def _entry_problem(entry: dict[str, Any]) -> str | None:
     """What is wrong with one ledger entry, as ``<field> <value>, which is not ...``; None."""
     step, value, logs = entry.get("step"), entry.get("value"), entry.get("logs", {})
-    if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
+    if not (is_int(step) and step >= 0):
         return f"step {describe(step)}, which is not a step number"
     if not _is_number(value):
         return f"value {describe(value)}, which is not a number"
