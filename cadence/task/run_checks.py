@@ -76,9 +76,10 @@ def evaluation_metric_names(task: Task) -> set[str] | None:
     return {"validation_loss", *built_metrics(task, training=False)}
 
 
-def check_best_metric(config: ExperimentConfig, task: Task) -> None:
-    """Checks ``trainer.best_checkpoint_eval_metric`` against what `task` reports, before
-    training, rather than at the first evaluation (which would lose the checkpoint due then).
+def check_best_metric(config: ExperimentConfig, task: Task, names: set[str] | None) -> None:
+    """Checks ``trainer.best_checkpoint_eval_metric`` against the metrics `task` reports
+    (`names`, from `evaluation_metric_names`; None: unknown before it runs), before training,
+    rather than at the first evaluation (which would lose the checkpoint due then).
 
     Raises:
         ConfigError: naming the metrics there are.
@@ -86,7 +87,6 @@ def check_best_metric(config: ExperimentConfig, task: Task) -> None:
     metric = config.trainer.best_checkpoint_eval_metric.replace("|", "/")
     if not metric or not config.trainer.best_checkpoint_export_subdir:
         return
-    names = evaluation_metric_names(task)
     # A metric whose result is a dict reports "<name>/<key>" for each of its keys.
     if names is not None and not any(metric == n or metric.startswith(f"{n}/") for n in names):
         raise ConfigError(

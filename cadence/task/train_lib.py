@@ -407,9 +407,10 @@ class _RunParts:
         trains, evaluates = mode.startswith("train"), mode != "train"
         trainer_config = config.trainer
         task = get_task(config.task, logging_dir=str(run.root))
+        names = evaluation_metric_names(task)  # builds the evaluation metrics once, to name them
         if evaluates:
-            check_best_metric(config, task)
-        check_config_callbacks(config, mode, evaluation_metric_names(task))
+            check_best_metric(config, task, names)
+        check_config_callbacks(config, mode, names)
         exporter = maybe_create_best_ckpt_exporter(config, run) if evaluates else None
         trainer = create_trainer(config, task, train=trains, evaluate=evaluates,
                                  checkpoint_exporter=exporter, replicas=groups)
