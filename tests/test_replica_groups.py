@@ -243,3 +243,41 @@ def test_an_unreachable_lighthouse_is_one_line_before_anything_trains(tmp_path):
         reach_lighthouse("http://127.0.0.1:1", timeout=2.0)
     with pytest.raises(ConfigError, match="must be an address such as http://localhost:29510"):
         reach_lighthouse("localhost:29510", timeout=2.0)
+
+
+def test_replica_group_settings_that_cannot_work_are_one_line_each(monkeypatch):
+    """The config's own (its values alone) and those a run sees when it starts (the
+    environment's REPLICA_GROUP_ID and TORCHFT_LIGHTHOUSE), before anything is written."""
+    from cadence import load_config
+    from cadence.core.errors import ConfigError
+    from cadence.task.run_checks import replica_options
+
+    def config(*settings):
+        return load_config("digits", overrides=["runtime.fault_tolerance.enabled=true",
+                                                *settings])
+
+    with pytest.raises(ConfigError, match=r"runtime\.fault_tolerance\.replica_id \(got 2\) must "
+                       r"be below runtime\.fault_tolerance\.replica_groups \(got 2\): groups "
+                       r"count from 0\."):
+        config("runtime.fault_tolerance.replica_id=2").validate()
+    with pytest.raises(ConfigError, match=r"min_live_groups \(got 3\) must be at most "
+                       r"runtime\.fault_tolerance\.replica_groups \(got 2\)"):
+        config("runtime.fault_tolerance.min_live_groups=3").validate()
+    monkeypatch.delenv("REPLICA_GROUP_ID", raising=False)
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://localhost:29510")
+    with pytest.raises(ConfigError, match=r"mode 'train' \(got 'train_and_eval'\)"):
+        replica_options(config(), "train_and_eval")
+    with pytest.raises(ConfigError, match=r"replica_id is not set and REPLICA_GROUP_ID is not "
+                       r"set: .*--set runtime\.fault_tolerance\.replica_id=0"):
+        replica_options(config(), "train")
+    monkeypatch.setenv("REPLICA_GROUP_ID", "5")
+    with pytest.raises(ConfigError, match=r"^runtime\.fault_tolerance\.replica_id \(got 5\) must "
+                       r"be below runtime\.fault_tolerance\.replica_groups \(got 2\): groups "
+                       r"count from 0\.$"):
+        replica_options(config(), "train")
+    monkeypatch.setenv("REPLICA_GROUP_ID", "1")
+    assert replica_options(config(), "train").replica_id == 1
+    monkeypatch.delenv("TORCHFT_LIGHTHOUSE")
+    with pytest.raises(ConfigError, match=r"lighthouse is not set and TORCHFT_LIGHTHOUSE is not "
+                       r"set"):
+        replica_options(config(), "train")

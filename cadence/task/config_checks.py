@@ -249,15 +249,24 @@ def choice_problems(config: Any) -> Iterable[str]:
     if trainer.ema.enabled and config.runtime.strategy == "fsdp2":
         yield EMA_WITH_FSDP2
     ft = config.runtime.fault_tolerance
-    if ft.replica_id is not None and is_int(ft.replica_id) and is_int(ft.replica_groups) and (
-            ft.replica_id >= ft.replica_groups):
-        yield (f"runtime.fault_tolerance.replica_id (got {ft.replica_id}) must be below "
-               f"runtime.fault_tolerance.replica_groups (got {ft.replica_groups}): groups "
-               "count from 0.")
+    if ft.replica_id is not None and is_int(ft.replica_id) and is_int(ft.replica_groups):
+        problem = replica_id_problem(ft.replica_id, ft.replica_groups)
+        if problem is not None:
+            yield problem
     if is_int(ft.min_live_groups) and is_int(ft.replica_groups) and (
             ft.min_live_groups > ft.replica_groups):
         yield (f"runtime.fault_tolerance.min_live_groups (got {ft.min_live_groups}) must be at "
                f"most runtime.fault_tolerance.replica_groups (got {ft.replica_groups}).")
+
+
+def replica_id_problem(replica_id: int, replica_groups: int) -> str | None:
+    """What is wrong with a replica group's id among `replica_groups` groups (the config's, or
+    ``REPLICA_GROUP_ID`` when a run starts); None when it fits."""
+    if replica_id < replica_groups:
+        return None
+    return (f"runtime.fault_tolerance.replica_id (got {replica_id}) must be below "
+            f"runtime.fault_tolerance.replica_groups (got {replica_groups}): groups count "
+            "from 0.")
 
 
 EMA_WITH_FSDP2 = ("trainer.ema.enabled: the average is a full copy of the weights, which "

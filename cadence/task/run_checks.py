@@ -16,7 +16,7 @@ from cadence.engine.distributed import local_device
 from cadence.engine.fault_tolerance import LIGHTHOUSE_HINT, ReplicaOptions
 from cadence.task.build_checks import built_metrics
 from cadence.task.config import ExperimentConfig
-from cadence.task.config_checks import MODES
+from cadence.task.config_checks import MODES, replica_id_problem
 from cadence.task.task import Task
 
 
@@ -120,9 +120,9 @@ def replica_options(config: ExperimentConfig, mode: str) -> ReplicaOptions | Non
                               f"{text or 'not set'}: set one to this group's number, e.g. "
                               f"--set {key}.replica_id=0.")
         replica_id = int(text)
-    if replica_id >= ft.replica_groups:  # (one the config names: its own check said so)
-        raise ConfigError(f"{key}.replica_id (got {replica_id}) must be below {key}."
-                          f"replica_groups (got {ft.replica_groups}): groups count from 0.")
+    problem = replica_id_problem(replica_id, ft.replica_groups)  # REPLICA_GROUP_ID's here
+    if problem is not None:
+        raise ConfigError(problem)
     lighthouse = ft.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE", "")
     if not lighthouse:
         raise ConfigError(f"{key}.lighthouse is not set and TORCHFT_LIGHTHOUSE is not set: "
