@@ -458,3 +458,25 @@ def test_on_cuda_the_controller_loop_makes_no_host_syncs_between_log_points(wher
     with cadence.debug.count_host_syncs() as syncs:  # CUDA's sync debug mode is on too
         runner.train(20)  # a loop between two log points, across passes
     assert syncs.count == 0, syncs.calls
+
+
+def test_a_heal_that_jumps_mid_loop_ends_training_at_its_step_and_warns_of_nothing(caplog):
+    """A replica group's heal (`RunClock.adopt`) in a Controller's loop: the global step jumps,
+    the loop ends where it was aimed (here the end of training), and the Controller does not
+    read the jump as a trainer that miscounts its steps."""
+    import logging
+
+    class Heals(Recorder):
+        def train_step(self, iterator):
+            super().train_step(iterator)
+            if self.global_step == 3:  # the step in flight joins a group at step 7
+                self.clock.adopt({**self.progress.state_dict(), "global_step": 7})
+
+    trainer = Heals(list(range(100)))
+    controller = cadence.Controller(trainer=trainer, steps_per_loop=10)
+    with caplog.at_level(logging.WARNING, logger="cadence"):
+        controller.train(10)
+    assert trainer.global_step == 10  # 3 run, 7 adopted in the 4th, then steps 9 and 10
+    assert trainer.calls.count("begin") == 1 and len(
+        [call for call in trainer.calls if isinstance(call, int)]) == 6
+    assert "advanced the global step" not in caplog.text
