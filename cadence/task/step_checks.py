@@ -69,26 +69,30 @@ def refuse_a_step_that_trained_nothing(task: Any, before: Marks,
 # ---------------------------------------------------------------- what the step hooks return
 
 
-def check_step_hooks(task: Any, compiled: Any = None) -> None:
-    """Makes the first call of each of `task`'s ``train_step``, ``validation_step`` and
-    ``process_metrics`` check what it returned (`cadence.core.hook_checks.check_first_call`):
-    every later call is the method's own, unchecked and at no cost.
+def check_step_hooks(task: Any, trainer: Any, compiled: bool = False) -> None:
+    """Makes the first call of each of the `Trainer`'s steps check what it returned
+    (`cadence.core.hook_checks.check_first_call`): every later call is the step's own,
+    unchecked and at no cost.
 
-    The loss of the default steps is what ``build_losses`` returned: a message about it names
-    ``build_losses``.
+    The training step is the trainer's ``_task_train_step``: its default forward returns
+    ``build_losses``' loss (a message about it names ``build_losses``), a task's own
+    ``train_step`` returns logs. Evaluation calls ``validation_step``, and the steps call
+    ``process_metrics``.
 
     Args:
         task: the task.
-        compiled: the `Trainer`, when its compiled steps (``_task_train_step``,
+        trainer: the `Trainer`.
+        compiled: whether the trainer's compiled steps (``_task_train_step``,
             ``_task_validation_step``) stand in for the task's: the first call of each is
             checked instead (``process_metrics``, traced inside them, is not).
     """
-    if compiled is not None:
-        check_first_call(compiled, "_task_train_step", partial(_check_train_logs, task))
-        check_first_call(compiled, "_task_validation_step",
+    train_check = (partial(_check_default_loss, task) if trainer._default_train_step
+                   else partial(_check_train_logs, task))
+    check_first_call(trainer, "_task_train_step", train_check)
+    if compiled:
+        check_first_call(trainer, "_task_validation_step",
                          partial(_check_validation_logs, task))
         return
-    check_first_call(task, "train_step", partial(_check_train_logs, task))
     check_first_call(task, "validation_step", partial(_check_validation_logs, task))
     check_first_call(task, "process_metrics", partial(_check_process_metrics, task))
 
@@ -136,13 +140,17 @@ def _check_loss(task: Any, step: str, loss: Any, needs_gradient: bool) -> None:
                          if built and needs_gradient else "a scalar tensor as the loss")
 
 
+def _check_default_loss(task: Any, loss: Any) -> None:
+    # The Trainer updates with the loss of the default step, which must have a gradient.
+    _check_loss(task, "train_step", loss, needs_gradient=torch.is_grad_enabled())
+
+
 def _check_train_logs(task: Any, logs: Any) -> None:
     if not isinstance(logs, Mapping) or task.loss not in logs:
         raise logs_error(task, logs)
-    # The Trainer updates with the loss of the default step, which must have a gradient; an
-    # overridden step may update the weights itself (see refuse_a_step_that_trained_nothing).
-    _check_loss(task, "train_step", logs[task.loss],
-                loss_maker(task, "train_step") == "build_losses()" and torch.is_grad_enabled())
+    # A task's own step may update the weights itself: its loss may have no gradient (see
+    # refuse_a_step_that_trained_nothing).
+    _check_loss(task, "train_step", logs[task.loss], needs_gradient=False)
 
 
 def _check_validation_logs(task: Any, logs: Any) -> None:

@@ -307,9 +307,12 @@ class Task(Module):
         """One training step's forward pass: returns logs with the loss under `self.loss`.
 
         The loss keeps its gradient, so the `Trainer` does the update (see the module
-        docstring). Override to update the weights yourself with `optimizer`; an override that
-        returns a loss without a gradient and updates nothing is refused at its first step
-        (a `RuntimeError` from the `Trainer`).
+        docstring). A task that keeps this default never has it called by the `Trainer`, which
+        runs the same forward itself and takes the loss without the logs dict; it is here for
+        an override that calls ``super().train_step(...)`` and adds to the logs. Override to
+        update the weights yourself with `optimizer`; an override that returns a loss without a
+        gradient and updates nothing is refused at its first step (a `HookValueError` from the
+        `Trainer`).
         """
         features, labels = split_inputs(inputs)
         outputs = call_model(model, features)

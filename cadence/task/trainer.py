@@ -4,11 +4,14 @@ The Trainer is a `StandardTrainer` and a `StandardEvaluator`, so a `Controller` 
 runner. One training step is::
 
     inputs = next_train_inputs(iterator)               # x gradient_accumulation_steps micro-batches
-    logs = task.train_step(inputs, model, optimizer, train_metrics)   # under autocast
-    if logs[task.loss] still needs a gradient:         # the default: the Trainer updates
+    loss = task.build_losses(labels, model(features))  # under autocast; task.process_metrics
+    # -- or, where the task overrides train_step: logs = task.train_step(inputs, model,
+    #    optimizer, train_metrics); loss = logs[task.loss]
+    training_loss.update(loss)
+    if loss still needs a gradient:                    # the default: the Trainer updates
         backward (through the fp16 grad scaler), clip the gradient norm, optimizer.step()
     # else the task updated the weights itself; an overridden train_step whose first step
-    # updated nothing (no weight, no gradient) is a RuntimeError: it would train nothing
+    # updated nothing (no weight, no gradient) is a HookValueError: it would train nothing
     lr_scheduler.step(); ema.update()
 
 One evaluation is `eval_begin` (reset metrics, eval mode; the EMA weights stand in when
@@ -65,7 +68,7 @@ from cadence.engine.standard_runner import (
 from cadence.task import build_checks, step_checks
 from cadence.task.config_checks import DTYPES, EMA_WITH_FSDP2
 from cadence.task.optimization import ExponentialMovingAverage, create_lr_schedule
-from cadence.task.task import Task, accepts_argument
+from cadence.task.task import Task, accepts_argument, aux_losses_of, call_model, split_inputs
 
 logger = logging.getLogger("cadence")
 
@@ -256,16 +259,24 @@ class Trainer(StandardTrainer, StandardEvaluator):
         update stays eager (a graph break there gains nothing) -- and the checks of their first
         calls (the compiled ones', when compiled)."""
         task, trainer_config = self.task, self._config.trainer
-        self._unchecked_override = type(task).train_step is not Task.train_step
+        self._default_train_step = type(task).train_step is Task.train_step
+        """Whether the task keeps the default `Task.train_step`: the Trainer then runs that
+        forward itself (`_train_forward`), and ``build_losses``' loss goes straight to
+        ``training_loss`` with no logs dict on its way."""
+        self._unchecked_override = not self._default_train_step
         """Whether the task overrides `Task.train_step` and no step has shown yet that it
         trains something (see `refuse_a_step_that_trained_nothing`)."""
-        self._task_train_step: Callable[..., Any] | None = None
+        train_step = self._train_forward if self._default_train_step else task.train_step
         self._task_validation_step: Callable[..., Any] | None = None
-        if trainer_config.compile_step or trainer_config.cuda_graphs:
+        compiled = trainer_config.compile_step or trainer_config.cuda_graphs
+        if compiled:
             how = (trainer_config.compile_mode, trainer_config.cuda_graphs)
-            self._task_train_step = compile_step(task.train_step, *how)
+            train_step = compile_step(train_step, *how)
             self._task_validation_step = compile_step(task.validation_step, *how)
-        step_checks.check_step_hooks(task, self if self._task_train_step else None)
+        self._task_train_step: Callable[..., Any] = train_step
+        """What a micro-batch runs: `_train_forward` (returns the loss) or the task's own
+        ``train_step`` (returns logs), compiled when the config says so."""
+        step_checks.check_step_hooks(task, self, compiled)
 
     def _register_for_healing(self, replicas: ReplicaGroups) -> None:
         """What a joining replica group takes from a live one: everything a checkpoint holds
@@ -420,7 +431,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
             batches = [to_device(inputs, self._device) for inputs in batches]
         if self._replicas is not None:
             self._replicas.begin_step()  # the quorum forms while the forward runs
-        task_step = self._task_train_step or self.task.train_step
+        default = self._default_train_step
         model, optimizer, metrics = self._train_model, self.optimizer, self.train_metrics
         # Only until an overridden train_step has shown that it trains: host-side counters, read
         # once, no sync; the default train_step never pays for it.
@@ -429,18 +440,21 @@ class Trainer(StandardTrainer, StandardEvaluator):
         updated = False
         for index, inputs in enumerate(batches):
             if self._plain_forward:  # no autocast, no DDP: nothing to enter (the common case)
-                logs = task_step(inputs, model, optimizer, metrics)
+                out = self._task_train_step(inputs, model, optimizer, metrics)
             else:
                 with self._micro_batch_context(last=index == accumulation - 1):
-                    logs = task_step(inputs, model, optimizer, metrics)
-            loss = self._loss_of(logs)
+                    out = self._task_train_step(inputs, model, optimizer, metrics)
+            if default:
+                loss = out
+            else:
+                loss = self._loss_of(out)
+                if len(out) > 1:
+                    self._record_extra(out)
             self.training_loss.update(loss)
-            if len(logs) > 1:
-                self._record_extra(logs)
             if loss.requires_grad:
                 self._backward(loss)
                 updated = True
-            elif type(self.task).train_step is Task.train_step:  # after the first step
+            elif default:  # after the first step
                 raise step_checks.no_gradient_error(self.task, loss)
         if marks is not None:
             self._unchecked_override = False  # later steps are not checked
@@ -452,6 +466,20 @@ class Trainer(StandardTrainer, StandardEvaluator):
             self.lr_scheduler.step()
         if self.ema is not None:
             self.ema.update(self.global_step + 1)
+
+    def _train_forward(self, inputs: Any, model: nn.Module,
+                       optimizer: torch.optim.Optimizer | None,
+                       metrics: Mapping[str, Any]) -> torch.Tensor:
+        """The default `Task.train_step`'s forward, run by the Trainer itself: the loss
+        ``task.build_losses`` made, with its gradient, and the metrics updated. (`Task.train_step`
+        does the same for a task that calls it from its own; this copy returns the loss itself,
+        not in a logs dict.)"""
+        task = self.task
+        features, labels = split_inputs(inputs)
+        outputs = call_model(model, features)
+        loss = task.build_losses(labels, outputs, aux_losses=aux_losses_of(model))
+        task.process_metrics(metrics, labels, outputs)
+        return loss
 
     def _trainables(self) -> list[torch.Tensor]:
         """The trainable tensors of the model and the task, each once."""

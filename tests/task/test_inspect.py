@@ -29,13 +29,11 @@ def test_inspect_lists_the_step_files_tensors_values_and_config_of_a_runs_newest
 def test_inspect_lists_the_tensors_of_a_sharded_checkpoint_from_its_metadata(tmp_path):
     """A checkpoint of a sharded model holds its tensors in DCP's files; their names, dtypes
     and shapes come from the .metadata, read with the restricted unpickler."""
-    import os
-
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29571")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    # One process: an in-memory store, no port (a fixed one collided with a parallel run's).
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         model = nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 2))
         fully_shard(model)

@@ -335,26 +335,51 @@ def test_a_train_step_without_the_loss_is_a_clear_error():
 
 def test_the_step_hooks_are_checked_at_their_first_call_and_then_are_the_methods_themselves(
         monkeypatch):
+    """The default training step is the Trainer's own forward (`build_losses`' loss, no logs
+    dict): its first result is checked, then it is the bound method itself, as are the
+    task's hooks."""
     from cadence.task import step_checks
 
     checked = []
-    for name in ("_check_train_logs", "_check_validation_logs", "_check_process_metrics"):
+    for name in ("_check_default_loss", "_check_validation_logs", "_check_process_metrics"):
         check = getattr(step_checks, name)
         monkeypatch.setattr(step_checks, name, lambda task, result, check=check, name=name: (
             checked.append(name), check(task, result)))
     trainer = make_trainer()
     task = trainer.task
-    assert {"train_step", "validation_step", "process_metrics"} <= set(vars(task))
+    assert {"validation_step", "process_metrics"} <= set(vars(task))
+    assert "train_step" not in vars(task)  # the Trainer runs the default forward itself
     trainer.train(5)
-    assert checked == ["_check_process_metrics", "_check_train_logs"]  # the first step's
-    assert "train_step" not in vars(task) and "process_metrics" not in vars(task)
-    assert task.train_step.__func__ is cadence.Task.train_step  # no wrapper on the way
+    assert checked == ["_check_process_metrics", "_check_default_loss"]  # the first step's
+    assert "process_metrics" not in vars(task)
+    assert trainer._task_train_step == trainer._train_forward  # no wrapper on the way
     trainer.evaluate(-1)
     assert checked[2:] == ["_check_validation_logs"]
     assert not {"train_step", "validation_step", "process_metrics"} & set(vars(task))
     trainer.train(5)
     trainer.evaluate(-1)
     assert len(checked) == 3
+
+
+def test_a_task_train_step_is_checked_at_its_first_call_and_then_is_the_method_itself(
+        monkeypatch):
+    from cadence.task import step_checks
+
+    checked = []
+    check = step_checks._check_train_logs
+    monkeypatch.setattr(step_checks, "_check_train_logs",
+                        lambda task, result: (checked.append(result), check(task, result)))
+
+    class Own(ToyTask):
+        def train_step(self, inputs, model, optimizer, metrics=None):
+            logs = super().train_step(inputs, model, optimizer, metrics)
+            return {**logs, "twice": 2 * logs["loss"].detach()}
+
+    trainer = make_trainer(task=Own())
+    logs = trainer.train(3)
+    assert len(checked) == 1 and set(checked[0]) == {"loss", "twice"}
+    assert trainer._task_train_step.__func__ is Own.train_step  # the task's, unwrapped
+    assert logs["twice"] == pytest.approx(2 * logs["training_loss"])
 
 
 def test_a_compiled_steps_first_call_is_checked_too():
