@@ -310,6 +310,23 @@ class Moments(Mean):
         super().reset()
         self._host_sums = [0.0, 0.0, 0.0]
 
+    def merge(self, other: Moments) -> None:
+        """Adds every value `other` saw to this one's statistics, as if each had been updated
+        here too (`other` keeps them): its host sums on the host, its device sums with one
+        kernel each. No host-device sync."""
+        sums = self._host_sums
+        for index, value in enumerate(other._host_sums):
+            sums[index] += value
+        if not (other._state or other._remembered):
+            return
+        other._fold()
+        if self._device is None and other._device is not None:
+            self._place(other._device)
+        for name in self._SUMMED:
+            acc = other._state.get(name)
+            if acc is not None:
+                self._accumulator(name, acc).add_(acc.to(self._device or acc.device))
+
     def _sums(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(total, square, count): the device sums plus the host ones (new tensors)."""
         total, square, count = self._host_sums

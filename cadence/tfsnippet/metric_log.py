@@ -2,7 +2,10 @@
 
 Metrics are collected per epoch and, inside a step, per step too; each name has the engine's
 `cadence.engine.metrics.Moments` (tensors stay on their device; every element of a collected
-array is one value). A print turns them into ``mean (±std)``
+array is one value). A value collected inside a step is added once, to the step's collector,
+which joins the epoch's (`Moments.merge`) when the step's metrics are printed or the step loop
+ends: the epoch's statistics hold every value, at one update per value. A print turns them
+into ``mean (±std)``
 text and writes the means as summaries -- skipping durations by default, and writing a metric
 only every k-th time when asked -- then forgets them.
 
@@ -65,26 +68,24 @@ class MetricLog:
                 metric (a string, a dict, None).
         """
         kind = type(value)  # a step's tensor or time is not a torchmetrics metric: no lookup
-        if kind is torch.Tensor:
-            value = value.detach()
-        elif kind is not float and kind is not int:
+        if kind is not torch.Tensor and kind is not float and kind is not int:
             if is_torchmetric(value):
                 self._collect_metric(name, value, within_step)
                 return
             value = _as_values(name, value)
             if value is None:
                 return  # an empty array adds nothing
-        for metrics in (self.epoch, self.step) if within_step else (self.epoch,):
-            collector = metrics.get(name)  # per step: no collector is built unless it is new
-            if collector is None:
-                if name in self.epoch_metrics:
-                    raise TypeError(f"Metric {name!r} was collected as a torchmetrics metric "
-                                    "and now as a value: collect one or the other.")
-                collector = metrics[name] = Moments()
-            collector.update(value)
+        collectors = self.step if within_step else self.epoch
+        collector = collectors.get(name)  # per step: no collector is built unless it is new
+        if collector is None:
+            if name in self.epoch_metrics:
+                raise TypeError(f"Metric {name!r} was collected as a torchmetrics metric "
+                                "and now as a value: collect one or the other.")
+            collector = collectors[name] = Moments()
+        collector.update(value)
 
     def _collect_metric(self, name: str, metric: Any, within_step: bool) -> None:
-        if name in self.epoch:
+        if name in self.epoch or name in self.step:
             raise TypeError(f"Metric {name!r} was collected as values and now as a torchmetrics "
                             "metric: collect one or the other.")
         self.epoch_metrics[name] = metric
@@ -95,10 +96,14 @@ class MetricLog:
         """The statistics of the step's (inside a step) or the epoch's metrics, which are then
         forgotten (a host read of each); torchmetrics metrics are computed, and reset once the
         epoch's are read."""
+        if not within_step:
+            self._step_into_epoch()  # nothing is left there: a step loop's end moved it
         collectors = self.step if within_step else self.epoch
         stats: Stats = {}
         for name, collector in collectors.items():
             stats.update(_moments_of(name, collector))
+        if within_step:
+            self._step_into_epoch()
         collectors.clear()
         metrics = self.step_metrics if within_step else self.epoch_metrics
         for name, metric in metrics.items():
@@ -129,9 +134,22 @@ class MetricLog:
             writer.write_summaries(values, step=step)
 
     def clear_step(self) -> None:
-        """Forgets what the step collected (when the step loop ends)."""
-        self.step.clear()
+        """Ends the step's collecting (when the step loop ends): what it collected and did not
+        print stays in the epoch's statistics only."""
+        self._step_into_epoch()
         self.step_metrics.clear()
+
+    def _step_into_epoch(self) -> None:
+        """Moves the step's collectors into the epoch's: merged into one of the same name, or
+        taken over as they are."""
+        epoch = self.epoch
+        for name, collector in self.step.items():
+            into = epoch.get(name)
+            if into is None:
+                epoch[name] = collector
+            else:
+                into.merge(collector)
+        self.step.clear()
 
     def clear(self) -> None:
         """Forgets everything collected (torchmetrics metrics keep their states: they are the

@@ -81,6 +81,9 @@ class LoopReport:
         self._log = log
         self._params = params
         self._events = events
+        self._metrics_listeners = events.handlers(EventKeys.METRICS_COLLECTED)
+        self._time_listeners = events.handlers(EventKeys.TIME_METRICS_COLLECTED)
+        """Live lists (`EventSource.handlers`): a collect fires only when one is not empty."""
         self._source = source
         self._summary_writer = summary_writer
         self._print_func = print_func
@@ -130,10 +133,11 @@ class LoopReport:
     def end_step(self) -> None:
         """The open step ends: its ``step_time`` is collected, unless a print closed it."""
         if not self._step_closed:
-            self._collect_time("step_time", self._clock() - self._step_start)
+            self._collect_time("step_time", self._clock() - self._step_start, within_step=True)
 
     def end_step_loop(self) -> None:
-        """A step loop ended: what its last step collected and did not print is forgotten."""
+        """A step loop ended: what its steps collected and did not print stays in the epoch's
+        statistics only."""
         self._log.clear_step()
 
     def end_epoch_loop(self) -> None:
@@ -162,11 +166,12 @@ class LoopReport:
             raise RuntimeError(f"{what} must be called inside an epoch or a step (in the body "
                                "of `for epoch in loop.iter_epochs()`).")
 
-    def _collect_time(self, name: str, seconds: float) -> None:
-        within_step = self._run_clock.step_open
+    def _collect_time(self, name: str, seconds: float, within_step: bool | None = None) -> None:
+        if within_step is None:
+            within_step = self._run_clock.step_open
         if within_step or self._progress.epoch_open:
             self._log.collect(name, seconds, within_step)
-        if self._events.has_handlers(EventKeys.TIME_METRICS_COLLECTED):
+        if self._time_listeners:
             self._events.fire(EventKeys.TIME_METRICS_COLLECTED, self._source, {name: seconds})
 
     def collect_metrics(self, metrics: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
@@ -186,7 +191,7 @@ class LoopReport:
         collect = self._log.collect
         for name, value in merged.items():
             collect(name, value, within_step)
-        if self._events.has_handlers(EventKeys.METRICS_COLLECTED):
+        if self._metrics_listeners:
             self._events.fire(EventKeys.METRICS_COLLECTED, self._source, merged)
         if self.best.monitor in merged:
             self._update_valid_metric(merged[self.best.monitor])

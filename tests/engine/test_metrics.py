@@ -189,3 +189,22 @@ def test_a_restored_mean_takes_cuda_losses():
         restored.update(torch.tensor(value, device="cuda"))  # the hot path, then remembered
     assert restored.result().device.type == "cuda"
     assert float(restored.result()) == 4.0
+
+
+def test_moments_merge_adds_what_another_saw_as_if_updated_with_it():
+    """`Moments.merge`: device values (remembered or summed), host numbers and arrays of one
+    collector join another's -- or an empty one's -- with the statistics of one that saw them
+    all; the merged one keeps its own."""
+    values = [torch.tensor(1.0), 2.5, torch.tensor([3.0, 4.0]), torch.tensor(7.0), 0.5]
+    whole, first, second = Moments(), Moments(), Moments()
+    for index, value in enumerate(values):
+        whole.update(value)
+        (first if index < 2 else second).update(value)
+    first.merge(second)
+    empty = Moments()
+    empty.merge(first)
+    for merged in (first, empty):
+        assert merged.weight() == whole.weight() == 6
+        assert float(merged.result()) == pytest.approx(float(whole.result()))
+        assert float(merged.stddev()) == pytest.approx(float(whole.stddev()))
+    assert second.weight() == 4  # left as it was

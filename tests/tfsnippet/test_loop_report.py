@@ -128,3 +128,27 @@ def test_reporting_outside_an_epoch_or_before_start_is_an_error():
         report.print_logs()
     with pytest.raises(RuntimeError, match="needs a summary writer"):
         report.add_summary({"x": 1.0})
+
+
+def test_a_steps_print_shows_its_values_and_the_epochs_print_shows_every_value_of_the_epoch():
+    """A value collected in a step is added once (to the step's statistics, which join the
+    epoch's when printed or when the step loop ends): the step's print shows the values since
+    the last step print, the epoch's every value -- from before the step loop, printed at a
+    step, or never printed at a step."""
+    report, run_clock, lines = make_report(show_eta=False)
+    report.start()
+    run_clock.begin_epoch(announce=report.begin_epoch)
+    report.collect_metrics(loss=torch.tensor(10.0))  # in the epoch, outside a step
+
+    def body(step):
+        report.collect_metrics(loss=torch.tensor(float(step)), acc=float(step))
+        if step == 2:
+            report.print_logs()  # steps 1 and 2
+
+    steps(report, run_clock, 3, body)
+    steps(report, run_clock, 1, lambda step: report.collect_metrics(loss=torch.tensor(6.0)))
+    report.print_logs()
+    step_line, epoch_line = lines
+    assert step_line.endswith("acc: 1.5 (±0.5); loss: 1.5 (±0.5)"), step_line
+    # the epoch: loss 10, 1, 2, 3, 6 (mean 4.4, std 3.2), acc 1, 2, 3
+    assert epoch_line.endswith("acc: 2 (±0.816497); loss: 4.4 (±3.2619)"), epoch_line
