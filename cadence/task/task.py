@@ -98,13 +98,18 @@ def call_model(model: nn.Module, features: Any) -> Any:
     return model(features)
 
 
+_CLASS_HAS_AUX_LOSSES: dict[type, bool] = {}
+"""Whether a model class defines ``aux_losses`` (a property, say), by class: asked once."""
+
+
 def aux_losses_of(model: Any) -> Any:
     """``model.aux_losses`` when the model has them (e.g. set in ``forward``), else None; the
     user's model's inside a ``DistributedDataParallel`` or ``torch.compile`` wrapper.
 
     Same answer as ``getattr(model, "aux_losses", None)``, without its cost on an ``nn.Module``
     that has none: there a missing attribute raises (and formats) an ``AttributeError`` inside
-    ``__getattr__``, about a microsecond in every step.
+    ``__getattr__``, about a microsecond in every step. Whether the model's class defines it is
+    asked once per class (a failed class lookup formats an error too).
     """
     if isinstance(model, nn.Module):
         if "module" in model._modules or "_orig_mod" in model._modules:
@@ -113,7 +118,11 @@ def aux_losses_of(model: Any) -> Any:
             model = unwrap_model(model)
         if "aux_losses" in vars(model):
             return vars(model)["aux_losses"]
-        if not (hasattr(type(model), "aux_losses") or "aux_losses" in model._parameters
+        cls = type(model)
+        on_class = _CLASS_HAS_AUX_LOSSES.get(cls)
+        if on_class is None:
+            on_class = _CLASS_HAS_AUX_LOSSES[cls] = hasattr(cls, "aux_losses")
+        if not (on_class or "aux_losses" in model._parameters
                 or "aux_losses" in model._buffers or "aux_losses" in model._modules):
             return None
     return getattr(model, "aux_losses", None)
