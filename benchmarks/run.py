@@ -4,7 +4,8 @@
     python benchmarks/run.py --smoke            # seconds: keeps the suite working (CI runs it)
 
 Workloads (every measurement in a fresh process; rounds interleaved, the order rotated each
-round, one untimed warm-up round):
+round, one untimed warm-up round; ``--smoke`` without a GPU forks each child from this process,
+torch and cadence imported once):
 
 1. Overhead-bound MLP (the peers' workload): the raw loop, each cadence front-end with its
    defaults on, and -- when the peers' harness and its virtual environment are present
@@ -61,16 +62,87 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+FORK_CHILDREN = False
+"""Whether `run_json` forks this process for a child script instead of starting a Python:
+``--smoke`` without a GPU (`preimport`), where the figures are meaningless and each of the ~30
+children would spend 2-3 s importing torch, Dynamo and cadence before a second of work."""
+
+
+def preimport() -> None:
+    """Imports what the child scripts import, once, for `FORK_CHILDREN`: forked, each child
+    starts with them imported. Nothing here starts a thread (torch's intra-op pool starts at
+    its first parallel operation), and no CUDA is initialized (a forked child could not use
+    it): only for runs without a GPU."""
+    global FORK_CHILDREN
+
+    import torch
+    import torch._dynamo  # the optimizers' first step imports it
+    import torch.nn.functional
+    import torch.utils.data
+
+    import cadence
+    import cadence.engine.debug
+    import cadence.task.experiments.char_lm
+    import cadence.task.experiments.gpt
+    import cadence.task.train_lib
+
+    for name in ("Trainer", "TrainLoop", "SimpleTrainer", "Controller", "load_config"):
+        getattr(cadence, name)
+    assert not torch.cuda.is_initialized()
+    FORK_CHILDREN = True
+
+
+def run_forked(command: list[str], env: dict[str, str], log: object) -> int:
+    """``python script.py ARGS`` (`command`) run as a fork of this process, with `env` as its
+    environment and its output to `log`; its exit status."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: run the script as __main__, then leave without unwinding
+        import atexit
+        import runpy
+        import traceback
+
+        code = 1
+        try:
+            os.dup2(log.fileno(), 1)  # type: ignore[attr-defined]
+            os.dup2(log.fileno(), 2)  # type: ignore[attr-defined]
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            os.environ.clear()
+            os.environ.update(env)
+            import torch
+
+            torch.set_num_threads(int(env.get("OMP_NUM_THREADS", os.cpu_count() or 1)))
+            sys.argv = command[1:]
+            sys.path[0] = str(Path(command[1]).resolve().parent)
+            try:
+                runpy.run_path(command[1], run_name="__main__")
+                code = 0
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+            atexit._run_exitfuncs()
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
 def run_json(command: list[str], out: Path, env: dict[str, str], log: Path) -> dict | None:
     if out.exists():
         out.unlink()
     with open(log, "a") as f:
-        f.write(f"\n===== {' '.join(command)}\n")
+        f.write(f"\n===== {' '.join(command)}{' (forked)' if FORK_CHILDREN else ''}\n")
         f.flush()
-        result = subprocess.run(command, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, check=False)
-    if result.returncode != 0 or not out.exists():
-        print(f"  FAILED ({result.returncode}): {' '.join(command)} -- see {log}", flush=True)
+        if FORK_CHILDREN and command[0] == sys.executable:
+            returncode = run_forked(command, env, f)
+        else:
+            returncode = subprocess.run(command, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, check=False).returncode
+    if returncode != 0 or not out.exists():
+        print(f"  FAILED ({returncode}): {' '.join(command)} -- see {log}", flush=True)
         return None
     return json.loads(out.read_text())
 
@@ -559,6 +631,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("overhead", "compute", "input", "checkpoint",
                                            "startup", "gpu", "gpt"))
     args = parser.parse_args(argv)
+    if args.smoke:
+        import torch
+
+        if not torch.cuda.is_available():
+            preimport()
     tmp = Path(tempfile.mkdtemp(prefix="cadence-bench-"))
     log = tmp / "children.log"
     print(f"Benchmark scratch directory and child logs: {tmp}", flush=True)
