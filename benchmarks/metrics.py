@@ -9,8 +9,8 @@ and the decision they support).
    torch thread): the workload's batch
    (32 examples, 10 classes) and a large one (1,024 x 1,000); the aten ops an update runs (each
    one kernel launch on a GPU), counted with a ``TorchDispatchMode``.
-2. Per loop: 100 updates and the one read of the result (cadence ``result()``, torchmetrics
-   ``compute()``), and the read alone.
+2. Per loop: 100 updates (10 with ``--smoke``) and the one read of the result (cadence
+   ``result()``, torchmetrics ``compute()``), and the read alone.
 3. Whole run: the overhead-bound workload (``benchmarks/workload.py``) through the Task Trainer
    with no metric, cadence's accuracy, and torchmetrics', each in fresh processes
    (``benchmarks/step.py``), rounds interleaved.
@@ -87,13 +87,13 @@ def interleaved(fns: dict[str, object], number: int, rounds: int) -> dict[str, f
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def filler(make, labels, outputs):
-    """A function that makes the metric and updates it 100 times."""
+def filler(make, labels, outputs, updates=100):
+    """A function that makes the metric and updates it `updates` times."""
 
     def filled():
         fresh = make()
         step = update_fn(fresh)
-        for _ in range(100):
+        for _ in range(updates):
             step(labels, outputs)
         return fresh
 
@@ -106,6 +106,7 @@ def micro(smoke: bool) -> list[dict]:
     torch.set_num_threads(1)
     rows = []
     number, rounds = (20, 3) if smoke else (200, 21)
+    loop_updates = 10 if smoke else 100  # a loop's updates before its read
     for batch, classes in ((32, 10), (1024, 1000)):
         outputs = torch.randn(batch, classes)
         labels = torch.randint(0, classes, (batch,))
@@ -115,15 +116,16 @@ def micro(smoke: bool) -> list[dict]:
             update = update_fn(make())
             update(labels, outputs)  # the accumulators exist
             updates[name] = functools.partial(update, labels, outputs)
-            filled = filler(make, labels, outputs)
+            filled = filler(make, labels, outputs, loop_updates)
             loops[name] = lambda filled=filled: read_fn(filled())()
             row[name] = {"shape": f"{batch} x {classes}", "metric": name,
+                         "loop_updates": loop_updates,
                          "ops": count_ops(updates[name]), "read_ops": count_ops(
                              read_fn(filled()))}
             pool = [read_fn(filled()) for _ in range(rounds * 3)]  # each read once: no cache
             reads[name] = pool
         per_update = interleaved(updates, number, rounds)
-        per_loop = interleaved(loops, max(1, number // 100), rounds)
+        per_loop = interleaved(loops, max(1, number // loop_updates), rounds)
         for name in makers:
             row[name]["update_us"] = per_update[name] * 1e6
             row[name]["loop_us"] = per_loop[name] * 1e6
@@ -138,6 +140,15 @@ def whole_runs(smoke: bool) -> dict[str, list[float]]:
                CADENCE_BENCH_SAMPLES="3200" if smoke else "32000")
     results: dict[str, list[float]] = {name: [] for name in VARIANTS}
     rounds = 1 if smoke else 5
+    fork = False
+    if smoke:  # without a GPU, each child forked from a process that imported torch, cadence
+        import torch
+
+        if not torch.cuda.is_available():
+            from run import preimport, run_forked
+
+            preimport()
+            fork = True
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
             order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
@@ -145,9 +156,16 @@ def whole_runs(smoke: bool) -> dict[str, list[float]]:
                 out = Path(tmp) / f"{name}-{r}.json"
                 workdir = Path(tmp) / f"{name}-{r}"
                 workdir.mkdir()
-                subprocess.run([sys.executable, str(HERE / "step.py"), name, "--out", str(out),
-                                "--workdir", str(workdir)], check=True, env=env,
-                               capture_output=True, timeout=600)
+                command = [sys.executable, str(HERE / "step.py"), name, "--out", str(out),
+                           "--workdir", str(workdir)]
+                if fork:
+                    with open(workdir / "output.txt", "w+") as log:
+                        if run_forked(command, env, log) != 0:
+                            log.seek(0)
+                            raise RuntimeError(f"{' '.join(command)} failed:\n{log.read()}")
+                else:
+                    subprocess.run(command, check=True, env=env, capture_output=True,
+                                   timeout=600)
                 record = json.loads(out.read_text())
                 results[name].append(record.get("steady_us_per_step", record["us_per_step"]))
     return results
@@ -156,7 +174,8 @@ def whole_runs(smoke: bool) -> dict[str, list[float]]:
 def report(rows: list[dict], runs: dict[str, list[float]]) -> str:
     lines = ["## Per update and per loop (one thread, median)", "",
              "| batch x classes | metric | aten ops / update | us / update | "
-             "us / loop (100 updates + read) | us / read | aten ops / read |",
+             f"us / loop ({rows[0]['loop_updates']} updates + read) | us / read | "
+             "aten ops / read |",
              "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['shape']} | {r['metric']} | {r['ops']} | {r['update_us']:.1f} | "
               f"{r['loop_us']:.0f} | {r['read_us']:.1f} | {r['read_ops']} |" for r in rows]
@@ -176,8 +195,9 @@ def main() -> None:
     parser.add_argument("--no-runs", action="store_true", help="skip the whole-run part")
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
-    rows = micro(args.smoke)
+    # The whole runs first: with --smoke they fork this process, before it computed anything.
     runs = ({name: [0.0] for name in VARIANTS} if args.no_runs else whole_runs(args.smoke))
+    rows = micro(args.smoke)
     print(report(rows, runs))
 
 

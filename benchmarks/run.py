@@ -104,6 +104,7 @@ def run_forked(command: list[str], env: dict[str, str], log: object) -> int:
         import traceback
 
         code = 1
+        atexit._clear()  # this process's (a TemporaryDirectory's cleanup...): not the child's
         try:
             os.dup2(log.fileno(), 1)  # type: ignore[attr-defined]
             os.dup2(log.fileno(), 2)  # type: ignore[attr-defined]
