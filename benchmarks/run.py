@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TextIO
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -92,7 +93,7 @@ def preimport() -> None:
     FORK_CHILDREN = True
 
 
-def run_forked(command: list[str], env: dict[str, str], log: object) -> int:
+def run_forked(command: list[str], env: dict[str, str], log: TextIO) -> int:
     """``python script.py ARGS`` (`command`) run as a fork of this process, with `env` as its
     environment and its output to `log`; its exit status."""
     sys.stdout.flush()
@@ -106,8 +107,8 @@ def run_forked(command: list[str], env: dict[str, str], log: object) -> int:
         code = 1
         atexit._clear()  # this process's (a TemporaryDirectory's cleanup...): not the child's
         try:
-            os.dup2(log.fileno(), 1)  # type: ignore[attr-defined]
-            os.dup2(log.fileno(), 2)  # type: ignore[attr-defined]
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             os.environ.clear()
             os.environ.update(env)
