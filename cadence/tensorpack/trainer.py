@@ -398,11 +398,14 @@ class SingleCostTrainer(Trainer):
     averaged over the ranks before each update; give each rank its own share of the input.
     """
 
-    _TRACKING_IGNORED = frozenset({"_cost_fn"})
+    _TRACKING_IGNORED = frozenset({"_cost_fn", "_last_cost"})
 
     def __init__(self, logdir: str | Path | None = None, name: str | None = None) -> None:
         super().__init__(logdir, name)
         self._cost_fn: Callable[..., torch.Tensor] | None = None
+        self._last_cost: torch.Tensor | None = None
+        """The last step's cost, kept until the next one's: its graph keeps the parameters'
+        gradient accumulators for the next forward (see `cadence.Trainer.train_step`)."""
         self._data_parallel = False
         self.cost = Mean()
 
@@ -465,7 +468,8 @@ class SingleCostTrainer(Trainer):
         if self._data_parallel:  # every rank's gradient counts: replicas stay equal
             average_gradients(p for group in self.optimizer.param_groups for p in group["params"])
         self.optimizer.step()
-        self.cost.update(cost.detach())
+        self.cost.update(cost)  # Mean keeps a detached value
+        self._last_cost = cost
 
     def epoch_logs(self) -> dict[str, Any]:
         logs = {"cost": self.cost.result()} if self.cost.updated else {}
