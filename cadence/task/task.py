@@ -99,7 +99,9 @@ def call_model(model: nn.Module, features: Any) -> Any:
 
 
 _CLASS_HAS_AUX_LOSSES: dict[type, bool] = {}
-"""Whether a model class defines ``aux_losses`` (a property, say), by class: asked once."""
+"""Whether a model class defines ``aux_losses`` (a property, say), by class: asked once. A
+dict, not ``functools.cache``: Dynamo traces this inside compiled steps and warns at a cache
+wrapper."""
 
 
 def aux_losses_of(model: Any) -> Any:

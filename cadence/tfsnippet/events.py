@@ -102,10 +102,6 @@ class EventSource:
         self._check(key)
         return self._handlers.setdefault(key, [])
 
-    def has_handlers(self, key: str) -> bool:
-        """Whether anything listens to `key` (the loop skips building arguments otherwise)."""
-        return bool(self._handlers.get(key))
-
     def fire(self, key: str, *args: Any, **kwargs: Any) -> None:
         """Calls the handlers of `key` in registration order."""
         self._check(key)
