@@ -140,15 +140,10 @@ def whole_runs(smoke: bool) -> dict[str, list[float]]:
                CADENCE_BENCH_SAMPLES="3200" if smoke else "32000")
     results: dict[str, list[float]] = {name: [] for name in VARIANTS}
     rounds = 1 if smoke else 5
-    fork = False
-    if smoke:  # without a GPU, each child forked from a process that imported torch, cadence
-        import torch
+    from run import fork_children_if_smoke, run_forked
 
-        if not torch.cuda.is_available():
-            from run import preimport, run_forked
-
-            preimport()
-            fork = True
+    # Without a GPU, each smoke child is forked from a process that imported torch and cadence.
+    fork = fork_children_if_smoke(smoke)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
             order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]

@@ -93,6 +93,17 @@ def preimport() -> None:
     FORK_CHILDREN = True
 
 
+def fork_children_if_smoke(smoke: bool) -> bool:
+    """Whether the children of a ``--smoke`` run are forked from this process (no GPU here):
+    then imports their modules once (`preimport`)."""
+    if smoke:
+        import torch
+
+        if not torch.cuda.is_available():
+            preimport()
+    return FORK_CHILDREN
+
+
 def run_forked(command: list[str], env: dict[str, str], log: TextIO) -> int:
     """``python script.py ARGS`` (`command`) run as a fork of this process, with `env` as its
     environment and its output to `log`; its exit status."""
@@ -633,11 +644,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("overhead", "compute", "input", "checkpoint",
                                            "startup", "gpu", "gpt"))
     args = parser.parse_args(argv)
-    if args.smoke:
-        import torch
-
-        if not torch.cuda.is_available():
-            preimport()
+    fork_children_if_smoke(args.smoke)
     tmp = Path(tempfile.mkdtemp(prefix="cadence-bench-"))
     log = tmp / "children.log"
     print(f"Benchmark scratch directory and child logs: {tmp}", flush=True)
