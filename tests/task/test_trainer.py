@@ -707,3 +707,19 @@ def test_on_cuda_the_training_loop_makes_no_host_syncs(where) -> None:
     with cadence.debug.count_host_syncs() as syncs:  # CUDA's sync debug mode is on too
         trainer.train(20)  # across passes
     assert syncs.count == 0, syncs.calls
+
+
+def test_a_process_metrics_override_runs_at_every_step_even_with_no_training_metrics():
+    """The default step skips ``process_metrics`` only where it would loop over nothing: no
+    training metrics and the default method. A task's own one is called at every step."""
+    calls = []
+
+    class Counting(ToyTask):
+        def build_metrics(self, training=True):
+            return {}
+
+        def process_metrics(self, metrics, labels, model_outputs, **kwargs):
+            calls.append(len(labels))
+
+    make_trainer(task=Counting()).train(3)
+    assert calls == [8, 8, 8]
