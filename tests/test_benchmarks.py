@@ -1,5 +1,6 @@
 """The benchmark suite keeps working (a smoke run: tiny sizes, one round; figures meaningless)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,20 @@ def test_the_benchmark_suite_runs_every_variant_and_writes_its_report(tmp_path):
                     "trainer bf16 eager"):
         assert f"| {variant} |" in gpt and f"| {variant} | failed" not in gpt
     assert "the Trainer's extra: " in gpt
+
+
+@pytest.mark.slow
+def test_the_paired_benchmark_times_every_front_end_against_the_raw_loop_in_one_process(
+        tmp_path):
+    out = tmp_path / "paired.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "paired.py"), "--smoke",
+                             "--out", str(out)], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "| raw_loop |" in result.stdout and "| 1.000x | 1.000x |" in result.stdout
+    figures = json.loads(out.read_text())["us_per_step"]
+    assert list(figures) == ["raw_loop", "cadence_controller", "cadence_trainer",
+                             "cadence_tensorpack", "cadence_train_loop"]
+    assert all(len(us) == 1 and us[0] > 0 for us in figures.values())
 
 
 @pytest.mark.slow
