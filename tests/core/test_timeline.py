@@ -398,6 +398,23 @@ def test_the_process_start_time_and_the_attempt_id():
     assert other != attempt_id()
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc")
+def test_a_process_start_time_is_when_the_process_was_started_to_the_kernels_tick():
+    """Between the parent's clock just before and just after it started the child, give or take
+    a tick (10 ms): not up to a second early, as ``btime``'s whole seconds made it (the time
+    between two attempts then read short)."""
+    import time
+
+    code = "from cadence.core.timeline import process_start_time; print(process_start_time())"
+    before = time.time()
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    after = time.time()
+    out, _ = child.communicate(timeout=60)
+    started = float(out)
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    assert before - tick - 0.005 <= started <= after + 0.005, (before, started, after)
+
+
 def test_the_timeline_works_with_torch_blocked():
     code = BLOCK_TORCH + f"""
 import pytest
