@@ -169,10 +169,14 @@ class _Encoder:
         if isinstance(value, float):
             return value if math.isfinite(value) else {"f": repr(value)}
         if isinstance(value, list):
+            if all(type(v) is int for v in value):  # already JSON: e.g. a sampler's indices
+                return list(value)
             return [self.encode(v) for v in value]
         if isinstance(value, torch.Size):
             return {"S": [int(v) for v in value]}
         if isinstance(value, tuple):
+            if all(type(v) is int for v in value):  # e.g. Python's random state, 625 ints
+                return {"t": list(value)}
             return {"t": [self.encode(v) for v in value]}
         if isinstance(value, np.ndarray):
             return {"N": self.tensor(torch.from_numpy(np.ascontiguousarray(value)))}
@@ -359,8 +363,9 @@ def _tensor_names(tree: Any, count: int) -> list[str]:
     stack: list[tuple[Any, str]] = [(tree, "")]
     while stack:
         node, path = stack.pop()
-        if isinstance(node, list):
-            stack.extend((v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(node))
+        if isinstance(node, list):  # only containers can hold a tensor: no name for the rest
+            stack.extend((v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(node)
+                         if isinstance(v, (list, dict)))
         elif isinstance(node, dict) and "d" in node and set(node) <= {"d", "m"}:
             for key, value in node["d"]:
                 text = _key_text(key)

@@ -55,6 +55,21 @@ def test_what_state_dicts_hold_round_trips_exactly():
     new_model.load_state_dict(loaded["model"])
 
 
+def test_lists_and_tuples_of_ints_round_trip_as_they_were():
+    """Python's random state (625 ints in a tuple) and lists of indices take the encoder's
+    fast path: the same values, the same types, bools still bools beside ints."""
+    import random
+
+    state = {"python": random.getstate(), "indices": list(range(1000)), "big": [2**70, -1],
+             "mixed": [1, True, (2, False)], "empty": ((), []), "names": [[torch.ones(2)]]}
+    loaded, _, _ = round_trip(state)
+    assert loaded["python"] == random.getstate() and type(loaded["python"][1]) is tuple
+    random.setstate(loaded["python"])  # what a resume does with it
+    assert loaded["indices"] == list(range(1000)) and loaded["big"] == [2**70, -1]
+    assert loaded["mixed"] == [1, True, (2, False)] and loaded["mixed"][1] is True
+    assert loaded["empty"] == ((), []) and torch.equal(loaded["names"][0][0], torch.ones(2))
+
+
 def test_a_tensor_stored_twice_is_written_once_and_loaded_as_one():
     shared = torch.ones(100)
     loaded, _, data = round_trip({"a": shared, "b": shared})
