@@ -40,6 +40,20 @@ def test_where_scikit_learn_keeps_the_file_elsewhere_load_digits_reads_it(monkey
     assert torch.equal(labels, torch.as_tensor(target))
 
 
+def test_a_file_that_is_not_the_table_load_digits_reads_is_left_to_load_digits(
+        tmp_path, monkeypatch):
+    import gzip
+
+    other = tmp_path / "digits.csv.gz"
+    with gzip.open(other, "wt") as handle:
+        handle.write("1,2,3\n4,5,6\n")  # another layout: not 64 pixels and a label a row
+    monkeypatch.setattr(digits, "_bundled_digits_file", lambda: other)
+    images, labels = digits.load_digits_arrays()
+    pixels, target = sklearns_digits()
+    assert torch.equal(images, torch.as_tensor(pixels, dtype=torch.float32) / 16.0)
+    assert torch.equal(labels, torch.as_tensor(target))
+
+
 def test_without_scikit_learn_the_error_says_what_to_install(monkeypatch):
     monkeypatch.setattr(digits, "_bundled_digits_file", lambda: None)
     monkeypatch.setitem(sys.modules, "sklearn.datasets", None)

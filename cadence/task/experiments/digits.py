@@ -82,11 +82,11 @@ def load_digits_arrays() -> tuple[torch.Tensor, torch.Tensor]:
     Read from the file scikit-learn ships them in (``sklearn/datasets/data/digits.csv.gz``), as
     ``sklearn.datasets.load_digits`` reads it, but without importing ``sklearn.datasets``: that
     import takes ~1 s (SciPy and the rest of scikit-learn), longer than this experiment's
-    training, and every rank of every run paid it. Where the file is not at that place (another
-    scikit-learn layout), ``load_digits`` itself reads it.
+    training, and every rank of every run paid it. Where the file is not at that place, or not
+    the table ``load_digits`` reads (another scikit-learn layout), ``load_digits`` reads it.
     """
-    path = _bundled_digits_file()
-    if path is None:
+    table = _read_bundled_digits()
+    if table is None:
         try:
             from sklearn.datasets import load_digits
         except ImportError:
@@ -97,12 +97,21 @@ def load_digits_arrays() -> tuple[torch.Tensor, torch.Tensor]:
         digits = load_digits()
         pixels, target = digits.data, digits.target
     else:
-        with gzip.open(path, mode="rt", encoding="utf-8") as rows:
-            table = np.loadtxt(rows, delimiter=",")
         pixels, target = table[:, :-1], table[:, -1].astype(np.int64)
     images = torch.as_tensor(pixels, dtype=torch.float32) / 16.0
     labels = torch.as_tensor(target, dtype=torch.int64)
     return images, labels
+
+
+def _read_bundled_digits() -> np.ndarray | None:
+    """scikit-learn's digits table, 64 pixels and the label a row; None where the file is
+    missing or not such a table (then ``load_digits`` reads it, as scikit-learn knows how)."""
+    path = _bundled_digits_file()
+    if path is None:
+        return None
+    with gzip.open(path, mode="rt", encoding="utf-8") as rows:
+        table = np.loadtxt(rows, delimiter=",", ndmin=2)
+    return table if table.shape[1] == 65 and len(table) > 0 else None
 
 
 def _bundled_digits_file() -> Path | None:
