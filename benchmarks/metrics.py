@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import timeit
@@ -139,30 +137,22 @@ def whole_runs(smoke: bool) -> dict[str, list[float]]:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                CADENCE_BENCH_SAMPLES="3200" if smoke else "32000")
     results: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    rounds = 1 if smoke else 5
-    from run import fork_children_if_smoke, run_forked
+    from run import fork_children_if_smoke, rounds, run_json
 
     # Without a GPU, each smoke child is forked from a process that imported torch and cadence.
-    fork = fork_children_if_smoke(smoke)
+    fork_children_if_smoke(smoke)
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(rounds):
-            order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
-            for name in order:
-                out = Path(tmp) / f"{name}-{r}.json"
-                workdir = Path(tmp) / f"{name}-{r}"
-                workdir.mkdir()
-                command = [sys.executable, str(HERE / "step.py"), name, "--out", str(out),
-                           "--workdir", str(workdir)]
-                if fork:
-                    with open(workdir / "output.txt", "w+") as log:
-                        if run_forked(command, env, log) != 0:
-                            log.seek(0)
-                            raise RuntimeError(f"{' '.join(command)} failed:\n{log.read()}")
-                else:
-                    subprocess.run(command, check=True, env=env, capture_output=True,
-                                   timeout=600)
-                record = json.loads(out.read_text())
-                results[name].append(record.get("steady_us_per_step", record["us_per_step"]))
+        log = Path(tmp) / "children.log"
+        for r, name in rounds(VARIANTS, 1 if smoke else 5, 0):
+            out = Path(tmp) / f"{name}-{r}.json"
+            workdir = Path(tmp) / f"{name}-{r}"
+            workdir.mkdir()
+            command = [sys.executable, str(HERE / "step.py"), name, "--out", str(out),
+                       "--workdir", str(workdir)]
+            record = run_json(command, out, env, log, timeout=600)
+            if record is None:
+                raise RuntimeError(f"{' '.join(command)} failed:\n{log.read_text()[-5000:]}")
+            results[name].append(record.get("steady_us_per_step", record["us_per_step"]))
     return results
 
 

@@ -42,33 +42,34 @@ def measure(names: list[str], reps: int) -> dict[str, list[float]]:
 
     torch.set_num_threads(1)
     import workload
+    from run import rounds
 
     modules = {name: workload.load_variant(name) for name in names}
     x, y = workload.make_data()
     times: dict[str, list[float]] = {name: [] for name in names}
-    for round_ in range(-1, reps):
-        shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
-            with tempfile.TemporaryDirectory() as workdir:
-                train, _ = modules[name].build(x, y, workdir)
-                gc.collect()
-                start = time.perf_counter()
-                train()
-                seconds = time.perf_counter() - start
-            if round_ >= 0:
-                times[name].append(seconds / workload.TOTAL_STEPS * 1e6)
+    for round_, name in rounds(names, reps, warmup=1):
+        with tempfile.TemporaryDirectory() as workdir:
+            train, _ = modules[name].build(x, y, workdir)
+            gc.collect()
+            start = time.perf_counter()
+            train()
+            seconds = time.perf_counter() - start
+        if round_ >= 0:
+            times[name].append(seconds / workload.TOTAL_STEPS * 1e6)
     return times
 
 
 def table(times: dict[str, list[float]]) -> list[str]:
     """The markdown table: the first variant is the baseline."""
+    from run import spread
+
     names = list(times)
     base = times[names[0]]
     lines = ["| variant | us/step median [min-max] | ratio | paired ratio |", "|---|---|---|---|"]
     for name in names:
         us = times[name]
         paired = statistics.median(b / v for b, v in zip(base, us))
-        lines.append(f"| {name} | {statistics.median(us):.1f} [{min(us):.1f}-{max(us):.1f}] | "
+        lines.append(f"| {name} | {spread(us, '{:.1f}')} | "
                      f"{statistics.median(base) / statistics.median(us):.3f}x | {paired:.3f}x |")
     return lines
 

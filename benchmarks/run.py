@@ -143,7 +143,11 @@ def run_forked(command: list[str], env: dict[str, str], log: TextIO) -> int:
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
-def run_json(command: list[str], out: Path, env: dict[str, str], log: Path) -> dict | None:
+def run_json(command: list[str], out: Path, env: dict[str, str], log: Path,
+             timeout: float | None = None) -> dict | None:
+    """Runs a child script that writes one JSON record to `out` (forked with `FORK_CHILDREN`,
+    else a fresh process, stopped after `timeout` seconds), its output appended to `log`; the
+    record, or None -- with a line saying so -- when the child failed."""
     if out.exists():
         out.unlink()
     with open(log, "a") as f:
@@ -153,7 +157,8 @@ def run_json(command: list[str], out: Path, env: dict[str, str], log: Path) -> d
             returncode = run_forked(command, env, f)
         else:
             returncode = subprocess.run(command, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, check=False).returncode
+                                        stdin=subprocess.DEVNULL, check=False,
+                                        timeout=timeout).returncode
     if returncode != 0 or not out.exists():
         print(f"  FAILED ({returncode}): {' '.join(command)} -- see {log}", flush=True)
         return None
