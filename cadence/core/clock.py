@@ -93,7 +93,7 @@ class RunClock:
         self._stop_agreed = False
         self._steps_left: int | None = None  # the running loop's budget (None: unbounded)
         self._user_epoch = False  # the open epoch was begun by `begin_epoch` (TrainLoop's)
-        self._pass_over = False  # the open epoch's pass over the data ended
+        self._data_pass_ended = False  # the open epoch's pass over the data ended
         self.jumped = 0
         """Steps the global step jumped by, taking another replica group's counters (`adopt`):
         steps this process did not run."""
@@ -192,7 +192,7 @@ class RunClock:
             progress.epoch_step = 0
             progress.epoch_finished = False
         progress.epoch_open = True
-        self._pass_over = False
+        self._data_pass_ended = False
         if announce is not None:
             announce()
         self.callbacks.fire("on_epoch_begin", self.state)
@@ -227,7 +227,7 @@ class RunClock:
         """Closes an epoch its user wrote when its body ended: it finished, unless a stop cut
         it short before its data's pass ended (then a resumed run reopens it). Fires its
         ``on_epoch_end`` after `announce`."""
-        if not self.stopping or self._pass_over:
+        if not self.stopping or self._data_pass_ended:
             self.progress.epoch_finished = True
         self._close_epoch(announce)
 
@@ -253,7 +253,7 @@ class RunClock:
     def _pass_ended(self, at_loop_end: bool) -> bool:
         """The data's pass ended: an epoch that is a pass finishes (and closes, now or after the
         loop); with `stop_at_end_of_data` a stop is requested. Returns whether the loop ends."""
-        self._pass_over = True
+        self._data_pass_ended = True
         if self._user_epoch:
             return True  # its step loop ends; its user ends the epoch
         if self.steps_per_epoch is not None:
