@@ -6,6 +6,7 @@ cache misses (the front-ends' time overhead measured here is 2-3x their instruct
     python benchmarks/paired.py                     # ~3 min on 2 cores
     python benchmarks/paired.py --reps 9 --out FILE.json
     python benchmarks/paired.py --smoke             # seconds: keeps it working
+    python benchmarks/paired.py --ablation cadence_trainer   # what each default costs
 
 What it does: imports every variant of ``benchmarks/variants/`` it is given, then for each round
 (one untimed warm-up round first, the order rotated each round) builds each variant afresh
@@ -16,6 +17,11 @@ with like: ``paired`` is the median over rounds of (raw loop's time / the varian
 the same round; ``ratio`` the ratio of the medians. What it cannot show: start-up and what a
 variant does once per process (imports, first-call compiles: the warm-up round runs them) --
 ``run.py`` measures those.
+
+``--ablation VARIANT`` is the per-step budget of one front-end's defaults: the variant, then the
+variant without each of its ``DEFAULTS`` in turn (``cadence_controller-checkpoints`` is the
+Controller variant without its checkpoints), then without all of them, each beside the raw loop
+in every round. What a default costs is its row's "over raw" less the full variant's.
 """
 
 from __future__ import annotations
@@ -36,6 +42,24 @@ VARIANTS = ["raw_loop", "cadence_controller", "cadence_trainer", "cadence_tensor
             "cadence_train_loop"]
 
 
+def variant_of(name: str) -> tuple[str, tuple[str, ...]]:
+    """``("cadence_trainer", ("checkpoints", "progress"))`` for
+    ``cadence_trainer-checkpoints+progress``: a variant, and which of its defaults are off."""
+    variant, _, off = name.partition("-")
+    return variant, tuple(part for part in off.split("+") if part)
+
+
+def ablation(variant: str) -> list[str]:
+    """The raw loop, `variant`, `variant` without each of its ``DEFAULTS``, without all."""
+    import workload
+
+    defaults = list(getattr(workload.load_variant(variant), "DEFAULTS", ()))
+    if not defaults:
+        raise ValueError(f"{variant} declares no DEFAULTS to leave out")
+    return (["raw_loop", variant] + [f"{variant}-{default}" for default in defaults]
+            + [f"{variant}-{'+'.join(defaults)}"])
+
+
 def measure(names: list[str], reps: int) -> dict[str, list[float]]:
     """us per step of each variant in each timed round (round order, warm-up dropped)."""
     import torch
@@ -44,12 +68,14 @@ def measure(names: list[str], reps: int) -> dict[str, list[float]]:
     import workload
     from run import rounds
 
-    modules = {name: workload.load_variant(name) for name in names}
+    modules = {name: workload.load_variant(variant_of(name)[0]) for name in names}
     x, y = workload.make_data()
     times: dict[str, list[float]] = {name: [] for name in names}
     for round_, name in rounds(names, reps, warmup=1):
+        without = variant_of(name)[1]
         with tempfile.TemporaryDirectory() as workdir:
-            train, _ = modules[name].build(x, y, workdir)
+            train, _ = (modules[name].build(x, y, workdir, without=without) if without
+                        else modules[name].build(x, y, workdir))
             gc.collect()
             start = time.perf_counter()
             train()
@@ -65,12 +91,15 @@ def table(times: dict[str, list[float]]) -> list[str]:
 
     names = list(times)
     base = times[names[0]]
-    lines = ["| variant | us/step median [min-max] | ratio | paired ratio |", "|---|---|---|---|"]
+    lines = ["| variant | us/step median [min-max] | ratio | paired ratio | over raw, us/step |",
+             "|---|---|---|---|---|"]
     for name in names:
         us = times[name]
         paired = statistics.median(b / v for b, v in zip(base, us))
+        over = statistics.median(v - b for b, v in zip(base, us))
         lines.append(f"| {name} | {spread(us, '{:.1f}')} | "
-                     f"{statistics.median(base) / statistics.median(us):.3f}x | {paired:.3f}x |")
+                     f"{statistics.median(base) / statistics.median(us):.3f}x | {paired:.3f}x | "
+                     f"{over:+.1f} |")
     return lines
 
 
@@ -78,12 +107,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="comma-separated names from benchmarks/variants/, the baseline first")
+    parser.add_argument("--ablation", metavar="VARIANT",
+                        help="the raw loop, VARIANT, and VARIANT without each of its defaults "
+                             "(its DEFAULTS): what each one costs per step")
     parser.add_argument("--reps", type=int, default=7, help="timed rounds (after one warm-up)")
     parser.add_argument("--smoke", action="store_true", help="tiny data, one round")
     parser.add_argument("--out", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     names = [name for name in args.variants.split(",") if name]
-    unknown = [n for n in names if not (HERE / "variants" / f"{n}.py").is_file()]
+    if args.ablation:
+        try:
+            names = ablation(args.ablation)
+        except (OSError, ValueError) as error:  # no such file, or nothing to leave out
+            parser.error(f"--ablation {args.ablation}: {error}")
+    unknown = [n for n in names if not (HERE / "variants" / f"{variant_of(n)[0]}.py").is_file()]
     if unknown or args.reps < 1 or not names:
         parser.error(f"unknown variants {unknown}, or --reps (got {args.reps}) below 1")
     if args.smoke:

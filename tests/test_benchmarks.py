@@ -52,6 +52,45 @@ def test_the_paired_benchmark_times_every_front_end_against_the_raw_loop_in_one_
     assert all(len(us) == 1 and us[0] > 0 for us in figures.values())
 
 
+
+def test_the_ablation_times_a_front_end_without_each_of_its_defaults(tmp_path):
+    out = tmp_path / "ablation.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "paired.py"), "--smoke",
+                             "--ablation", "cadence_controller", "--out", str(out)],
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    defaults = ["loss", "summaries", "checkpoints", "progress", "controller"]
+    assert list(json.loads(out.read_text())["us_per_step"]) == (
+        ["raw_loop", "cadence_controller"] + [f"cadence_controller-{d}" for d in defaults]
+        + ["cadence_controller-" + "+".join(defaults)])
+    assert "| over raw, us/step |" in result.stdout
+
+
+LEFT_OUT = """
+import os, sys, tempfile
+from pathlib import Path
+os.environ["CADENCE_BENCH_SAMPLES"] = "320"
+sys.path.insert(0, sys.argv[1])
+import workload
+x, y = workload.make_data()
+for without in [(), ("checkpoints",), ("summaries",), ("timeline",), ("controller",)]:
+    with tempfile.TemporaryDirectory() as workdir:
+        train, loss = workload.load_variant("cadence_trainer").build(x, y, workdir,
+                                                                     without=without)
+        train()
+        print(without, sorted(p.name for p in Path(workdir).iterdir()), loss())
+"""
+
+
+def test_a_default_left_out_of_the_trainer_variant_writes_nothing(tmp_path):
+    result = subprocess.run([sys.executable, "-c", LEFT_OUT, str(ROOT / "benchmarks")],
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    written = {line.split("]")[0] + "]" for line in result.stdout.splitlines()}
+    assert written == {"() ['ckpt', 'timeline', 'train']", "('checkpoints',) ['timeline', 'train']",
+                       "('summaries',) ['ckpt', 'timeline']", "('timeline',) ['ckpt', 'train']",
+                       "('controller',) []"}
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_metrics_benchmark_runs_and_reports_both_accuracies():

@@ -3,12 +3,19 @@
 DESCRIPTION = ("cadence Controller + StandardTrainer: loss metric, summaries every 100 steps, "
                "async checkpoints every 1,000, progress bar")
 
+DEFAULTS = ("loss", "summaries", "checkpoints", "progress", "controller")
+"""What ``build(without=...)`` can leave out, one at a time (``benchmarks/paired.py
+--ablation``): the loss metric, the summaries, the checkpoints, the progress bar, and the
+Controller itself (the trainer's ``train(100)`` called in a plain loop, with none of them)."""
 
-def build(x, y, workdir, extra_callbacks=()):
+
+def build(x, y, workdir, extra_callbacks=(), without=()):
     import torch.nn.functional as F
     from workload import TOTAL_STEPS, full_loss, make_loader, make_model, make_sgd
 
     import cadence
+
+    keeps_loss = "loss" not in without
 
     class Classifier(cadence.StandardTrainer):
         def __init__(self):
@@ -26,21 +33,30 @@ def build(x, y, workdir, extra_callbacks=()):
             loss = F.cross_entropy(self.model(xb), yb)
             loss.backward()
             self.optimizer.step()
-            self.loss.update(loss)
+            if keeps_loss:
+                self.loss.update(loss)
 
         def train_loop_end(self):
             return {"loss": self.loss.result()}
 
     trainer = Classifier()
-    manager = cadence.CheckpointManager(trainer, f"{workdir}/ckpt", checkpoint_interval=1000,
-                                        async_save=True)
+    manager = (None if "checkpoints" in without else
+               cadence.CheckpointManager(trainer, f"{workdir}/ckpt", checkpoint_interval=1000,
+                                         async_save=True))
+    summaries = {} if "summaries" in without else {"summary_dir": f"{workdir}/train",
+                                                   "summary_interval": 100}
+    progress = [] if "progress" in without else [cadence.ProgressBar()]
     controller = cadence.Controller(trainer=trainer, steps_per_loop=100,
-                                    summary_dir=f"{workdir}/train", summary_interval=100,
-                                    checkpoint_manager=manager,
-                                    callbacks=[cadence.ProgressBar(), *extra_callbacks])
+                                    checkpoint_manager=manager, **summaries,
+                                    callbacks=[*progress, *extra_callbacks])
 
     def train():
+        if "controller" in without:
+            for _ in range(TOTAL_STEPS // 100):
+                trainer.train(100)
+            return
         controller.train(TOTAL_STEPS)
-        manager.wait()
+        if manager is not None:
+            manager.wait()
 
     return train, lambda: full_loss(trainer.model, x, y)
