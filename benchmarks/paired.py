@@ -51,7 +51,7 @@ def variant_of(name: str) -> tuple[str, tuple[str, ...]]:
 
 def ablation(variant: str) -> list[str]:
     """The raw loop, `variant`, `variant` without each of its ``DEFAULTS``, without all."""
-    import workload
+    import workload  # after --smoke has set its size
 
     defaults = list(getattr(workload.load_variant(variant), "DEFAULTS", ()))
     if not defaults:
@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     names = [name for name in args.variants.split(",") if name]
+    if args.smoke:
+        os.environ["CADENCE_BENCH_SAMPLES"] = "320"  # read by workload.py at its import
     if args.ablation:
         try:
             names = ablation(args.ablation)
@@ -123,8 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if not (HERE / "variants" / f"{variant_of(n)[0]}.py").is_file()]
     if unknown or args.reps < 1 or not names:
         parser.error(f"unknown variants {unknown}, or --reps (got {args.reps}) below 1")
-    if args.smoke:
-        os.environ["CADENCE_BENCH_SAMPLES"] = "320"  # read by workload.py at its import
+    import workload
+
+    for name in names:
+        variant, without = variant_of(name)
+        declared = getattr(workload.load_variant(variant), "DEFAULTS", ()) if without else ()
+        if set(without) - set(declared):
+            parser.error(f"{name}: {variant} can leave out only {', '.join(declared) or 'nothing'}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     times = measure(names, 1 if args.smoke else args.reps)
     print("\n".join(table(times)))

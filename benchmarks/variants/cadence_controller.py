@@ -52,8 +52,8 @@ def build(x, y, workdir, extra_callbacks=(), without=()):
 
     def train():
         if "controller" in without:
-            for _ in range(TOTAL_STEPS // 100):
-                trainer.train(100)
+            for done in range(0, TOTAL_STEPS, 100):
+                trainer.train(min(100, TOTAL_STEPS - done))
             return
         controller.train(TOTAL_STEPS)
         if manager is not None:

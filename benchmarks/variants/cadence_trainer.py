@@ -51,8 +51,8 @@ def build(x, y, workdir, metrics=None, without=()):
 
     def train():
         if "controller" in without:
-            for _ in range(TOTAL_STEPS // 100):
-                trainer.train(100)
+            for done in range(0, TOTAL_STEPS, 100):
+                trainer.train(min(100, TOTAL_STEPS - done))
             return
         if record is not None:
             record.timeline.start(1)
