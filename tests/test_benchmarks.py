@@ -52,7 +52,6 @@ def test_the_paired_benchmark_times_every_front_end_against_the_raw_loop_in_one_
     assert all(len(us) == 1 and us[0] > 0 for us in figures.values())
 
 
-
 def test_the_ablation_times_a_front_end_without_each_of_its_defaults(tmp_path):
     out = tmp_path / "ablation.json"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "paired.py"), "--smoke",
