@@ -3,10 +3,10 @@ a wall-time ratio that holds to about 1%, where fresh processes (``run.py``, wor
 by 5-20% and instructions (``instructions.py``) miss what the interpreter's extra code costs in
 cache misses (the front-ends' time overhead measured here is 2-3x their instruction overhead).
 
-    python benchmarks/paired.py                     # ~3 min on 2 cores
+    python benchmarks/paired.py                     # ~1 min on 2 cores (7 rounds)
     python benchmarks/paired.py --reps 9 --out FILE.json
     python benchmarks/paired.py --smoke             # seconds: keeps it working
-    python benchmarks/paired.py --ablation cadence_trainer   # what each default costs
+    python benchmarks/paired.py --ablation cadence_trainer   # each default's cost: ~2 min
 
 What it does: imports every variant of ``benchmarks/variants/`` it is given, then for each round
 (one untimed warm-up round first, the order rotated each round) builds each variant afresh
