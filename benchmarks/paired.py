@@ -68,14 +68,15 @@ def measure(names: list[str], reps: int) -> dict[str, list[float]]:
     import workload
     from run import rounds
 
-    modules = {name: workload.load_variant(variant_of(name)[0]) for name in names}
+    modules = {variant: workload.load_variant(variant)  # each file once, however many rows
+               for variant in dict.fromkeys(variant_of(name)[0] for name in names)}
     x, y = workload.make_data()
     times: dict[str, list[float]] = {name: [] for name in names}
     for round_, name in rounds(names, reps, warmup=1):
-        without = variant_of(name)[1]
+        variant, without = variant_of(name)
         with tempfile.TemporaryDirectory() as workdir:
-            train, _ = (modules[name].build(x, y, workdir, without=without) if without
-                        else modules[name].build(x, y, workdir))
+            train, _ = (modules[variant].build(x, y, workdir, without=without) if without
+                        else modules[variant].build(x, y, workdir))
             gc.collect()
             start = time.perf_counter()
             train()

@@ -90,6 +90,7 @@ def test_a_default_left_out_of_the_trainer_variant_writes_nothing(tmp_path):
                        "('summaries',) ['ckpt', 'timeline']", "('timeline',) ['ckpt', 'train']",
                        "('controller',) []"}
 
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_metrics_benchmark_runs_and_reports_both_accuracies():
