@@ -65,6 +65,16 @@ def test_the_ablation_times_a_front_end_without_each_of_its_defaults(tmp_path):
     assert "| over raw, us/step |" in result.stdout
 
 
+
+def test_the_ablation_refuses_a_default_the_variant_does_not_declare():
+    for names, declared in (("raw_loop,cadence_controller-foo",
+                             "loss, summaries, checkpoints, progress, controller"),
+                            ("raw_loop,cadence_tensorpack-progress", "nothing")):
+        result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "paired.py"),
+                                 "--smoke", "--variants", names],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2 and f"can leave out only {declared}" in result.stderr
+
 LEFT_OUT = """
 import os, sys, tempfile
 from pathlib import Path
