@@ -1,7 +1,11 @@
 """The README's examples run as written, and its commands are the ones CI runs."""
 
+import json
 import re
 from pathlib import Path
+
+import pytest
+import torch
 
 README = Path(__file__).parent.parent / "README.md"
 
@@ -63,6 +67,17 @@ def test_ci_runs_the_readme_test_command():
     assert test_command in (README.parent / ".ci" / "run").read_text()
 
 
+def eval_records(run):
+    """The training-time evaluation records of `run`, by step."""
+    lines = (run / "eval" / "metrics.jsonl").read_text().splitlines()
+    return {record["step"]: record for record in map(json.loads, lines)}
+
+
+def reported_accuracy(capsys):
+    out = capsys.readouterr().out
+    return float(re.search(r"^Evaluation: accuracy=([0-9.]+)", out, re.M).group(1))
+
+
 def test_the_task_as_a_module_of_one_s_own_runs_from_the_command_line(tmp_path, monkeypatch,
                                                                       capsys, user_modules):
     """The task block (without its last lines, which run it) and the experiment block are
@@ -80,9 +95,32 @@ def test_the_task_as_a_module_of_one_s_own_runs_from_the_command_line(tmp_path, 
     assert main(["train", "-m", "runs/mine", "--no-progress", "--set", "trainer.train_steps=30",
                  "--allow-config-change"]) == 0
     assert (tmp_path / "runs/mine/checkpoints/ckpt-30").is_dir()
+    # Each evaluation reports what the run recorded for the weights it reads (the experiment
+    # evaluates an EMA of the weights: the chosen weights are evaluated, not a fresh average).
+    records = eval_records(tmp_path / "runs/mine")
+    best = json.loads((tmp_path / "runs/mine/best/info.json").read_text())["exports"][0]
     capsys.readouterr()
     assert main(["eval", "-m", "runs/mine", "--checkpoint", "best"]) == 0
-    assert "Evaluation: accuracy=" in capsys.readouterr().out
+    assert reported_accuracy(capsys) == pytest.approx(best["value"], abs=1e-6)
+    assert main(["eval", "-m", "runs/mine"]) == 0  # the newest checkpoint: step 30's weights
+    assert reported_accuracy(capsys) == pytest.approx(records[30]["accuracy"], abs=1e-6)
+    # the training-time records stay; the evaluations' are added, naming their weights
+    after = [json.loads(line) for line in
+             (tmp_path / "runs/mine/eval/metrics.jsonl").read_text().splitlines()]
+    assert after[:len(records)] == list(records.values())
+    assert [r["checkpoint"] for r in after[len(records):]] == [
+        f"runs/mine/best/{best['path']}", "runs/mine/checkpoints/ckpt-30"]
+    # `cadence export` writes the weights those evaluations read: the EMA average
+    assert main(["export", "runs/mine", "--out", "exported"]) == 0
+    assert "the EMA weights (what the run evaluates) of step 30" in capsys.readouterr().out
+    from safetensors.torch import load_file
+
+    from cadence.engine.exporter import read_weights
+
+    exported = load_file(str(tmp_path / "exported/model.safetensors"))
+    ema = read_weights(tmp_path / "runs/mine/checkpoints/ckpt-30", "ema")
+    assert exported.keys() == ema.keys()
+    assert all(torch.equal(exported[name], ema[name]) for name in ema)
     for command in ("cadence train -e mymodels:my_experiment -m runs/mine",
                     "cadence train -m runs/mine --set trainer.train_steps=600 "
                     "--allow-config-change", "cadence eval -m runs/mine --checkpoint best"):

@@ -557,12 +557,18 @@ class Controller:
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate(self, steps: int = -1) -> dict[str, Any]:
+    def evaluate(self, steps: int = -1, *, weights: str | None = None) -> dict[str, Any]:
         """Runs one evaluation of `steps` steps (-1: until the data is exhausted).
 
         The evaluation is recorded with the step and the checkpoint whose weights it used
         (None when the weights in memory were not checkpointed): in the log line, in the
         ``metrics.jsonl`` record, and in ``state.extra["last_eval"]``.
+
+        Args:
+            steps: evaluation steps, or -1.
+            weights: where the weights in memory came from, when the caller loaded them itself
+                (a checkpoint or an export it chose): what the evaluation records. By
+                default, the checkpoint this Controller restored or saved last.
 
         Returns:
             The evaluator's logs on the host, plus ``steps_per_second`` when `steps` > 0.
@@ -573,15 +579,16 @@ class Controller:
         self._require("evaluator")
         check_eval_steps(steps)
         with self._session():
-            return self._evaluate(steps)
+            return self._evaluate(steps, weights)
 
-    def _evaluate(self, steps: int) -> dict[str, Any]:
+    def _evaluate(self, steps: int, weights: str | None = None) -> dict[str, Any]:
         self._sync_state()
         assert self.evaluator is not None
         step, record = self._global_step(), self.record
         if record is not None:
             record.timeline.eval_begin(step)
-        logs = self._evaluations.run(self.evaluator, steps, step, self._checkpoints.weights,
+        logs = self._evaluations.run(self.evaluator, steps, step,
+                                     weights or self._checkpoints.weights,
                                      self.eval_summary_manager, self.eval_actions)
         if record is not None:
             record.timeline.eval_end(step)

@@ -21,6 +21,7 @@ import math
 import os
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -156,8 +157,11 @@ class BestCheckpointExporter:
 
     def maybe_export_checkpoint(self, model: nn.Module | Mapping[str, torch.Tensor],
                                 eval_logs: Mapping[str, Any], global_step: int,
-                                coordinator: Any = None) -> bool:
+                                coordinator: Any = None, kind: str = "model") -> bool:
         """Exports `model`'s weights if these logs are among the best; returns whether it did.
+
+        `kind` says which weights they are -- ``"model"`` (trained) or ``"ema"`` (an EMA
+        average) -- in the file's metadata (``weights``), so that an export says what it holds.
 
         The weights are copied to host memory now; with a `coordinator` (the Trainer's) the
         files are written in the background. Every rank decides (and reports the same best
@@ -192,14 +196,14 @@ class BestCheckpointExporter:
             return False
         files = model_config_files(model) if isinstance(model, nn.Module) else {}
         if coordinator is not None:
-            coordinator.schedule(self._write, entry, weights, kept, dropped, files)
+            coordinator.schedule(self._write, entry, weights, kept, dropped, files, kind)
         else:
-            self._write(entry, weights, kept, dropped, files)
+            self._write(entry, weights, kept, dropped, files, kind)
         return True
 
     def _write(self, entry: dict[str, Any], weights: dict[str, torch.Tensor],
                kept: list[dict[str, Any]], dropped: list[dict[str, Any]],
-               files: Mapping[str, str] | None = None) -> None:
+               files: Mapping[str, str] | None = None, kind: str = "model") -> None:
         final = self.export_dir / entry["path"]
         temp = self.export_dir / f".tmp-{entry['path']}"
         files = dict(files or {})
@@ -209,7 +213,7 @@ class BestCheckpointExporter:
             temp.mkdir()
             save_weights(weights, temp / WEIGHTS_FILE,
                          {"step": str(entry["step"]), "metric": self.metric_key,
-                          "value": repr(entry["value"])})
+                          "value": repr(entry["value"]), "weights": kind})
             _write_json(temp / METRICS_FILE, {"step": entry["step"], "metric": self.metric_key,
                                               "value": entry["value"], "logs": entry["logs"]})
             for name, text in files.items():
@@ -417,7 +421,41 @@ def _candidates(path: Path) -> list[tuple[str, Path]]:
     )
 
 
-def _read_one(kind: str, location: Path) -> dict[str, torch.Tensor]:
+def weights_metadata(path: Path) -> dict[str, str]:
+    """The metadata of a safetensors file (``step``, ``weights``, ...), or {} where it has none
+    or cannot be read (its weights are checked when they are read)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as opened:
+            return dict(opened.metadata() or {})
+    except (SafetensorError, OSError):
+        return {}
+
+
+MODEL, EMA, EVALUATED = "model", "ema", "evaluated"
+"""The sets of weights `read_weight_set` reads from a checkpoint: the trained ones, their EMA
+average (in a run with ``trainer.ema.enabled``), or what the run evaluates -- the average where
+the checkpoint holds one, else the trained weights."""
+
+
+@dataclass(frozen=True)
+class WeightSet:
+    """Weights read from a checkpoint or an export.
+
+    Attributes:
+        tensors: the weights, by the model's names.
+        kind: ``"model"`` (trained weights), ``"ema"`` (an EMA average), or None where the file
+            does not say (an export written before exports said it).
+        location: the file or checkpoint read.
+    """
+
+    tensors: dict[str, torch.Tensor]
+    kind: str | None
+    location: Path
+
+
+def _read_one(kind: str, location: Path, which: str) -> WeightSet:
     if kind == "safetensors":
         from safetensors.torch import load_file
 
@@ -428,39 +466,53 @@ def _read_one(kind: str, location: Path) -> dict[str, torch.Tensor]:
                     f"Export {str(location)!r} is damaged: it does not match the SHA-256 its "
                     f"ledger ({LEDGER_FILE}) recorded (its bytes changed after it was written)."
                 )
-            return load_file(str(location))
+            tensors = load_file(str(location))
         except CheckpointError:
             raise
         except Exception as error:  # safetensors raises its own error types
             raise CheckpointError(f"Cannot read {str(location)!r}: {error}") from error
+        said = weights_metadata(location).get("weights")
+        return WeightSet(tensors, said if said in (MODEL, EMA) else None, location)
     from cadence.engine.checkpoint_io import read_checkpoint
 
     manifest, payload = read_checkpoint(location)
     state = payload["state"]
-    model = state.get("model")
-    shards = sharded_reader(location, manifest) if model is None else None
-    if "model" in sharded_names(shards):  # written sharded (FSDP2)
-        model = read_sharded(shards, "model")
-    if not isinstance(model, dict):
+    shards = sharded_reader(location, manifest)
+    held = {name for name in (MODEL, EMA)
+            if isinstance(state.get(name), dict) or name in sharded_names(shards)}
+    if MODEL not in held:
         raise CheckpointError(
             f"Checkpoint {str(location)!r} has no 'model' entry (it has {sorted(state)}): it "
             "was not written by a cadence Trainer; load it with CheckpointManager.restore "
-            "instead."
-        )
-    return model
+            "instead.")
+    if which == EMA and EMA not in held:
+        raise CheckpointError(f"Checkpoint {str(location)!r} holds no EMA average: its run "
+                              "trained without trainer.ema.enabled.")
+    part = EMA if which == EMA or (which == EVALUATED and EMA in held) else MODEL
+    tensors = state.get(part)
+    if not isinstance(tensors, dict):  # written sharded (FSDP2)
+        tensors = read_sharded(shards, part)
+    return WeightSet(tensors, part, location)
 
 
-def read_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
-    """The model weights stored at `path` (see `load_weights` for what it may be).
+def read_weight_set(path: str | os.PathLike[str], which: str = MODEL) -> WeightSet:
+    """The weights stored at `path` (see `load_weights` for what it may be), with which set
+    they are.
+
+    Args:
+        path: where the weights are.
+        which: which of a checkpoint's sets (`MODEL`, `EMA` or `EVALUATED`); a best export or a
+            ``.safetensors`` file holds one set, read as it is.
 
     Raises:
-        CheckpointError: if nothing at `path` holds weights, or every candidate is damaged.
+        CheckpointError: if nothing at `path` holds weights, or every candidate is damaged; a
+            checkpoint without an EMA average read for ``"ema"``.
     """
     candidates = _candidates(Path(path))
     problems = []
     for kind, location in candidates:
         try:
-            weights = _read_one(kind, location)
+            found = _read_one(kind, location, which)
         except CheckpointError as error:
             if len(candidates) == 1:
                 raise
@@ -468,9 +520,19 @@ def read_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
             continue
         for problem in problems:
             logger.warning("Skipped: %s Loaded %s instead.", problem, location)
-        return weights
+        return found
     raise CheckpointError(f"No weights in {str(path)!r} can be read:\n  "
                           + "\n  ".join(problems))
+
+
+def read_weights(path: str | os.PathLike[str], which: str = MODEL) -> dict[str, torch.Tensor]:
+    """The weights stored at `path`: `read_weight_set`'s tensors (a checkpoint's trained
+    weights by default).
+
+    Raises:
+        CheckpointError: see `read_weight_set`.
+    """
+    return read_weight_set(path, which).tensors
 
 
 def load_weights(model: nn.Module, path: str | os.PathLike[str], strict: bool = True) -> None:

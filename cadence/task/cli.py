@@ -205,6 +205,14 @@ def _add_export_command(commands: Any) -> None:
                         help="latest (default), best, or a path (as cadence eval's)")
     export.add_argument("--out", "-o", type=Path, metavar="DIR", required=True,
                         help="the folder to write model.safetensors into (created if needed)")
+    export.add_argument("--raw", action="store_true",
+                        help="the trained weights of a checkpoint, not its EMA average (in a run "
+                        "with trainer.ema.enabled; by default what the run evaluates is "
+                        "written)")
+    export.add_argument("--experiment", "-e", metavar="EXPERIMENT",
+                        help="the module of the run's task, where its params.yaml cannot name "
+                        "it (a task defined in a script): MODULE:NAME or path/to/file.py:NAME, "
+                        "NAME an experiment or a function returning the run's ExperimentConfig")
 
 
 def _add_goodput_command(commands: Any) -> None:
@@ -232,17 +240,25 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from cadence.task.chosen_weights import EVALUATED, RAW
+    from cadence.task.config_files import load_run_config
     from cadence.task.model_export import export_model
 
     config = None  # with the run's params.yaml, the model names, ties and configures them
-    if args.run.is_dir() and RunDirectory(args.run).params.is_file():
+    params = RunDirectory(args.run).params
+    if args.run.is_dir() and params.is_file():
         try:
-            config = _load(argparse.Namespace(experiment=None, config_file=[], overrides=[]),
-                           args.run)
+            config = (load_run_config(params, args.experiment) if args.experiment is not None
+                      else _load(argparse.Namespace(experiment=None, config_file=[],
+                                                    overrides=[]), args.run))
         except ConfigError as error:  # the weights need no config: said, then exported
+            fix = ("" if args.experiment is not None else " Name the module of its task with "
+                   "-e MODULE:NAME or -e path/to/file.py:NAME to build its model.")
             print(f"cadence export: the run's config cannot be loaded ({error}); its weights are "
-                  "exported as saved, without a model config.", file=sys.stderr)
-    print(export_model(args.run, args.out, args.checkpoint, config).summary())
+                  "exported as saved, with the config.json of its best export where it has "
+                  f"one.{fix}", file=sys.stderr)
+    print(export_model(args.run, args.out, args.checkpoint, config,
+                       RAW if args.raw else EVALUATED).summary())
     return 0
 
 
@@ -371,7 +387,9 @@ def _load(args: argparse.Namespace, model_dir: Path | None) -> Any:
     """The config of a command: for an existing run, the run's own ``params.yaml`` is the base
     (a run continues, and is evaluated, as it was configured; ``--config-file`` and ``--set``
     go on top, and a change is refused unless allowed), unless ``--experiment`` names another
-    experiment; else the experiment's defaults.
+    experiment; else the experiment's defaults. For a run of a config built by hand (its task
+    in a script), ``--experiment`` names the module of its task, and the run's own config is
+    loaded over that experiment's.
 
     A run of an experiment of one's own module (``-e mymodels:NAME``) imports that module again
     as its ``params.yaml`` records it, which is said first (`cadence.task.module_experiments`
@@ -384,8 +402,15 @@ def _load(args: argparse.Namespace, model_dir: Path | None) -> Any:
     if named is not None and (parts := split_spelling(named)) is not None:
         named = spelled(*parts)  # ./mymodels.py:NAME is mymodels.py:NAME
     if saved is not None and saved.is_file():
-        recorded = experiment_of(saved, run=True)
-        if named in (None, recorded):
+        try:
+            recorded = experiment_of(saved, run=True)
+        except ConfigError:  # a config built by hand, of a task not registered here
+            if named is None:
+                raise
+            recorded = None
+        if named in (None, recorded) or not isinstance(recorded, str):
+            # The run's own config; for a config built by hand, -e names the module of its
+            # task (a script's, which the run cannot record an import of).
             parts = split_spelling(recorded) if isinstance(recorded, str) else None
             if named is None and parts is not None and process_rank() == 0:
                 print(f"Importing {parts[0]}: {saved} records it as the module of experiment "

@@ -31,14 +31,16 @@ from typing import Any
 
 from cadence.core.checkpoint_dir import fsync_path, write_atomically
 from cadence.core.errors import CheckpointError, ConfigError
-from cadence.core.files import plain_name
 from cadence.core.run_dir import RunDirectory
+from cadence.task.chosen_weights import (
+    EVALUATED,
+    RAW,
+    chosen_source,
+    is_checkpoint,
+    weights_step,
+)
 
 logger = logging.getLogger("cadence")
-
-LATEST = "latest"
-BEST = "best"
-
 
 @dataclass(frozen=True)
 class ExportedModel:
@@ -50,6 +52,8 @@ class ExportedModel:
         source: where they were read from.
         tensors: how many tensors it holds.
         files: the other files written beside it (``config.json``, ...).
+        kind: which weights: ``"model"`` (trained), ``"ema"`` (the EMA average), or None
+            where the source does not say.
     """
 
     weights: Path
@@ -57,94 +61,16 @@ class ExportedModel:
     source: Path
     tensors: int
     files: list[Path] = field(default_factory=list)
+    kind: str | None = None
 
     def summary(self) -> str:
         """What was written, in one line (what ``cadence export`` prints)."""
         step = f"step {self.step}" if self.step is not None else "the weights"
+        which = "the EMA weights (what the run evaluates) of " if self.kind == "ema" else ""
         beside = (f"; beside it {', '.join(path.name for path in self.files)}"
                   if self.files else "")
-        return f"Exported {step} of {self.source} ({self.tensors} tensors): {self.weights}{beside}"
-
-
-def _no_links(root: Path, path: Path) -> None:
-    """Refuses `path` when it, or a folder between `root` and it, is a symbolic link: a link in
-    a run directory could point anywhere."""
-    try:
-        parts = path.relative_to(root).parts
-    except ValueError:
-        return  # a path of the user's own choosing, outside the run
-    here = root
-    for part in parts:
-        here = here / part
-        if here.is_symlink():
-            raise CheckpointError(f"{str(here)!r} is a symbolic link: cadence does not read "
-                                  "through links in a run directory (one could point anywhere).")
-
-
-def chosen_source(run: RunDirectory, checkpoint: str | None) -> Path:
-    """Where the weights `checkpoint` names are: ``latest`` (or None) the newest complete
-    checkpoint of the run, ``best`` the best export its ledger ranks first, else a path (a
-    ``ckpt-<step>`` directory, a best-export directory, a ``.safetensors`` file).
-
-    Raises:
-        CheckpointError: when there is nothing there, or the path goes through a link.
-    """
-    from cadence.core.checkpoint_dir import CheckpointDirectory
-    from cadence.engine.exporter import LEDGER_FILE
-
-    root = run.root
-    if checkpoint is None or checkpoint == LATEST:
-        _no_links(root, run.checkpoints)
-        latest = CheckpointDirectory(run.checkpoints, None).latest()
-        if latest is None:
-            raise CheckpointError(f"{str(root)!r} holds no complete checkpoint (in "
-                                  f"{str(run.checkpoints)!r}): pass --checkpoint best or a path.")
-        source = latest.path
-    elif checkpoint == BEST:
-        ledger = run.best / LEDGER_FILE
-        _no_links(root, ledger)
-        try:
-            entries = json.loads(ledger.read_text(encoding="utf-8"))["exports"]
-            name = entries[0]["path"]
-        except FileNotFoundError:
-            raise CheckpointError(f"{str(root)!r} has no best export ({str(ledger)!r} does not "
-                                  "exist): pass --checkpoint latest or a path.") from None
-        except (OSError, ValueError, KeyError, IndexError, TypeError) as error:
-            raise CheckpointError(f"The export ledger {str(ledger)!r} is damaged "
-                                  f"({type(error).__name__}: {error}): pass --checkpoint "
-                                  "latest or a path.") from None
-        if not plain_name(name):
-            raise CheckpointError(f"The export ledger {str(ledger)!r} names {name!r}, which is "
-                                  "not a folder of its own: it is not read.")
-        source = run.best / name
-    else:
-        source = Path(checkpoint)
-        if not source.exists():
-            raise CheckpointError(f"--checkpoint {checkpoint!r} does not exist: pass best, "
-                                  "latest, a checkpoint (ckpt-<step>), a best-export directory "
-                                  "or a .safetensors file.")
-    _no_links(root, source)
-    if source.is_dir():
-        for name in ("manifest.json", "model.safetensors"):
-            _no_links(root, source / name)
-    return source
-
-
-def _step_of(source: Path) -> int | None:
-    """The step of the weights at `source`: a checkpoint's manifest, or an export's metadata."""
-    from safetensors import SafetensorError, safe_open
-
-    if (source / "manifest.json").is_file():
-        from cadence.core.checkpoint_dir import read_manifest
-
-        return int(read_manifest(source, sizes_of=())["step"])
-    weights = source / "model.safetensors" if source.is_dir() else source
-    try:
-        with safe_open(str(weights), framework="pt") as opened:
-            step = (opened.metadata() or {}).get("step")
-    except (SafetensorError, OSError):
-        return None
-    return int(step) if isinstance(step, str) and step.isdigit() else None
+        return (f"Exported {which}{step} of {self.source} ({self.tensors} tensors): "
+                f"{self.weights}{beside}")
 
 
 def _built_model(config: Any) -> Any:
@@ -193,8 +119,45 @@ def fit_to_model(weights: dict[str, Any], model: Any, source: Path) -> dict[str,
     return {name: weights[name] for name in expected}
 
 
+MODEL_CONFIG_FILES = ("config.json", "generation_config.json")
+"""The files a best export keeps beside the weights of a transformers model."""
+_MAX_CONFIG_BYTES = 1 << 20
+
+
+def saved_config_files(run: RunDirectory, source: Path) -> dict[str, str]:
+    """The ``config.json`` (and ``generation_config.json``) a best export of the run keeps
+    beside its weights -- the chosen export's own, else the best export's -- for a run whose
+    model cannot be built here (its task lives in a script). Read as untrusted input: no link
+    followed, each file JSON of at most 1 MiB; anything else is left out."""
+    from cadence.engine.exporter import LEDGER_FILE
+
+    folders = [source] if source.is_dir() and not is_checkpoint(source) else []
+    try:
+        ledger = json.loads((run.best / LEDGER_FILE).read_text(encoding="utf-8"))
+        folders += [run.best / str(entry["path"]) for entry in ledger["exports"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    for folder in folders:
+        files: dict[str, str] = {}
+        for name in MODEL_CONFIG_FILES:
+            path = folder / name
+            try:
+                if path.is_symlink() or not path.is_file() or (
+                        path.stat().st_size > _MAX_CONFIG_BYTES):
+                    continue
+                text = path.read_text(encoding="utf-8")
+                json.loads(text)
+            except (OSError, ValueError):
+                continue
+            files[name] = text
+        if "config.json" in files:
+            return files
+    return {}
+
+
 def export_model(run_dir: str | os.PathLike[str], out: str | os.PathLike[str],
-                 checkpoint: str | None = None, config: Any = None) -> ExportedModel:
+                 checkpoint: str | None = None, config: Any = None,
+                 weights: str = EVALUATED) -> ExportedModel:
     """Writes the model of a run's checkpoint as ``<out>/model.safetensors``.
 
     Args:
@@ -205,17 +168,29 @@ def export_model(run_dir: str | os.PathLike[str], out: str | os.PathLike[str],
         config: the run's `ExperimentConfig` (its ``params.yaml``), or None. With it, the
             model is built (without weights) to check the weights' names and shapes, write
             each tied weight under every name the model gives it, and, for a transformers
-            ``PreTrainedModel``, write its ``config.json``.
+            ``PreTrainedModel``, write its ``config.json``. Without it, the ``config.json`` a
+            best export of the run keeps is written (`saved_config_files`).
+        weights: ``"evaluated"`` (default): what the run evaluates -- a checkpoint's EMA
+            average where it holds one, else its trained weights; ``"raw"``: a checkpoint's
+            trained weights. A best export or a ``.safetensors`` file holds one set.
 
     Returns:
-        What was written.
+        What was written (`ExportedModel.kind` says which weights).
 
     Raises:
-        ConfigError: if `out` is a file, or `run_dir` is not a directory.
-        CheckpointError: if the weights are missing, damaged, not a checkpoint, or not the
-            run's model's.
+        ConfigError: if `out` is a file, `run_dir` is not a directory, `weights` is neither
+            choice, or the chosen weights are missing (no checkpoint, no best export).
+        CheckpointError: if the weights are damaged, not a checkpoint, or not the run's
+            model's; for ``"raw"``, an export that holds the EMA average alone.
     """
-    from cadence.engine.exporter import WEIGHTS_FILE, model_config_files, read_weights, save_weights
+    from cadence.engine.exporter import (
+        EMA,
+        MODEL,
+        WEIGHTS_FILE,
+        model_config_files,
+        read_weight_set,
+        save_weights,
+    )
 
     run_path, out = Path(run_dir), Path(out)
     if not run_path.is_dir():
@@ -224,31 +199,42 @@ def export_model(run_dir: str | os.PathLike[str], out: str | os.PathLike[str],
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is a file: pass a folder for model.safetensors "
                           "(it is created if it does not exist).")
+    if weights not in (EVALUATED, RAW):
+        raise ConfigError(f"`weights` (got {weights!r}) must be {EVALUATED!r} (what the run "
+                          f"evaluates: the EMA average where there is one) or {RAW!r}.")
     run = RunDirectory(run_path)
     if config is not None:
         from cadence.task.train_lib import run_directory
 
         run = run_directory(config, run_path)
     source = chosen_source(run, checkpoint)
-    weights = read_weights(source)
-    step = _step_of(source)
-    files: dict[str, str] = {}
+    found = read_weight_set(source, EVALUATED if weights == EVALUATED else MODEL)
+    tensors, step = found.tensors, weights_step(source)
+    if weights == RAW and found.kind == EMA:
+        raise CheckpointError(
+            f"{str(found.location)!r} holds the EMA average alone (what the run evaluated), "
+            "not the trained weights: pass the checkpoint of its step with --raw (--checkpoint "
+            f"{run.checkpoints / f'ckpt-{step}' if step is not None else 'ckpt-<step>'}).")
     if config is not None:
         model = _built_model(config)
-        weights = fit_to_model(weights, model, source)
+        tensors = fit_to_model(tensors, model, source)
         files = model_config_files(model)
+    else:
+        files = saved_config_files(run, source)
     out.mkdir(parents=True, exist_ok=True)
     target = out / WEIGHTS_FILE
     temp = out / f".tmp-{WEIGHTS_FILE}"
     metadata = {"source": str(source)}
     if step is not None:
         metadata["step"] = str(step)
+    if found.kind is not None:
+        metadata["weights"] = found.kind
     try:
-        save_weights(weights, temp, metadata)
+        save_weights(tensors, temp, metadata)
         fsync_path(temp)
         os.replace(temp, target)
     finally:
         temp.unlink(missing_ok=True)
     written = [write_atomically(out / name, text) for name, text in files.items()]
-    logger.debug("Exported %d tensors of %s to %s.", len(weights), source, target)
-    return ExportedModel(target, step, source, len(weights), written)
+    logger.debug("Exported %d tensors of %s to %s.", len(tensors), source, target)
+    return ExportedModel(target, step, source, len(tensors), written, found.kind)

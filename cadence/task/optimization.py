@@ -138,6 +138,12 @@ class ExponentialMovingAverage:
         return min(self.decay, (1.0 + t) / (10.0 + t)) if self.dynamic_decay else self.decay
 
     @torch.no_grad()
+    def reset(self) -> None:
+        """Makes the average the model's weights as they are now (after loading weights into
+        the model, the average of the weights before means nothing)."""
+        torch._foreach_copy_([a for a, _ in self._pairs], [w for _, w in self._pairs])
+
+    @torch.no_grad()
     def update(self, step: int) -> None:
         """Moves the average towards the current weights, after `step` completed steps."""
         averages = [a for a, _ in self._pairs]

@@ -179,10 +179,17 @@ def create_writers(config: ExperimentConfig, run: RunDirectory) -> list[WriterSp
 
 def create_summaries(config: ExperimentConfig, run: RunDirectory,
                      global_step: Callable[[], int], replica: int | None = None,
-                     ) -> tuple[SummaryManager, SummaryManager]:
+                     trains: bool = True) -> tuple[SummaryManager, SummaryManager]:
     """The train and eval summary managers of the run (one, when both write to one directory);
     a replica group of a fault-tolerant job writes its training summaries in
     ``train/replica-<g>``.
+
+    While training (`trains`), an evaluation of a step evaluated before replaces its records:
+    training resumed from a checkpoint made that step again, and its earlier evaluation was of
+    the run's abandoned continuation. An evaluation job's records (``cadence eval``,
+    ``continuous_eval``) are added beside the training's, each naming the weights it read:
+    an evaluation never rewrites what training recorded (the record that chose a best export
+    among them).
 
     Raises:
         ConfigError: when a writer's library is not installed (on rank 0, the one that writes).
@@ -193,9 +200,8 @@ def create_summaries(config: ExperimentConfig, run: RunDirectory,
         train = SummaryManager(train_dir, global_step, writers=writers, run_dir=run.root)
         if run.eval == run.train:
             return train, train
-        # An evaluation of a step evaluated before replaces its records (`cadence eval`).
         return train, SummaryManager(run.eval, global_step, writers=writers, run_dir=run.root,
-                                     replace_steps=True)
+                                     replace_steps=trains)
     except ImportError as error:
         raise ConfigError(f"runtime.writers: {error}") from None
 
@@ -451,7 +457,7 @@ class _RunParts:
         groups = self.groups
         summaries, eval_summaries = self.summaries = create_summaries(
             config, self.run, lambda: trainer.global_step,
-            replica=groups.options.replica_id if groups is not None else None)
+            replica=groups.options.replica_id if groups is not None else None, trains=trains)
         builtin: list[Callback] = [ProgressBar(enabled=progress_bar)] if trains else []
         if trains:
             builtin.append(LossGuard("training_loss", trainer_config.loss_upper_bound,
@@ -498,7 +504,8 @@ class _RunParts:
                 if chosen is None and manager.latest_checkpoint is None:
                     logger.warning("No checkpoint in %s: evaluating the weights of "
                                    "task.init_checkpoint.", manager.directory)
-                eval_logs = controller.evaluate(trainer_config.validation_steps)
+                eval_logs = controller.evaluate(trainer_config.validation_steps,
+                                                weights=str(chosen) if chosen else None)
             else:
                 eval_logs = controller.evaluate_continuously(
                     trainer_config.validation_steps,

@@ -369,7 +369,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
                 self.ema = ExponentialMovingAverage(self.model, ema.decay, ema.dynamic_decay,
                                                     ema.start_step)
         if self.ema is not None:
-            self.ema.update(0)  # the average starts from the initialized weights
+            self.ema.reset()  # the average starts from the initialized weights
 
     def distribute_dataset(self, dataset_or_fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Builds this process's share of a dataset.
@@ -653,7 +653,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
 
             logs = to_host(logs)
             exporter.maybe_export_checkpoint(self._eval_model, logs, self.global_step,
-                                             coordinator=self._coordinator)
+                                             coordinator=self._coordinator,
+                                             kind="ema" if self.ema is not None else "model")
             # As in TF Model Garden, evaluate() returns with its export on disk (checkpoint
             # writes, which the coordinator also waits for in join(), go on in the background).
             self._coordinator.join(waitables=False)

@@ -72,3 +72,34 @@ def test_best_without_a_best_export_and_a_choice_outside_eval_are_refused(tmp_pa
         run_experiment(digits(), "eval", run, checkpoint="best")
     with pytest.raises(ConfigError, match="is for mode 'eval'"):
         run_experiment(digits(), "continuous_eval", run, checkpoint="latest")
+
+
+EMA = [*FAST, "trainer.ema.enabled=true", "trainer.ema.decay=0.9"]
+
+
+@pytest.fixture(scope="module")
+def trained_with_ema(tmp_path_factory):
+    """A run that evaluates an EMA of its weights, at steps 20 and 40."""
+    run = tmp_path_factory.mktemp("ema") / "run"
+    run_experiment(load_config("digits", overrides=EMA), "train_and_eval", run)
+    records = [json.loads(line) for line in (run / "eval" / "metrics.jsonl").read_text()
+               .splitlines()]
+    return run, {record["step"]: record for record in records}
+
+
+@pytest.mark.parametrize("choice", ["best", "best-folder", "safetensors", "ckpt-20", "latest"])
+def test_chosen_weights_of_a_run_with_an_ema_are_evaluated_as_training_evaluated_them(
+        trained_with_ema, choice):
+    """The weights a file holds are evaluated: an export holds the average training evaluated,
+    which a freshly built model's average (its initial weights) must not stand in for."""
+    run, during_training = trained_with_ema
+    best = json.loads((run / "best" / "info.json").read_text())["exports"][0]
+    path, step = {"best": ("best", best["step"]),
+                  "best-folder": (str(run / "best"), best["step"]),
+                  "safetensors": (str(run / "best" / best["path"] / "model.safetensors"),
+                                  best["step"]),
+                  "ckpt-20": (str(run / "checkpoints" / "ckpt-20"), 20),
+                  "latest": ("latest", 40)}[choice]
+    _, logs = run_experiment(load_config("digits", overrides=EMA), "eval", run, checkpoint=path)
+    assert logs["accuracy"] == during_training[step]["accuracy"]
+    assert last_record(run)["step"] == step

@@ -134,4 +134,65 @@ def test_a_run_whose_config_cannot_be_loaded_is_exported_as_saved_and_says_so(
     captured = capsys.readouterr()
     assert captured.err.startswith("cadence export: the run's config cannot be loaded (Unknown "
                                    "experiment 'elsewhere'")
-    assert "without a model config" in captured.err and "Exported step 4" in captured.out
+    assert "exported as saved, with the config.json of its best export where it has one" in \
+        captured.err and "-e MODULE:NAME" in captured.err and "Exported step 4" in captured.out
+
+
+def test_a_run_whose_model_cannot_be_built_gets_the_config_json_its_best_export_keeps(
+        sharded_run, tmp_path, capsys):
+    """A task defined in a script: the command line cannot build its model, but the best
+    export kept the model's config.json beside its weights (a transformers model's)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(sharded_run, run)
+    params = run / "params.yaml"
+    params.write_text(params.read_text().replace("experiment: digits", "experiment: elsewhere"))
+    config_json = '{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}'
+    (run / "best" / "best-4" / "config.json").write_text(config_json)
+    for checkpoint in ("latest", "best"):
+        out = tmp_path / checkpoint
+        assert main(["export", str(run), "--checkpoint", checkpoint, "--out", str(out)]) == 0
+        assert (out / "config.json").read_text() == config_json
+        assert "beside it config.json" in capsys.readouterr().out
+    (run / "best" / "best-4" / "config.json").write_text("not json")  # damaged: left out
+    assert main(["export", str(run), "--out", str(tmp_path / "damaged")]) == 0
+    assert not (tmp_path / "damaged" / "config.json").exists()
+
+
+@pytest.fixture(scope="module")
+def ema_run(tmp_path_factory):
+    """digits trained 20 steps with an EMA of its weights, evaluated and exported at 20."""
+    run = tmp_path_factory.mktemp("export-ema") / "run"
+    assert main(["train", "-m", str(run), "--no-progress", "--set", "trainer.train_steps=20",
+                 "--set", "trainer.steps_per_loop=10", "--set", "trainer.validation_interval=20",
+                 "--set", "task.model.hidden_sizes=[8]", "--set", "trainer.ema.enabled=true",
+                 "--set", "trainer.ema.decay=0.9"]) == 0
+    return run
+
+
+def test_an_ema_run_exports_the_weights_it_evaluates_and_says_so_raw_on_request(
+        ema_run, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from cadence.engine.exporter import read_weights
+
+    checkpoint = ema_run / "checkpoints" / "ckpt-20"
+    ema, trained = read_weights(checkpoint, "ema"), read_weights(checkpoint, "model")
+    assert any(not torch.equal(ema[name], trained[name]) for name in ema)
+    capsys.readouterr()
+    outputs = {}
+    for name, extra in (("latest", []), ("best", ["--checkpoint", "best"]),
+                        ("raw", ["--raw"])):
+        assert main(["export", str(ema_run), *extra, "--out", str(tmp_path / name)]) == 0
+        outputs[name] = capsys.readouterr().out
+    for name, expected in (("latest", ema), ("best", ema), ("raw", trained)):
+        exported = load_file(str(tmp_path / name / "model.safetensors"))
+        assert all(torch.equal(exported[key], expected[key]) for key in expected), name
+    assert outputs["latest"].startswith(
+        f"Exported the EMA weights (what the run evaluates) of step 20 of {checkpoint} (")
+    assert outputs["best"].startswith("Exported the EMA weights (what the run evaluates) of")
+    assert outputs["raw"].startswith(f"Exported step 20 of {checkpoint} (")
+    line = error_line(capsys, ["export", str(ema_run), "--checkpoint", "best", "--raw",
+                               "--out", str(tmp_path / "raw-best")])
+    assert "holds the EMA average alone" in line and f"--checkpoint {checkpoint}" in line

@@ -82,29 +82,46 @@ FAST = ["trainer.train_steps=40", "trainer.steps_per_loop=10", "trainer.checkpoi
         "runtime.writers=[tensorboard,jsonl,csv]"]
 
 
-def test_cadence_eval_of_a_checkpoint_twice_leaves_one_record_at_its_step(tmp_path):
+def test_cadence_eval_adds_records_that_name_their_weights_and_training_s_stay(tmp_path):
+    """An evaluation job never rewrites what training recorded (the records that chose the best
+    export among them): each of its evaluations is a record of its own, naming its weights."""
     config = load_config("digits", overrides=FAST)
     run = tmp_path / "run"
     run_experiment(config, "train_and_eval", run, progress_bar=False)  # evaluates 20 and 40
     train_before = {p.name: p.read_bytes() for p in (run / "train").iterdir() if p.is_file()}
-    run_experiment(config, "eval", run, checkpoint=str(run / "checkpoints" / "ckpt-20"))
-    second = time.time()
-    _, logs = run_experiment(config, "eval", run, checkpoint=str(run / "checkpoints" / "ckpt-20"))
+    training = (run / "eval" / "metrics.jsonl").read_text().splitlines()
+    ckpt_20 = str(run / "checkpoints" / "ckpt-20")
+    run_experiment(config, "eval", run, checkpoint=ckpt_20)
+    _, logs = run_experiment(config, "eval", run, checkpoint=ckpt_20)
 
-    records = [json.loads(line) for line in (run / "eval" / "metrics.jsonl").read_text()
-               .splitlines()]
-    assert sorted(r["step"] for r in records) == [20, 40]
-    (at_20,) = [r for r in records if r["step"] == 20]
-    assert at_20["wall_time"] >= round(second, 3) - 0.001  # the second evaluation's
-    assert at_20["accuracy"] == logs["accuracy"]
+    lines = (run / "eval" / "metrics.jsonl").read_text().splitlines()
+    assert lines[:2] == training  # as training wrote them, byte for byte
+    added = [json.loads(line) for line in lines[2:]]
+    assert [(r["step"], r["checkpoint"]) for r in added] == [(20, ckpt_20)] * 2
+    assert added[-1]["accuracy"] == logs["accuracy"] == json.loads(training[0])["accuracy"]
     with open(run / "eval" / "metrics.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
-    assert sorted(int(r["step"]) for r in rows) == [20, 40]
+    assert [int(r["step"]) for r in rows] == [20, 40, 20, 20]
     accumulator = EventAccumulator(str(run / "eval"))
     accumulator.Reload()
-    events = accumulator.Scalars("accuracy")
-    assert sorted(e.step for e in events) == [20, 40]
-    assert next(e.wall_time for e in events if e.step == 20) >= second
+    assert sorted(e.step for e in accumulator.Scalars("accuracy")) == [20, 20, 20, 40]
     # the training directory is never rewritten
     assert {p.name: p.read_bytes() for p in (run / "train").iterdir()
             if p.is_file()} == train_before
+
+
+def test_training_resumed_before_a_step_it_evaluated_replaces_that_step_s_records(tmp_path):
+    """A run resumed from a checkpoint before a step it had evaluated makes that step again:
+    its new evaluation replaces the record of the abandoned continuation."""
+    import shutil
+
+    config = load_config("digits", overrides=FAST)
+    run = tmp_path / "run"
+    run_experiment(config, "train_and_eval", run, progress_bar=False)
+    shutil.rmtree(run / "checkpoints" / "ckpt-40")  # as if it died before committing step 40
+    resumed = time.time()
+    run_experiment(config, "train_and_eval", run, progress_bar=False)
+    records = [json.loads(line) for line in (run / "eval" / "metrics.jsonl").read_text()
+               .splitlines()]
+    assert [r["step"] for r in records] == [20, 40]
+    assert records[1]["wall_time"] >= round(resumed, 3) - 0.001  # the resumed run's

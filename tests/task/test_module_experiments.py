@@ -318,3 +318,40 @@ def test_an_unknown_name_says_how_to_name_an_experiment_of_one_s_own():
     with pytest.raises(NotRegisteredError, match=r"name one of your own by its module, e\.g\. "
                                                  r"mymodels:my_experiment"):
         cadence.load_config("my_experiment")
+
+
+SCRIPT_MAIN = '''
+
+if __name__ == "__main__":  # the script trains; importing it (-e) only defines its task
+    config = cadence.load_config(make_config(), overrides=["trainer.train_steps=10",
+                                 "trainer.steps_per_loop=5", "trainer.validation_interval=10",
+                                 "trainer.best_checkpoint_eval_metric=accuracy"])
+    cadence.run_experiment(config, "train_and_eval", "runs/script")
+'''
+
+
+@pytest.mark.slow
+def test_a_run_whose_task_lives_in_the_script_that_trained_it_is_evaluated_and_exported_with_e(
+        tmp_path, cadence_command):
+    """A config built in a script records only its task's class (``__main__.BlobsConfig``),
+    which no other process can import: ``-e path/to/script.py:NAME`` names the module, and the
+    run's own config is loaded over that experiment's."""
+    script = tmp_path / "train_blobs.py"
+    script.write_text(USER_MODELS.format(module="train_blobs", experiment="blobs_script")
+                      + SCRIPT_MAIN)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert params(tmp_path / "runs/script")["task_config_class"] == "__main__.BlobsConfig"
+    refused = cadence_command(tmp_path, "eval", "-m", "runs/script", status=2)
+    assert "no task is registered for in this process" in refused.stderr
+    evaluated = cadence_command(tmp_path, "eval", "-m", "runs/script", "--checkpoint", "best",
+                                "-e", "train_blobs.py:make_config")
+    best = re.search(r"^Best export: step 10, accuracy = ([0-9.]+)", evaluated.stdout, re.M)
+    assert f"Evaluation: accuracy={best.group(1)}" in evaluated.stdout
+    exported = cadence_command(tmp_path, "export", "runs/script", "--out", "out", "-e",
+                               "train_blobs.py:make_config")
+    assert exported.stdout.startswith("Exported step 10 of runs/script/checkpoints/ckpt-10")
+    assert "cannot be loaded" not in exported.stderr  # the model was built to check the names
