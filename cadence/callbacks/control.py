@@ -122,7 +122,9 @@ class EarlyStopping(Callback):
 
 class StopAtTimeLimit(Callback):
     """Stops training cleanly after `seconds` of training in this process (checked after every
-    step, so the overrun is at most one step).
+    step, so the overrun is at most one step). The stop is a pause: run again, training goes on
+    from the checkpoint it saves, and an epoch it cut short ends once, in the run that finishes
+    it.
 
     Raises:
         ValueError: if `seconds` is not a positive finite number (NaN would never stop).
@@ -140,6 +142,6 @@ class StopAtTimeLimit(Callback):
 
     def on_step_end(self, state: RunState) -> None:
         if time.monotonic() >= self._deadline and not state.stop_requested:
-            state.request_stop(f"time limit of {self.seconds:g}s reached")
+            state.request_stop(f"time limit of {self.seconds:g}s reached", pause=True)
             logger.info("Time limit of %gs reached at step %d: stopping.", self.seconds,
                         state.global_step)

@@ -67,6 +67,7 @@ class RunState:
             has one: where built-in callbacks write by default.
         stop_requested: set by `request_stop`; runners end the loop at the next step boundary.
         stop_reason: why the stop was requested.
+        stop_pauses: the stop is a pause (`request_stop`'s ``pause``): the run goes on later.
         error: in ``on_train_end``, the exception the run ends with -- None when it completed,
             `cadence.Preempted` when a signal stopped it: what a writer closed there reports
             as the run's outcome (MLflow's status, W&B's exit code).
@@ -95,6 +96,7 @@ class RunState:
         self.run_dir = run_dir
         self.stop_requested = False
         self.stop_reason: str | None = None
+        self.stop_pauses = False
         self.error: BaseException | None = None
         self.extra: dict[str, Any] = {}
         self.metrics: dict[str, float] = {}
@@ -123,12 +125,21 @@ class RunState:
             if is_scalar(value):
                 self.metrics[prefix + name] = float(value)
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: str, *, pause: bool = False) -> None:
         """Asks the runner to stop training cleanly: a step that is running finishes, no other
-        step starts, and the running epoch's end hooks still run. Asked in ``on_step_begin``
-        or ``on_epoch_begin``, the step about to start does not run."""
+        step starts (asked in ``on_step_begin`` or ``on_epoch_begin``, the step about to start
+        does not run), and a checkpoint is saved.
+
+        Args:
+            reason: why, in a few words (logged, and kept in `stop_reason`).
+            pause: the run stops to go on later -- a signal, a time limit: an epoch it cuts
+                short is left for the run that continues it, which ends it, so that its end
+                hooks run once, as in an uninterrupted run. Without it the stop ends training:
+                the running epoch ends at the stop (its end hooks run) and counts as done.
+        """
         self.stop_requested = True
         self.stop_reason = reason
+        self.stop_pauses = self.stop_pauses or pause
 
 
 class Callback:

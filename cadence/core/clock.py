@@ -26,10 +26,15 @@ that ended with a loop once the loop's logs are on the host (`end_pending_epoch`
 **The epoch rules** (what the numbers mean is `cadence.core.progress`'s):
 
 - an epoch opens at the first step after the last one closed (``on_epoch_begin``), or reopens
-  after a stop ended it early -- with the same number, also in a resumed process;
+  after a pause cut it short -- with the same number, also in a resumed process (whose
+  callbacks see its ``on_epoch_begin`` again);
 - it is *finished* when its pass over the data ends (``steps_per_epoch=None``) or when it made
-  ``steps_per_epoch`` steps -- an epoch its user writes (`begin_epoch`) when its body ends; a
-  stop ends it without finishing it, unless its pass was over;
+  ``steps_per_epoch`` steps -- an epoch its user writes (`begin_epoch`) when its body ends;
+- a stop in the middle of an epoch either ends training -- the epoch ends at the stop (its end
+  hooks run) and counts as finished, so a run continued later begins the next one -- or, when
+  it is a pause (``RunState.request_stop(..., pause=True)``: a signal, a time limit; `pausing`,
+  agreed across ranks), leaves the epoch unfinished and closes it *without* its end hooks: the
+  run that continues it ends it, so its end hooks run once, as in an uninterrupted run;
 - it *closes* (``on_epoch_end``) in mid-loop when it finishes there, or -- when it finishes with
   the loop's last step, or a stop ends it -- after the loop, once the loop's logs are on the
   host (`end_pending_epoch`), so that its end hooks see them;
@@ -91,6 +96,7 @@ class RunClock:
         """An epoch ended with the last loop; its end hooks wait for `end_pending_epoch`."""
         self._step_hooks: CallbackList | None = None
         self._stop_agreed = False
+        self._pause_agreed = False
         self._steps_left: int | None = None  # the running loop's budget (None: unbounded)
         self._user_epoch = False  # the open epoch was begun by `begin_epoch` (TrainLoop's)
         self._data_pass_ended = False  # the open epoch's pass over the data ended
@@ -110,6 +116,14 @@ class RunClock:
         """Whether the run stops before its next loop: in one process, whether a stop was
         requested; across ranks, what the last agreement decided."""
         return self._stop_agreed if self.agreement is not None else self.state.stop_requested
+
+    @property
+    def pausing(self) -> bool:
+        """Whether the run stops to go on later (a pause: see the epoch rules): in one process,
+        whether the stop requested is one; across ranks, what the last agreement decided (a
+        pause on any rank is every rank's)."""
+        return self._pause_agreed if self.agreement is not None else (
+            self.state.stop_requested and self.state.stop_pauses)
 
     @property
     def limit_reached(self) -> bool:
@@ -224,12 +238,21 @@ class RunClock:
         return True
 
     def end_epoch(self, announce: Callable[[], Any] | None = None) -> None:
-        """Closes an epoch its user wrote when its body ended: it finished, unless a stop cut
-        it short before its data's pass ended (then a resumed run reopens it). Fires its
-        ``on_epoch_end`` after `announce`."""
-        if not self.stopping or self._data_pass_ended:
-            self.progress.epoch_finished = True
+        """Closes an epoch its user wrote when its body ended: it finished, and its
+        ``on_epoch_end`` fires after `announce` -- unless a pause cut it short before its data's
+        pass ended: then it closes without its end hooks, and a resumed run reopens it."""
+        if self.stopping and self.pausing and not self._data_pass_ended:
+            self.leave_epoch()
+            return
+        self.progress.epoch_finished = True
         self._close_epoch(announce)
+
+    @property
+    def epoch_cut_short(self) -> bool:
+        """Whether a pause cut the open epoch short: it is not finished, and its end waits for
+        the run that continues it (`end_epoch` closes it without its end hooks)."""
+        return (self.progress.epoch_open and not self.progress.epoch_finished
+                and not self._data_pass_ended and self.stopping and self.pausing)
 
     def leave_epoch(self) -> None:
         """The epoch's body was left by a break or an exception: it closes without its end
@@ -368,8 +391,10 @@ class RunClock:
 
     def end_loop(self) -> bool:
         """A loop of steps ended: returns whether the run stops -- across ranks, the ranks'
-        decision, the same on every rank. A stop ends the running epoch, whose end hooks then
-        wait for `end_pending_epoch` (an epoch its user writes ends with its body)."""
+        decision, the same on every rank, and whether the stop is a pause (`pausing`). A stop
+        that ends training ends the running epoch, whose end hooks then wait for
+        `end_pending_epoch`; a pause closes an unfinished one without them (an epoch its user
+        writes ends with its body: `end_epoch`)."""
         self._steps_left = None
         agreement = self.agreement
         if agreement is None:
@@ -377,9 +402,17 @@ class RunClock:
         else:
             agreement.reset()
             stopped = self._decide(agreement.agree(self.state.stop_requested))
+            # a second agreement, only when stopping: a pause on any rank is every rank's
+            self._pause_agreed = stopped and agreement.agree(self.state.stop_pauses)
         self._stop_agreed = stopped
-        if stopped and self.progress.epoch_open and not self._user_epoch:
-            self.epoch_end_pending = True
+        progress = self.progress
+        if stopped and progress.epoch_open and not self._user_epoch:
+            if self.pausing and not progress.epoch_finished:
+                self.epoch_end_pending = False
+                self.leave_epoch()  # its end waits for the run that continues it
+            else:
+                progress.epoch_finished = True
+                self.epoch_end_pending = True
         return stopped
 
     # ------------------------------------------------------------------ stops
@@ -406,9 +439,12 @@ class RunClock:
         returned."""
         agreed = self._decide(self.agree(self.state.stop_requested))
         self._stop_agreed = agreed
+        if agreed and self.agreement is not None:  # a pause on any rank is every rank's
+            self._pause_agreed = self.agreement.agree(self.state.stop_pauses)
         return agreed
 
     def clear_stop(self) -> None:
         """Forgets a stop request and decision: a new run (an entry point's call) starts."""
         self.state.stop_requested, self.state.stop_reason = False, None
-        self._stop_agreed = False
+        self.state.stop_pauses = False
+        self._stop_agreed = self._pause_agreed = False

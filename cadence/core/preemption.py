@@ -63,7 +63,7 @@ class Preemption:
             self.received = signum
             name = signal.Signals(signum).name
             logger.warning("Received %s: stopping after this step and saving a checkpoint.", name)
-            state.request_stop(name)
+            state.request_stop(name, pause=True)  # the run goes on when started again
             if self.on_signal is not None:
                 self.on_signal(name)
 

@@ -101,6 +101,14 @@ def _check_arguments(max_epoch: Any, max_step: Any, checkpoint_dir: Any,
     return counts
 
 
+class EpochPaused(BaseException):
+    """Leaves the body of an epoch that a pause cut short (a signal, a time limit): the rest of
+    the body -- its validation, its log line -- belongs to the run that continues the epoch,
+    as in an uninterrupted run. Raised by `TrainLoop.iter_steps` and ended by the ``with``
+    block, which saves a checkpoint (then raises `cadence.Preempted` after a signal). A
+    `BaseException`, as ``KeyboardInterrupt`` is: a body's ``except Exception`` lets it pass."""
+
+
 class TrainLoop:
     """A context manager that keeps the bookkeeping of a hand-written training loop.
 
@@ -484,10 +492,13 @@ class TrainLoop:
         self._callbacks.fire("on_train_begin", self._state)
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         # How the run ends -- the exception leaving the block, or one raised here (`Preempted`
         # after a signal, a failed save) -- reaches the summary writers the loop owns when they
         # close: MLflow's run status, W&B's exit code (`closing_summaries`).
+        paused = exc_type is EpochPaused  # a pause in an epoch: not an error, and saved
+        if paused:
+            exc_type = exc = None
         writer = [self._summary_writer] if self._summary_writer is not None else []
         with closing_summaries(close=writer if self._own_writer else [],
                                flush=[] if self._own_writer else writer, error=exc):
@@ -500,7 +511,7 @@ class TrainLoop:
                 # A signal to any rank preempts all: every rank saves, as the ranks agreed.
                 preempted = (self._preemption.agree(self._run_clock.agree) if exc_type is None
                              else False)
-                if preempted and self._checkpoints.manager is not None:
+                if (preempted or paused) and self._checkpoints.manager is not None:
                     saved = self.make_checkpoint()
             finally:
                 self._signals.close()
@@ -511,6 +522,7 @@ class TrainLoop:
                 self._report.finish(exc_type)
             if exc_type is None:
                 self._preemption.finish(lambda: saved)
+        return paused
 
     # ------------------------------------------------------------------ state
 
@@ -579,7 +591,13 @@ class TrainLoop:
         """Yields the global step counter (from 1), or ``(step, batch)`` with `data_generator`,
         until the data's pass ends, `max_step` is reached, or a stop is requested.
 
+        A pause (a signal, a time limit) in the middle of the epoch does not return to the
+        epoch's body: it raises `EpochPaused`, which leaves the body and the epoch loop for the
+        ``with`` block, which saves a checkpoint -- the run that continues it runs the rest of
+        the epoch and its end once, as an uninterrupted run does.
+
         Raises:
+            EpochPaused: after a pause in the middle of the epoch (see above).
             RuntimeError: outside an epoch, or inside another step loop.
             ValueError: without data and without `max_step` (the loop would never end), or if
                 the data yields no batches at the start of a pass.
@@ -619,6 +637,8 @@ class TrainLoop:
                 if not clock.end_step(data is not None and data.end_pass_at_last_batch()):
                     break
             clock.end_loop()
+            if clock.epoch_cut_short:  # the rest of the epoch's body belongs to the resumed run
+                raise EpochPaused
         finally:
             clock.leave_step()  # a body that broke out of the loop: its step ran
             self._step_data = None

@@ -100,13 +100,39 @@ def test_an_epoch_is_a_pass_over_the_data_when_it_has_no_number_of_steps():
     assert clock.progress.epoch == 2 and clock.progress.epoch_step == 1
 
 
-def test_a_stop_ends_the_epoch_without_finishing_it_and_a_new_process_reopens_it():
+def test_a_stop_that_ends_training_ends_the_epoch_there_once_and_a_later_run_goes_on():
     clock, recorder = make(steps_per_epoch=4, stop_at=3)
     run_loop(clock, 10)
     assert clock.progress.global_step == 3
-    assert clock.stopping and clock.epoch_end_pending
+    assert clock.stopping and clock.epoch_end_pending and not clock.pausing
     clock.end_pending_epoch()
     assert recorder.events[-1] == ("epoch_end", 1, 3)
+    assert clock.progress.epoch_finished and clock.progress.epochs_completed == 1
+
+    saved = clock.progress.state_dict()
+    resumed, recorder = make(steps_per_epoch=4)
+    resumed.progress.load_state_dict(saved)  # as a checkpoint restores it
+    run_loop(resumed, 1)
+    assert recorder.events[0] == ("epoch_begin", 2, 3)  # the next epoch: not epoch 1's end again
+    assert ("epoch_end", 1, 4) not in recorder.events
+
+
+class Pauser(Recorder):
+    """Pauses the run (a signal, a time limit) after step `stop_at`."""
+
+    def on_step_end(self, state):
+        self._note("step_end", state)
+        if state.global_step == self.stop_at:
+            state.request_stop("SIGTERM", pause=True)
+
+
+def test_a_pause_leaves_the_epoch_unfinished_without_its_end_and_a_new_process_ends_it_once():
+    recorder = Pauser(stop_at=3)
+    clock = RunClock(RunState(), CallbackList([recorder]), steps_per_epoch=4)
+    run_loop(clock, 10)
+    assert clock.progress.global_step == 3 and clock.stopping and clock.pausing
+    clock.end_pending_epoch()
+    assert ("epoch_end", 1, 3) not in recorder.events and not clock.progress.epoch_open
     assert not clock.progress.epoch_finished and clock.progress.epochs_completed == 0
 
     saved = clock.progress.state_dict()
@@ -114,8 +140,9 @@ def test_a_stop_ends_the_epoch_without_finishing_it_and_a_new_process_reopens_it
     resumed.progress.load_state_dict(saved)  # as a checkpoint restores it
     assert resumed.steps_to_epoch_end() == 1
     run_loop(resumed, 1)
-    assert recorder.events[0] == ("epoch_begin", 1, 3)  # the same epoch, its hooks again
+    assert recorder.events[0] == ("epoch_begin", 1, 3)  # the same epoch, begun again here
     resumed.end_pending_epoch()
+    assert recorder.events[-1] == ("epoch_end", 1, 4)  # its end, once, at its true end
     assert resumed.progress.epochs_completed == 1
 
 
@@ -208,10 +235,14 @@ def test_steps_to_the_epochs_end_and_to_a_number_of_epochs():
 
 
 class Agreement:
-    """Two ranks, played by one: the other rank asks to stop after `other_stops_at` steps."""
+    """Two ranks, played by one: the other rank asks to stop after `other_stops_at` steps (a
+    pause, with `other_pauses`). As `StopAgreement` is asked, an agreed stop is followed by a
+    second question: whether any rank's stop is a pause."""
 
-    def __init__(self, clock, other_stops_at):
+    def __init__(self, clock, other_stops_at, other_pauses=False):
         self.clock, self.other_stops_at = clock, other_stops_at
+        self.other_pauses = other_pauses
+        self._pause_question = False
 
     def _other(self):
         return self.clock.progress.global_step >= self.other_stops_at
@@ -220,7 +251,11 @@ class Agreement:
         return local or self._other()
 
     def agree(self, local):
-        return local or self._other()
+        if self._pause_question:
+            self._pause_question = False
+            return local or (self._other() and self.other_pauses)
+        self._pause_question = answer = local or self._other()
+        return answer
 
     def reset(self):
         pass
@@ -241,7 +276,16 @@ def test_across_ranks_a_local_stop_waits_for_the_agreement_and_the_decision_is_i
     run_loop(other, 5)
     assert other.progress.global_step == 2 and other.state.stop_requested
     assert other.state.stop_reason == "a stop was requested on another rank"  # joined
-    assert other.stopping and other.epoch_end_pending
+    assert other.stopping and other.epoch_end_pending and not other.pausing
+
+
+def test_across_ranks_another_rank_s_pause_is_this_rank_s():
+    clock, recorder = make(steps_per_epoch=10)
+    clock.agreement = Agreement(clock, other_stops_at=2, other_pauses=True)
+    run_loop(clock, 5)
+    assert clock.progress.global_step == 2 and clock.stopping and clock.pausing
+    assert not clock.epoch_end_pending and not clock.progress.epoch_open
+    assert all(event[0] != "epoch_end" for event in recorder.events)
 
 
 def test_agree_to_stop_makes_another_ranks_stop_this_ranks_and_clear_stop_forgets_it():
@@ -288,13 +332,24 @@ def test_max_epoch_and_max_step_end_the_users_epoch_loop():
     assert by_step.progress.global_step == 5 and by_step.progress.epoch == 3
 
 
-def test_a_stop_ends_a_users_epoch_unfinished_unless_its_pass_was_over():
-    clock, _ = make(stop_at=2)
+def test_a_pause_leaves_a_users_epoch_unfinished_unless_its_pass_was_over():
+    recorder = Pauser(stop_at=2)
+    clock = RunClock(RunState(), CallbackList([recorder]))
     user_epochs(clock, 5, pass_length=3)
     assert clock.progress.epoch == 1 and not clock.progress.epoch_finished  # reopened on resume
-    at_pass_end, _ = make(stop_at=3)
+    assert ("epoch_end", 1, 2) not in recorder.events
+    recorder = Pauser(stop_at=3)
+    at_pass_end = RunClock(RunState(), CallbackList([recorder]))
     user_epochs(at_pass_end, 5, pass_length=3)
     assert at_pass_end.progress.epoch == 1 and at_pass_end.progress.epoch_finished
+    assert ("epoch_end", 1, 3) in recorder.events
+
+
+def test_a_stop_that_ends_training_ends_a_users_epoch_there_as_finished():
+    clock, recorder = make(stop_at=2)
+    user_epochs(clock, 5, pass_length=3)
+    assert clock.progress.epoch == 1 and clock.progress.epoch_finished
+    assert ("epoch_end", 1, 2) in recorder.events
 
 
 def test_a_step_whose_body_is_running_counts_as_done_for_a_checkpoint_and_the_state():

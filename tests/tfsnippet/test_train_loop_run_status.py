@@ -55,8 +55,8 @@ def test_a_diverged_train_loop_is_failed(tmp_path):
 
 def test_a_sigtermed_train_loop_is_killed_with_exit_code_143_and_finished_when_resumed(
         tmp_path):
-    with pytest.raises(cadence.Preempted):
-        run_loop(tmp_path, signal_at=2)
+    with pytest.raises(cadence.Preempted):  # in epoch 2, after epoch 1 was logged
+        run_loop(tmp_path, signal_at=5)
     assert_ended(tmp_path, "KILLED", 143)
     run_loop(tmp_path)  # resumes from the checkpoint: the same MLflow run, finished
     assert_ended(tmp_path, "FINISHED", 0)
