@@ -1,7 +1,9 @@
 """Monitors: where the scalars of each loop (an epoch, in the tensorpack trainer) go.
 
 They listen to ``on_loop_end``, which every front-end fires with host values, so they add
-nothing per step. Put them last: they then see what every other callback recorded.
+nothing per step. Put them last: they then see what every other callback recorded. A loop that
+a pause cut short in the middle of an epoch (``RunState.epoch_paused``) writes nothing: its
+scalars belong to the epoch, which the run that continues it finishes and records once.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class JSONWriter(Callback):
         self._writer: JSONLWriter | None = None
 
     def on_loop_end(self, state: RunState, logs: dict[str, Any]) -> None:
-        if not is_chief():
+        if not is_chief() or state.epoch_paused:
             return
         if self._writer is None:
             directory = resolve_directory(state, self.directory, "JSONWriter")
@@ -92,6 +94,8 @@ class TFEventWriter(Callback):
                                          run_dir=run.root if run is not None and inside else None)
 
     def on_loop_end(self, state: RunState, logs: dict[str, Any]) -> None:
+        if state.epoch_paused:
+            return
         if self._summaries is None:
             self.on_train_begin(state)
         assert self._summaries is not None
@@ -109,6 +113,8 @@ class ScalarPrinter(Callback):
     """Logs the scalars of each loop as one line."""
 
     def on_loop_end(self, state: RunState, logs: dict[str, Any]) -> None:
+        if state.epoch_paused:
+            return
         logger.info("epoch %d | step %d | %s", state.epoch, state.global_step,
                     format_logs(_snapshot(state, logs)))
 

@@ -68,6 +68,9 @@ class RunState:
         stop_requested: set by `request_stop`; runners end the loop at the next step boundary.
         stop_reason: why the stop was requested.
         stop_pauses: the stop is a pause (`request_stop`'s ``pause``): the run goes on later.
+        epoch_paused: the loop that just ended was cut short by a pause in the middle of an
+            epoch, which the run that continues it finishes (the clock sets it, the same on
+            every rank): per-epoch records -- tensorpack's monitors -- wait for that run.
         error: in ``on_train_end``, the exception the run ends with -- None when it completed,
             `cadence.Preempted` when a signal stopped it: what a writer closed there reports
             as the run's outcome (MLflow's status, W&B's exit code).
@@ -97,6 +100,7 @@ class RunState:
         self.stop_requested = False
         self.stop_reason: str | None = None
         self.stop_pauses = False
+        self.epoch_paused = False
         self.error: BaseException | None = None
         self.extra: dict[str, Any] = {}
         self.metrics: dict[str, float] = {}

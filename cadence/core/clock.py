@@ -298,6 +298,7 @@ class RunClock:
         epoch's hooks run, the end ones after the loop."""
         self._step_hooks = self.callbacks if self.callbacks.has_step_hooks else None
         self._steps_left = num_steps
+        self.state.epoch_paused = False
         if self._user_epoch or self.steps_to_epoch_end() != 0:
             return num_steps != 0
         if not self.progress.epoch_open:
@@ -404,11 +405,13 @@ class RunClock:
             stopped = self._decide(agreement.agree(self.state.stop_requested))
             # a second agreement, only when stopping: a pause on any rank is every rank's
             self._pause_agreed = stopped and agreement.agree(self.state.stop_pauses)
+            self.state.stop_pauses = self.state.stop_pauses or self._pause_agreed
         self._stop_agreed = stopped
         progress = self.progress
         if stopped and progress.epoch_open and not self._user_epoch:
             if self.pausing and not progress.epoch_finished:
                 self.epoch_end_pending = False
+                self.state.epoch_paused = True
                 self.leave_epoch()  # its end waits for the run that continues it
             else:
                 progress.epoch_finished = True
@@ -446,5 +449,5 @@ class RunClock:
     def clear_stop(self) -> None:
         """Forgets a stop request and decision: a new run (an entry point's call) starts."""
         self.state.stop_requested, self.state.stop_reason = False, None
-        self.state.stop_pauses = False
+        self.state.stop_pauses = self.state.epoch_paused = False
         self._stop_agreed = self._pause_agreed = False

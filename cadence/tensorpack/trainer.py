@@ -189,7 +189,12 @@ class Trainer(StandardTrainer):
                     else progress.epoch)
 
     def train_loop_end(self) -> Output:
-        """The epoch's logs: `epoch_logs`."""
+        """The epoch's logs: `epoch_logs` -- none for an epoch a pause cut short, whose
+        scalars go on accumulating in the run that finishes it (they are checkpointed)."""
+        if self.state.epoch_paused:
+            logger.info("Epoch %d paused at global_step %d: it ends in the run that continues "
+                        "it.", self.progress.epoch, self.global_step)
+            return None
         logger.info("Epoch %d (global_step %d) finished, time: %s.", self.progress.epoch,
                     self.global_step, humanize_duration(time.perf_counter() - self._epoch_start))
         return self.epoch_logs()

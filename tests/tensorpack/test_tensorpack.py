@@ -431,3 +431,60 @@ def test_on_cuda_steps_make_no_host_syncs():
         for _ in range(10):  # crosses passes over the data
             trainer.run_step()
     assert syncs.count == 0, syncs.calls
+
+
+def test_a_signal_in_mid_epoch_then_resume_gives_the_uninterrupted_per_epoch_trace(tmp_path):
+    """SIGTERM in the middle of epoch 2: the epoch's end callbacks (validation, a schedule
+    point, the best-metric saver) run once, in the run that finishes the epoch -- the
+    per-epoch records, the learning rates of every step and the weights are the uninterrupted
+    run's."""
+    import os
+    import signal
+
+    from cadence.callbacks import InferenceRunner, MinSaver, ScheduledHyperParamSetter
+
+    class Traced(SimpleTrainer):
+        def __init__(self, trace, signal_at=None):
+            super().__init__()
+            self.trace, self.signal_at = trace, signal_at
+
+        def run_step(self):
+            super().run_step()
+            self.trace.append((self.global_step + 1, self.optimizer.param_groups[0]["lr"]))
+            if self.global_step + 1 == self.signal_at:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    x = np.random.RandomState(1).randn(12, 3).astype("float32")
+    validation = [(torch.as_tensor(x), torch.as_tensor(x @ np.ones((3, 1), "float32")))]
+
+    def config(logdir):
+        return regression_config(logdir, max_epoch=4, callbacks=[
+            InferenceRunner(validation, lambda m, b: {"loss": m.build_graph(*b)}, names=["loss"]),
+            MinSaver("validation_loss"),
+            ScheduledHyperParamSetter("learning_rate", [(1, 0.02), (2, 0.01), (3, 0.005)])])
+
+    def epochs(logdir):
+        timings = ("wall_time", "steps_per_second", "examples_per_second")
+        return [{k: v for k, v in json.loads(line).items() if k not in timings}
+                for line in (logdir / "stats.jsonl").read_text().splitlines()]
+
+    straight, steps = Traced(trace := []), trace
+    launch_train_with_config(config(tmp_path / "a"), straight)
+    paused = []
+    with pytest.raises(cadence.Preempted):
+        launch_train_with_config(config(tmp_path / "b"), Traced(paused, signal_at=10))
+    assert len(epochs(tmp_path / "b")) == 1  # epoch 2 (steps 8-14) did not end at the signal
+    resumed = []
+    trainer = Traced(resumed)
+    launch_train_with_config(config(tmp_path / "b"), trainer)
+    assert resumed[0][0] == 11  # from the checkpoint the signal saved
+    assert paused + resumed == steps
+    assert epochs(tmp_path / "b") == epochs(tmp_path / "a")
+    def best(logdir):
+        (folder,) = [p for p in logdir.iterdir() if p.name.startswith("minsaver")]
+        ledger = json.loads((folder / "info.json").read_text())
+        return [(e["step"], e["value"], e["path"]) for e in ledger["exports"]]
+
+    assert best(tmp_path / "b") == best(tmp_path / "a")
+    for a, b in zip(straight.model.parameters(), trainer.model.parameters()):
+        assert torch.equal(a, b)
