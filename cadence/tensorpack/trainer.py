@@ -188,7 +188,7 @@ class Trainer(StandardTrainer):
         logger.info("Start Epoch %d ...", progress.epoch + 1 if progress.epoch_finished
                     else progress.epoch)
 
-    def train_loop_end(self) -> Output:
+    def train_loop_end(self) -> Output | None:
         """The epoch's logs: `epoch_logs` -- none for an epoch a pause cut short, whose
         scalars go on accumulating in the run that finishes it (they are checkpointed)."""
         if self.state.epoch_paused:
