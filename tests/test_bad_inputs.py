@@ -942,9 +942,9 @@ PYTHON = [
      r"must hold at least one batch"),
     ("a train_loop_end of a list", lambda: loop_ends(train_loop_end=[0.5]).train(1),
      HookTypeError, r"^LoopEnds\.train_loop_end\(\) returned list \[0\.5\]: it must return "
-     r"None or a mapping of logs"),
-    ("an eval_end of a number", lambda: loop_ends(eval_end=0.5).evaluate(1), HookTypeError,
-     r"^LoopEnds\.eval_end\(\) returned float 0\.5: it must return None or a mapping of logs"),
+     r"None, a mapping of logs \(metric names to values\), a tensor, an array or a number"),
+    ("an eval_end of a word", lambda: loop_ends(eval_end="done").evaluate(1), HookTypeError,
+     r"^LoopEnds\.eval_end\(\) returned str 'done': it must return None, a mapping of logs"),
     ("a metric collected as a word", lambda: collect(loss="low"), TypeError,
      r"^TrainLoop\.collect_metrics\(\): 'loss' \(got str 'low'\) must be a number, an array "
      r"of numbers, a tensor or a torchmetrics Metric\.$"),

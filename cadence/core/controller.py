@@ -57,7 +57,7 @@ from cadence.core.intervals import (
     check_steps_per_loop,
     steps_until_boundary,
 )
-from cadence.core.logs import format_logs
+from cadence.core.logs import format_logs, summary_logs
 from cadence.core.preemption import Preemption
 from cadence.core.progress import Progress
 from cadence.core.protocols import (
@@ -208,6 +208,7 @@ class Controller:
         self._clocked = trainer if isinstance(trainer, ClockedTrainer) else None
         self.state, self._clock = self._state_and_clock(run_dir)
         self._evaluations = Evaluations(self.callbacks, self.state)
+        self._said: set[str] = set()  # the outputs said once not to be summaries
         self._checkpoints = RunCheckpoints(checkpoint_manager, self._global_step,
                                            self.callbacks, self.state, record)
         self._preemption = self._new_preemption(handle_signals)
@@ -514,15 +515,18 @@ class Controller:
         waited = view.data_wait_s if view is not None else 0.0  # host seconds: no sync
         jumped = self._clock.jumped
         start = time.perf_counter()
-        # A clocked trainer's loop by the protocol's own name (`train_steps`); any other's train
-        run = (self._clocked.train_steps if self._clocked is not None
+        # A clocked trainer says which method is its loop (its own `train` where a subclass
+        # overrides it, else `train_steps`); any other trainer's loop is its `train`
+        run = (self._clocked.inner_loop if self._clocked is not None
                else cast(Trainable, self.trainer).train)
         with self.summary_manager.as_default(record_if=self._record_if):
             output = run(num_steps)
         output = output if output is not None else {}
         for action in self.train_actions:
             action(output)
-        logs = to_host(output)  # the one host-device synchronization of the loop
+        # the one host-device synchronization of the loop
+        logs = summary_logs(to_host(output), f"{type(self.trainer).__name__}.train()",
+                            self._said)
         elapsed = time.perf_counter() - start
         after = self._global_step()
         jump = self._clock.jumped - jumped  # a heal's: not run here, and the loop shortened

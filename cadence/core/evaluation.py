@@ -24,7 +24,7 @@ from typing import Any
 from cadence.core.callbacks import CallbackList, RunState
 from cadence.core.checkpoint_dir import CheckpointInfo, new_checkpoints
 from cadence.core.errors import CheckpointError
-from cadence.core.logs import format_logs, plain_logs
+from cadence.core.logs import format_logs, plain_logs, summary_logs
 from cadence.core.protocols import CountsEvalSteps, Evaluable, SummaryManagerLike
 from cadence.core.summary import to_host
 
@@ -51,6 +51,7 @@ class Evaluations:
         self.state = state
         self.last_step = -1
         self.last_logs: dict[str, Any] | None = None
+        self._said: set[str] = set()  # evaluators said once not to return a mapping
 
     def run(self, evaluator: Evaluable, steps: int, step: int, checkpoint: str | None,
             summaries: SummaryManagerLike,
@@ -69,7 +70,8 @@ class Evaluations:
         output = output if output is not None else {}
         for action in actions:
             action(output)
-        logs = to_host(output)
+        logs = summary_logs(to_host(output), f"{type(evaluator).__name__}.evaluate()",
+                            self._said)
         elapsed = time.perf_counter() - start
         if steps > 0 and elapsed > 0:  # the steps that ran: the data may run out first
             done = evaluator.last_eval_steps if isinstance(evaluator, CountsEvalSteps) else None

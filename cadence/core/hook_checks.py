@@ -10,8 +10,9 @@ nothing on the per-step path after the first step:
 - A step hook is checked at its first call by `check_first_call`: an attribute of the instance
   stands in for the method until that call, which puts the method back and checks the result,
   so every later call finds the method itself, as if no check had been there.
-- What a runner gets once per loop (``train_loop_end``'s logs) is checked every time: that is
-  not per step.
+- What a runner gets once per loop (``train_loop_end``'s output) is checked every time: that
+  is not per step. It may be anything Orbit's ``Output`` is: a tensor, an array, a number or a
+  mapping of logs.
 
 >>> describe(None), describe(0.5), describe([1, 2]), describe(object())
 ('None', 'float 0.5', 'list [1, 2]', 'an object')
@@ -19,6 +20,7 @@ nothing on the per-step path after the first step:
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -66,17 +68,26 @@ def hook_error(error: type[HookError], owner: Any, hook: str, returned: str, mus
     return error(f"{text} {fix}" if fix else text)
 
 
-def check_logs(owner: Any, hook: str, logs: Any) -> None:
-    """Refuses `logs` that a runner's `hook` (``train_loop_end()``, ``eval_end()``) returned
-    unless they are None or a mapping of logs.
+def is_output(value: Any) -> bool:
+    """Whether `value` is a runner's output as Orbit types it (``orbit.runner.Output``): a
+    tensor, an array, a number (numpy's too), or a mapping of them -- or None."""
+    if value is None or isinstance(value, (Mapping, numbers.Number)):
+        return True
+    return hasattr(value, "shape") and hasattr(value, "dtype")  # a tensor, an array, np.float32
+
+
+def check_output(owner: Any, hook: str, output: Any) -> None:
+    """Refuses what a runner's `hook` (``train_loop_end()``, ``eval_end()``) returned unless it
+    is an output Orbit allows (`is_output`): None, a tensor, an array, a number, or a mapping of
+    logs. (What the Controller writes as summaries is its own decision: a mapping.)
 
     Raises:
-        HookTypeError: for anything else.
+        HookTypeError: for anything else (a string, a list, an object).
     """
-    if logs is not None and not isinstance(logs, Mapping):
-        raise hook_error(HookTypeError, owner, hook, describe(logs),
-                         "None or a mapping of logs (metric names to values)",
-                         "E.g. return {'loss': self.loss.result()}.")
+    if not is_output(output):
+        raise hook_error(HookTypeError, owner, hook, describe(output),
+                         "None, a mapping of logs (metric names to values), a tensor, an array "
+                         "or a number", "E.g. return {'loss': self.loss.result()}.")
 
 
 class _FirstCall:

@@ -8,12 +8,38 @@ single host-device synchronization of a loop, once per loop) on their way to the
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any
 
+from cadence.core.hook_checks import describe
+
+logger = logging.getLogger("cadence")
+
 Logs = Mapping[str, Any]
 """A mapping from names to tensors, arrays, numbers, or nested `Logs`."""
+
+
+def summary_logs(output: Any, source: str, said: set[str]) -> dict[str, Any]:
+    """The logs a runner's host `output` writes as summaries: the output itself when it is a
+    mapping. Orbit lets ``train`` and ``evaluate`` return a bare tensor, array or number too;
+    such an output names no metric, so nothing of it is written -- which is said once per
+    `source` (``"MyTrainer.train()"``), in one line (`said` remembers the sources).
+
+    >>> summary_logs({"loss": 0.5}, "T.train()", set())
+    {'loss': 0.5}
+    >>> summary_logs(12, "T.train()", {"T.train()"})
+    {}
+    """
+    if isinstance(output, Mapping):
+        return dict(output)
+    if output is not None and source not in said:
+        said.add(source)
+        logger.warning("%s returned %s, not a mapping of logs: it is returned as it is, and no "
+                       "summary is written of it (return {name: value, ...} to have values "
+                       "written).", source, describe(output))
+    return {}
 
 
 def flatten(logs: Logs, prefix: str = "", sep: str = "/") -> dict[str, Any]:

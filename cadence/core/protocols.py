@@ -86,9 +86,15 @@ class ClockedTrainer(Protocol):
     def examples_per_step(self) -> int | None:
         """Examples in a step, when the data says (for examples/sec)."""
 
-    def train_steps(self, num_steps: int) -> Mapping[str, Any] | None:
+    def train_steps(self, num_steps: int) -> Any:
         """One inner loop of `num_steps` steps -- the runner protocol's ``train``, by a name of
         its own: a front-end may give ``train`` another meaning (tensorpack's)."""
+
+    def inner_loop(self, num_steps: int) -> Any:
+        """One inner loop as the Controller runs it: the runner protocol's ``train`` -- a
+        subclass's own ``train`` where it overrides it (a wrapper around ``super().train``, a
+        loop of its own) -- or, where a front-end gives ``train`` another meaning (tensorpack's),
+        `train_steps`."""
 
     def bind(self, state: Any, callbacks: Any) -> RunClock:
         """Counts from now on with a clock of the Controller's run state (a `RunState` of this

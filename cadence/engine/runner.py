@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
 from typing import Any
 
 from cadence.core.progress import Progress
 from cadence.engine.module import Module
 
-Output = Mapping[str, Any]
-"""Logs: names to tensors, arrays, numbers, or nested `Output`. Nesting becomes sub-directories
-of the summaries."""
+Output = Any
+"""What `train` and `evaluate` return (Orbit's ``orbit.runner.Output``): a tensor, an array, a
+number, or a mapping of names to them (nested mappings too). The Controller writes a mapping as
+summaries -- nesting becomes sub-directories -- and says once that it writes nothing of any
+other output (`cadence.core.logs.summary_logs`)."""
 
 
 class AbstractTrainer(Module, metaclass=abc.ABCMeta):

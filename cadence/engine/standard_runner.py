@@ -42,14 +42,14 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from cadence.core.callbacks import CallbackList, RunState
 from cadence.core.clock import RunClock
 from cadence.core.errors import StepDiscarded, StopTraining
-from cadence.core.hook_checks import check_logs
+from cadence.core.hook_checks import check_output
 from cadence.core.intervals import check_int
 from cadence.core.progress import Progress
 from cadence.data.iterator import DataIterator
@@ -333,19 +333,35 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         """
 
     def train_loop_end(self) -> Output | None:
-        """Runs at the end of every `train` call; its return value is `train`'s: None or a
-        mapping of logs (anything else is a `cadence.core.errors.HookTypeError`). A torchmetrics
-        metric in it is replaced by its ``compute()``: logs may hold the metrics themselves."""
+        """Runs at the end of every `train` call; its return value is `train`'s: Orbit's
+        ``Output`` -- None, a mapping of logs, a tensor, an array or a number (anything else is a
+        `cadence.core.errors.HookTypeError`). A Controller writes a mapping as summaries. A
+        torchmetrics metric in it is replaced by its ``compute()``: logs may hold the metrics
+        themselves."""
         return None
 
+    train_runs_the_loop: ClassVar[bool] = True
+    """Whether ``train`` is the runner protocol's (Orbit's): a Controller then calls a
+    subclass's own ``train``. A front-end that gives ``train`` another meaning (tensorpack's
+    entry point) sets it False, and a Controller runs its loops with `train_steps`."""
+
     def train(self, num_steps: int) -> Output | None:
-        """Runs `num_steps` steps of training; see the module docstring for the order. (The
-        runner protocol's method: `train_steps`, which a Controller calls by that name, so that
-        a front-end whose ``train`` means something else -- tensorpack's -- stays drivable.)
+        """Runs `num_steps` steps of training; see the module docstring for the order.
+
+        The runner protocol's method: override it to wrap the loop (call ``super().train``) or
+        to replace it, and a Controller calls the override (`inner_loop`). The loop itself is
+        `train_steps`.
 
         Raises:
             ValueError: if `num_steps` is negative, or the data yields nothing in a pass.
         """
+        return self.train_steps(num_steps)
+
+    def inner_loop(self, num_steps: int) -> Output | None:
+        """One inner loop as a Controller runs it: a subclass's own ``train`` where it
+        overrides it, else `train_steps` (see ``train_runs_the_loop``)."""
+        if self.train_runs_the_loop and type(self).train is not StandardTrainer.train:
+            return self.train(num_steps)
         return self.train_steps(num_steps)
 
     def train_steps(self, num_steps: int) -> Output | None:
@@ -353,7 +369,8 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
 
         Raises:
             ValueError: if `num_steps` is negative, or the data yields nothing in a pass.
-            HookTypeError: if `train_loop_end` returned neither None nor a mapping.
+            HookTypeError: if `train_loop_end` returned what is not an Orbit output (None, a
+                mapping of logs, a tensor, an array, a number).
         """
         num_steps = _check_num_steps(num_steps, allow_all=False)
         clock = self._clock
@@ -366,11 +383,11 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
         with collective_errors("training") if is_distributed() else contextlib.nullcontext():
             self.create_train_loop_fn()(self._train_data, num_steps)
         output = self.train_loop_end()
-        check_logs(self, "train_loop_end()", output)  # once per loop, not per step
         # A torchmetrics metric in the logs is computed here, once per loop (its compute()
         # gathers every rank's states); the runner resets it, as its own, in train_loop_begin.
         if holds_torchmetric(output):
             output = compute_in_logs(output)
+        check_output(self, "train_loop_end()", output)  # once per loop, not per step
         if not driven:  # else the Controller does, once the loop's logs are on the host
             clock.end_pending_epoch()
         return output
@@ -486,9 +503,9 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
 
     def eval_end(self, *args: Any) -> Output | None:
         """Runs after the last step with the final state (no argument if it is None); its
-        return value is `evaluate`'s: None or a mapping of logs (anything else is a
-        `cadence.core.errors.HookTypeError`), with a torchmetrics metric in it replaced by its
-        ``compute()``."""
+        return value is `evaluate`'s: Orbit's ``Output`` -- None, a mapping of logs, a tensor,
+        an array or a number (anything else is a `cadence.core.errors.HookTypeError`) -- with a
+        torchmetrics metric in it replaced by its ``compute()``."""
         return None
 
     def evaluate(self, num_steps: int) -> Output | None:
@@ -496,7 +513,8 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
 
         Raises:
             ValueError: if `num_steps` is neither non-negative nor -1.
-            HookTypeError: if `eval_end` returned neither None nor a mapping.
+            HookTypeError: if `eval_end` returned what is not an Orbit output (None, a mapping
+                of logs, a tensor, an array, a number).
         """
         num_steps = _check_num_steps(num_steps, allow_all=True)
         state = self.eval_begin()
@@ -507,9 +525,11 @@ class StandardEvaluator(AbstractEvaluator, metaclass=abc.ABCMeta):
             state = loop_fn(self._eval_iterator, num_steps, state=state,
                             reduce_fn=self.eval_reduce)
         output = self.eval_end(state) if state is not None else self.eval_end()
-        check_logs(self, "eval_end()", output)
         # A torchmetrics metric in the logs is computed here, once per evaluation.
-        return compute_in_logs(output) if holds_torchmetric(output) else output
+        if holds_torchmetric(output):
+            output = compute_in_logs(output)
+        check_output(self, "eval_end()", output)
+        return output
 
     def create_eval_loop_fn(self) -> Callable[..., Any]:
         """The loop that `evaluate` runs: ``loop_fn(iterator, num_steps, state=None,

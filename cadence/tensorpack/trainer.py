@@ -89,6 +89,7 @@ class Trainer(StandardTrainer):
 
     _TRACKING_IGNORED = frozenset({"logdir", "_setup_done", "_trained", "_controller",
                                    "_epoch_start", "_resumed_from"})
+    train_runs_the_loop = False  # `train` is tensorpack's entry point: loops are train_steps
 
     def __init__(self, logdir: str | Path | None = None, name: str | None = None) -> None:
         StandardTrainer.__init__(self, None, name=name)

@@ -6,7 +6,7 @@ import pickle
 import pytest
 
 from cadence.core.errors import HookError, HookTypeError
-from cadence.core.hook_checks import check_first_call, check_logs, describe
+from cadence.core.hook_checks import check_first_call, check_output, describe
 
 
 class Owner:
@@ -67,12 +67,23 @@ def test_a_checked_owner_can_be_copied_and_pickled():
     assert "step" in vars(owner)  # the original is not checked yet
 
 
-def test_logs_are_none_or_a_mapping():
-    check_logs(Owner(), "train_loop_end()", None)
-    check_logs(Owner(), "train_loop_end()", {"loss": 1.0})
-    with pytest.raises(HookTypeError, match=r"^Owner\.train_loop_end\(\) returned list \[1\]: it "
-                       r"must return None or a mapping of logs"):
-        check_logs(Owner(), "train_loop_end()", [1])
+class Scalar:
+    """A tensor or an array, as far as a torch-free check can tell: a shape and a dtype."""
+
+    shape, dtype = (), "float32"
+
+
+@pytest.mark.parametrize("output", [None, {"loss": 1.0}, 12, 0.5, Scalar()])
+def test_outputs_are_what_orbit_allows_none_a_mapping_a_number_a_tensor_or_an_array(output):
+    check_output(Owner(), "train_loop_end()", output)  # orbit.runner.Output
+
+
+@pytest.mark.parametrize("output", [[1], "loss", object()])
+def test_other_outputs_are_one_line_naming_the_hook_and_what_it_may_return(output):
+    with pytest.raises(HookTypeError, match=r"^Owner\.train_loop_end\(\) returned .*: it must "
+                       r"return None, a mapping of logs \(metric names to values\), a tensor, an "
+                       r"array or a number\."):
+        check_output(Owner(), "train_loop_end()", output)
     assert issubclass(HookTypeError, HookError) and issubclass(HookTypeError, TypeError)
 
 

@@ -480,3 +480,108 @@ def test_a_heal_that_jumps_mid_loop_ends_training_at_its_step_and_warns_of_nothi
     assert trainer.calls.count("begin") == 1 and len(
         [call for call in trainer.calls if isinstance(call, int)]) == 6
     assert "advanced the global step" not in caplog.text
+
+
+# ---------------------------------------------------------------------------- seed 000's runner
+
+
+class GlobalStepRunner(cadence.StandardTrainer, cadence.StandardEvaluator):
+    """orbit/standard_runner_test.py's runners: train_loop_end and eval_end return
+    `self.global_step` -- a number, or (`as_tensor`) a scalar tensor: an `orbit.runner.Output`."""
+
+    def __init__(self, as_tensor=False):
+        cadence.StandardTrainer.__init__(self, [1, 2, 3])
+        cadence.StandardEvaluator.__init__(self, [1, 2])
+        self.as_tensor = as_tensor
+
+    def _output(self):
+        return torch.tensor(self.global_step) if self.as_tensor else self.global_step
+
+    def train_step(self, iterator):
+        next(iterator)
+
+    def train_loop_end(self):
+        return self._output()
+
+    def eval_step(self, iterator):
+        return next(iterator)
+
+    def eval_end(self, *args):
+        return self._output()
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_train_loop_end_and_eval_end_may_return_a_number_or_a_scalar_tensor_as_orbit_s(
+        as_tensor, tmp_path, caplog):
+    runner = GlobalStepRunner(as_tensor)
+    assert int(runner.train(4)) == 4 and int(runner.evaluate(-1)) == 4  # as Orbit returns them
+    controller = cadence.Controller(trainer=runner, evaluator=runner, steps_per_loop=2,
+                                    summary_dir=str(tmp_path / "train"),
+                                    eval_summary_dir=str(tmp_path / "eval"))
+    logs = controller.train_and_evaluate(train_steps=10, eval_interval=5)
+    assert runner.global_step == 10 and "steps_per_second" not in logs  # evaluated to the end
+    said = [r.getMessage() for r in caplog.records if "not a mapping of logs" in r.getMessage()]
+    assert said == [  # once each, on the host (no summary of a bare number)
+        f"GlobalStepRunner.{hook}() returned int 5, not a mapping of logs: it is returned as it "
+        "is, and no summary is written of it (return {name: value, ...} to have values "
+        "written)." for hook in ("train", "evaluate")]
+    assert logs == {}
+
+
+class Wrapped(cadence.StandardTrainer):
+    """A user's `train` around Orbit's: counts its calls and adds to the output."""
+
+    def __init__(self):
+        super().__init__([1, 2, 3])
+        self.calls = []
+
+    _TRACKING_IGNORED = frozenset({"calls"})
+
+    def train_step(self, iterator):
+        next(iterator)
+
+    def train_loop_end(self):
+        return {"loss": 1.0}
+
+    def train(self, num_steps):
+        self.calls.append(num_steps)
+        output = super().train(num_steps)
+        return {**output, "wrapped": 1.0}
+
+
+class OwnLoop(Wrapped):
+    """A `train` that replaces the loop: two half loops of its own, one output."""
+
+    def train(self, num_steps):
+        self.calls.append(num_steps)
+        self.train_steps(num_steps // 2)
+        self.train_steps(num_steps - num_steps // 2)
+        return {"halves": 2.0}
+
+
+@pytest.mark.parametrize("runner_class", [Wrapped, OwnLoop])
+def test_the_controller_calls_a_runner_s_own_train_where_it_overrides_it(runner_class,
+                                                                         tmp_path):
+    runner = runner_class()
+    logs = []
+
+    class Logs(cadence.Callback):
+        def on_loop_end(self, state, loop_logs):
+            logs.append(sorted(k for k in loop_logs if not k.endswith("_per_second")))
+
+    cadence.Controller(trainer=runner, steps_per_loop=4, callbacks=[Logs()]).train(10)
+    assert runner.calls == [4, 4, 2] and runner.global_step == 10
+    assert logs == [["halves"]] * 3 if runner_class is OwnLoop else [["loss", "wrapped"]] * 3
+
+
+def test_the_controller_calls_an_evaluator_s_own_evaluate():
+    class Counted(GlobalStepRunner):
+        evaluations = 0
+
+        def evaluate(self, num_steps):
+            type(self).evaluations += 1
+            return {"wrapped": super().evaluate(num_steps)}
+
+    runner = Counted()
+    logs = cadence.Controller(evaluator=runner).evaluate(-1)
+    assert Counted.evaluations == 1 and logs == {"wrapped": 0}

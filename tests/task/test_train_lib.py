@@ -60,8 +60,10 @@ def test_train_then_eval_and_continuous_eval_read_the_checkpoints(tmp_path):
     assert logs["accuracy"] == in_memory["accuracy"] > 0.5  # the restored weights were used
     assert eval_records(run)[-1]["step"] == 40
     _, logs = run_experiment(digits(), "continuous_eval", run)
-    # every checkpoint; step 40, evaluated again, replaces its first record
-    assert [r["step"] for r in eval_records(run)] == [20, 40]
+    # every checkpoint; each evaluation a record of its own, naming the checkpoint it read
+    assert [(r["step"], r["checkpoint"]) for r in eval_records(run)] == [
+        (40, str(run / "checkpoints" / "ckpt-40")), (20, str(run / "checkpoints" / "ckpt-20")),
+        (40, str(run / "checkpoints" / "ckpt-40"))]
     assert [r["step"] for r in eval_records(tmp_path / "reference")] == [40]  # once, at the end
 
 
