@@ -119,7 +119,11 @@ def _add_train_command(commands: Any) -> None:
     """The ``cadence train`` subcommand and its arguments."""
     from cadence.task.config_checks import MODES
 
-    train = commands.add_parser("train", help="train an experiment (resumes unfinished runs)")
+    train = commands.add_parser(
+        "train", help="train an experiment (resumes unfinished runs)",
+        description="Trains an experiment in a run directory: checkpoints, evaluations and "
+        "summaries at their intervals, the best weights exported. Running the same command again "
+        "resumes the run; Ctrl-C or SIGTERM saves a checkpoint and exits.")
     _add_config_arguments(train)
     train.add_argument("--model-dir", "-m", type=_model_dir_argument,
                        help="the run directory (default: the newest unfinished run of the "
@@ -133,7 +137,12 @@ def _add_train_command(commands: Any) -> None:
 
 def _add_eval_command(commands: Any) -> None:
     """The ``cadence eval`` subcommand and its arguments."""
-    evaluate = commands.add_parser("eval", help="evaluate the newest checkpoint of a run")
+    evaluate = commands.add_parser(
+        "eval", help="evaluate a run's newest checkpoint, its best export, or chosen weights",
+        description="Evaluates the weights of a run -- its newest checkpoint (default), its "
+        "best export (--checkpoint best) or a path -- as training evaluated them (with an EMA, "
+        "the weights the file holds), and records the evaluation beside training's, naming "
+        "the weights; --mode continuous_eval evaluates every new checkpoint.")
     _add_config_arguments(evaluate)
     evaluate.add_argument("--model-dir", "-m", type=_model_dir_argument,
                           help="the run directory (default: the newest run of the experiment)")
@@ -147,12 +156,17 @@ def _add_eval_command(commands: Any) -> None:
 
 def _add_experiments_command(commands: Any) -> None:
     """The ``cadence experiments`` subcommand and its arguments."""
-    commands.add_parser("experiments", help="list the registered experiments")
+    commands.add_parser("experiments", help="list the registered experiments",
+                        description="Lists the registered experiments with one line each; "
+                        "the default is marked. Your own: cadence train -e MODULE:NAME.")
 
 
 def _add_config_command(commands: Any) -> None:
     """The ``cadence config`` subcommand and its arguments."""
-    config = commands.add_parser("config", help="print the final config as YAML")
+    config = commands.add_parser(
+        "config", help="print the final config as YAML",
+        description="Prints the final config -- the experiment's defaults, then each "
+        "--config-file, then each --set, or a run's params.yaml -- as the YAML a run saves.")
     _add_config_arguments(config)
     config.add_argument("--model-dir", "-m", type=_model_dir_argument,
                         help="a run directory: its params.yaml is the base")

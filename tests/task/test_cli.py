@@ -29,6 +29,22 @@ def test_experiments_lists_the_registered_ones_and_marks_the_default(capsys):
     assert "digits (default)" in out and "char_lm\n" in out and "char_lm_large" in out
 
 
+def test_every_command_says_what_it_does_and_the_digits_figure_is_the_readme_s(capsys):
+    import re
+    from pathlib import Path
+
+    from cadence.task.cli import build_parser
+
+    commands = next(action for action in build_parser()._actions
+                    if action.dest == "command").choices
+    assert [name for name, parser in commands.items() if not parser.description] == []
+    assert "best export" in commands["eval"].format_help()  # not the newest checkpoint only
+    assert main(["experiments"]) == 0
+    listed = re.search(r"~(\d+)% validation accuracy", capsys.readouterr().out).group(1)
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert f"about {listed}% validation accuracy" in readme
+
+
 def test_config_prints_the_final_config_which_reloads_exactly(capsys, tmp_path):
     assert main(["config", "-e", "char_lm", "--set", "trainer.train_steps=5"]) == 0
     path = tmp_path / "printed.yaml"

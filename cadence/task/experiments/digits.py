@@ -1,7 +1,8 @@
 """The default experiment: classify scikit-learn's bundled handwritten digits (8x8 images).
 
 1797 images ship inside scikit-learn (no download). A fixed, seeded split keeps 20% for
-validation. An MLP reaches about 97-98% validation accuracy in a few seconds on a laptop CPU::
+validation. An MLP reaches about 99% validation accuracy (98.9%) in a few seconds on a laptop
+CPU::
 
     cadence train                                   # = cadence train --experiment digits
     cadence train --set trainer.train_steps=3000 --set task.model.hidden_sizes=[256,256]
@@ -175,7 +176,7 @@ class DigitsTask(Task):
 
 @register_experiment("digits")
 def digits_experiment() -> ExperimentConfig:
-    """MLP on scikit-learn's bundled 8x8 digits; ~97% validation accuracy in seconds on a CPU."""
+    """MLP on scikit-learn's bundled 8x8 digits; ~99% validation accuracy in seconds on a CPU."""
     return ExperimentConfig(
         task=DigitsTaskConfig(
             train_data=DataConfig(global_batch_size=64, is_training=True),
