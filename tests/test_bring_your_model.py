@@ -55,7 +55,7 @@ def test_a_transformers_model_in_a_task_goes_back_out_to_from_pretrained_and_cad
     assert len(commands) == 2
     for command in commands:
         done = subprocess.run([sys.executable, "-m", "cadence", *shlex.split(command)[1:]],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                              cwd=tmp_path, capture_output=True, text=True, timeout=200)
         assert done.returncode == 0, done.stderr
         assert "beside it config.json" in done.stdout
     from transformers import AutoModelForCausalLM

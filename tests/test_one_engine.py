@@ -118,3 +118,66 @@ def test_model_saver_checkpoint_dir_is_where_a_run_saves_and_resumes(tmp_path):
     saved = sorted(p.name for p in (tmp_path / "elsewhere").iterdir())
     assert saved == ["ckpt-2", "ckpt-4", "ckpt-6"]
     assert not (tmp_path / "logs" / "checkpoints").exists()
+
+
+# ---------------------------------------------------------------------------- one copy of each
+
+
+PACKAGE = __import__("pathlib").Path(cadence.__file__).parent
+
+OTHER_OWNERS = {
+    ("engine/state_file.py", "ordered._metadata"): "torch's state-dict metadata, by its name",
+    ("engine/external_metrics.py", "metric._update_count"): "torchmetrics' own counter, which "
+                                                            "restoring its states must set",
+    ("engine/external_metrics.py", "metric._computed"): "torchmetrics' cached result, dropped "
+                                                        "with it",
+}
+"""Private attributes of objects that are not cadence's, written where their library gives no
+other way."""
+
+
+def package_lines():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.lstrip().startswith(">>>"):  # a docstring's example of a user's code
+                yield path.relative_to(PACKAGE).as_posix(), number, line.split("#")[0]
+
+
+def test_no_module_writes_another_object_s_private_attribute():
+    """A private attribute has one writer: its own class (``self._x = ...``). Nothing sets one
+    from outside -- by assignment, ``setattr`` or a first-call check installed on it."""
+    import re
+
+    assignment = re.compile(r"\b(?!self\b|cls\b)([a-z_]\w*)\.(_[a-z]\w*)\s*(\+|-)?=[^=]")
+    installed = re.compile(r"\b(?:setattr|check_first_call)\((?!self\b)\w+, \"_")
+    found = [f"{path}:{number}: {line.strip()}" for path, number, line in package_lines()
+             if (match := assignment.search(line)) is not None
+             and (path, f"{match.group(1)}.{match.group(2)}") not in OTHER_OWNERS
+             or installed.search(line)]
+    assert found == []
+
+
+def test_no_method_is_shadowed_by_another_object_s_on_the_instance():
+    """``self.collect_metrics = self._report.collect_metrics`` hid the class's method behind an
+    attribute to save a call: a method is the class's, or it is not one."""
+    import re
+
+    shadow = re.compile(r"\bself\.(\w+)\s*=\s*self\.\w+\.\1\b(?!\()")
+    assert [f"{path}:{number}" for path, number, line in package_lines()
+            if shadow.search(line)] == []
+
+
+def test_the_task_s_default_forward_is_written_once():
+    """`default_train_loss` is the one place a batch is split, the model called and the task's
+    loss built for training (the Trainer's executor and `Task.train_step` both run it)."""
+    import re
+
+    sources = {path.relative_to(PACKAGE).as_posix(): path.read_text()
+               for path in PACKAGE.rglob("*.py")}
+    forwards = [(path, name) for path, text in sources.items()
+                for name, body in re.findall(r"\n    ?def (\w+)\((.*?)(?=\n    ?def |\Z)", text,
+                                             re.S)
+                if "call_model(" in body and "build_losses(" in body]
+    assert forwards == []  # the loss is built by task_loss, called from default_train_loss
+    callers = [path for path, text in sources.items() if "default_train_loss(" in text]
+    assert sorted(callers) == ["task/task.py", "task/trainer.py"]

@@ -50,17 +50,15 @@ class AsyncCoordinator:
     `join` waits for everything submitted so far and re-raises the first error.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, waitables: list[Any] | None = None) -> None:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[concurrent.futures.Future[Any]] = []
-        self._waitables: list[Any] = []
+        self._waitables: list[Any] = waitables if waitables is not None else []
 
     def renewed(self) -> AsyncCoordinator:
         """A fresh coordinator (no thread, nothing scheduled) whose `join` waits for the same
         waitables as this one's."""
-        fresh = AsyncCoordinator()
-        fresh._waitables = self._waitables
-        return fresh
+        return AsyncCoordinator(self._waitables)
 
     def add_waitable(self, obj: Any) -> None:
         """Makes `join` also call ``obj.wait(retention=...)`` (a `CheckpointManager` writing in

@@ -1,7 +1,8 @@
 """A `Task`'s step hooks, checked at their first step and never again.
 
-`check_step_hooks`: what ``train_step``, ``validation_step`` and ``process_metrics`` return is
-checked at their first call -- a dict with the loss under ``Task.loss``, a scalar loss (with a
+What ``train_step``, ``validation_step`` and ``process_metrics`` return is checked at their first
+call (the `Trainer` installs `train_step_check` and `validation_check` on its own steps;
+`check_task_hooks` the task's) -- a dict with the loss under ``Task.loss``, a scalar loss (with a
 gradient where the `Trainer` updates with it), None from ``process_metrics`` -- in one line
 naming the hook (``build_losses`` for the loss of the default steps), what it returned and
 what it must return (`cadence.core.hook_checks`).
@@ -19,7 +20,7 @@ a device sync, before and after the first step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
@@ -69,31 +70,26 @@ def refuse_a_step_that_trained_nothing(task: Any, before: Marks,
 # ---------------------------------------------------------------- what the step hooks return
 
 
-def check_step_hooks(task: Any, trainer: Any, compiled: bool = False) -> None:
-    """Makes the first call of each of the `Trainer`'s steps check what it returned
-    (`cadence.core.hook_checks.check_first_call`): every later call is the step's own,
-    unchecked and at no cost.
+def train_step_check(task: Any, default: bool) -> Callable[[Any], None]:
+    """The check of what the `Trainer`'s training step returned at its first call: the default
+    forward's loss (a message about it names ``build_losses``; it must have a gradient), or the
+    logs of a task's own ``train_step`` (a dict with the loss under ``Task.loss``). The Trainer
+    installs it on its own step (`cadence.core.hook_checks.check_first_call`)."""
+    return partial(_check_default_loss if default else _check_train_logs, task)
 
-    The training step is the trainer's ``_task_train_step``: its default forward returns
-    ``build_losses``' loss (a message about it names ``build_losses``), a task's own
-    ``train_step`` returns logs. Evaluation calls ``validation_step``, and the steps call
-    ``process_metrics``.
 
-    Args:
-        task: the task.
-        trainer: the `Trainer`.
-        compiled: whether the trainer's compiled steps (``_task_train_step``,
-            ``_task_validation_step``) stand in for the task's: the first call of each is
-            checked instead (``process_metrics``, traced inside them, is not).
-    """
-    train_check = (partial(_check_default_loss, task) if trainer._default_train_step
-                   else partial(_check_train_logs, task))
-    check_first_call(trainer, "_task_train_step", train_check)
-    if compiled:
-        check_first_call(trainer, "_task_validation_step",
-                         partial(_check_validation_logs, task))
-        return
-    check_first_call(task, "validation_step", partial(_check_validation_logs, task))
+def validation_check(task: Any) -> Callable[[Any], None]:
+    """The check of what ``validation_step`` returned at its first call: None, or a dict of
+    logs whose loss under ``Task.loss`` is a scalar."""
+    return partial(_check_validation_logs, task)
+
+
+def check_task_hooks(task: Any) -> None:
+    """Makes the first call of `task`'s ``validation_step`` and ``process_metrics`` check what
+    they returned (`cadence.core.hook_checks.check_first_call`): every later call is the
+    hook's own, unchecked and at no cost. (Where the `Trainer` compiles its steps, it checks
+    its compiled validation step instead: ``process_metrics`` is traced inside it.)"""
+    check_first_call(task, "validation_step", validation_check(task))
     check_first_call(task, "process_metrics", partial(_check_process_metrics, task))
 
 

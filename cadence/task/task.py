@@ -167,6 +167,29 @@ def accepts_argument(fn: Callable[..., Any], name: str) -> bool:
     )
 
 
+def task_loss(task: Task, labels: Any, outputs: Any, model: nn.Module,
+              metrics: Mapping[str, Any] | None, update_metrics: bool = True) -> torch.Tensor:
+    """The loss of the model's `outputs` as the task builds it (``build_losses``, with the
+    model's ``aux_losses``), the metrics updated (``process_metrics``) unless not
+    `update_metrics` (a task with no metrics and the default ``process_metrics``: nothing to
+    do)."""
+    loss = task.build_losses(labels, outputs, aux_losses=aux_losses_of(model))
+    if update_metrics:
+        task.process_metrics(metrics, labels, outputs)
+    return loss
+
+
+def default_train_loss(task: Task, inputs: Any, model: nn.Module,
+                       metrics: Mapping[str, Any] | None,
+                       update_metrics: bool = True) -> torch.Tensor:
+    """The default `Task.train_step`'s forward and loss, the one copy of it: the batch split
+    into features and labels (`split_inputs`), the model called (`call_model`), its loss and
+    metrics (`task_loss`). The `Trainer` runs it for a task that keeps the default step."""
+    features, labels = split_inputs(inputs)
+    outputs = call_model(model, features)
+    return task_loss(task, labels, outputs, model, metrics, update_metrics)
+
+
 class Task(Module):
     """A single-process description of what to train.
 
@@ -319,17 +342,14 @@ class Task(Module):
 
         The loss keeps its gradient, so the `Trainer` does the update (see the module
         docstring). A task that keeps this default never has it called by the `Trainer`, which
-        runs the same forward itself and takes the loss without the logs dict; it is here for
-        an override that calls ``super().train_step(...)`` and adds to the logs. Override to
+        runs the same forward (`default_train_loss`) and takes the loss without the logs dict;
+        it is here for an override that calls ``super().train_step(...)`` and adds to the
+        logs. Override to
         update the weights yourself with `optimizer`; an override that returns a loss without a
         gradient and updates nothing is refused at its first step (a `HookValueError` from the
         `Trainer`).
         """
-        features, labels = split_inputs(inputs)
-        outputs = call_model(model, features)
-        loss = self.build_losses(labels, outputs, aux_losses=aux_losses_of(model))
-        self.process_metrics(metrics, labels, outputs)
-        return {self.loss: loss}
+        return {self.loss: default_train_loss(self, inputs, model, metrics)}
 
     def validation_step(self, inputs: Any, model: nn.Module,
                         metrics: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -337,9 +357,7 @@ class Task(Module):
         `aggregate_logs`."""
         features, labels = split_inputs(inputs)
         outputs = self.inference_step(features, model)
-        loss = self.build_losses(labels, outputs, aux_losses=aux_losses_of(model))
-        self.process_metrics(metrics, labels, outputs)
-        return {self.loss: loss}
+        return {self.loss: task_loss(self, labels, outputs, model, metrics)}
 
     def inference_step(self, inputs: Any, model: nn.Module) -> Any:
         """The model's outputs for `inputs` (the model is in eval mode): ``model(**inputs)``

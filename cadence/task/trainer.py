@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch import nn
 
 from cadence.core.errors import ConfigError, StepDiscarded
+from cadence.core.hook_checks import check_first_call
 from cadence.core.protocols import is_stateful
 from cadence.data.device import on_device, to_device
 from cadence.data.sharding import InputContext
@@ -65,10 +66,11 @@ from cadence.engine.standard_runner import (
     StandardTrainer,
     StandardTrainerOptions,
 )
+from cadence.engine.step_executor import StepExecutor
 from cadence.task import build_checks, step_checks
 from cadence.task.config_checks import DTYPES, EMA_WITH_FSDP2
 from cadence.task.optimization import ExponentialMovingAverage, create_lr_schedule
-from cadence.task.task import Task, accepts_argument, aux_losses_of, call_model, split_inputs
+from cadence.task.task import Task, accepts_argument, default_train_loss
 
 logger = logging.getLogger("cadence")
 
@@ -141,7 +143,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
     _TRACKING_IGNORED = frozenset(
         {"_config", "_checkpoint_exporter", "_coordinator", "_device", "_autocast_dtype",
          "_eval_model", "_train_model", "_task_train_step", "_task_validation_step",
-         "_full_copy", "_last_loss"}
+         "_full_copy", "_last_loss", "_executor"}
     )
 
     def __init__(
@@ -233,10 +235,6 @@ class Trainer(StandardTrainer, StandardEvaluator):
         optimization = trainer_config.optimizer_config
         self._accumulation = optimization.gradient_accumulation_steps
         self._clip_norm = optimization.gradient_clip_norm
-        self._plain_forward = self._autocast_dtype is None and (
-            self._accumulation == 1 or not is_distributed())
-        """Whether a micro-batch runs without autocast or a gradient-sync switch: nothing to
-        enter."""
         self._last_loss: torch.Tensor | None = None
         """The last step's loss, kept until the next one's (see `train_step`)."""
 
@@ -274,7 +272,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
             type(task).process_metrics is not Task.process_metrics)
         """Whether the default forward calls ``task.process_metrics``: not for a task with no
         training metrics that keeps the default one (it would loop over nothing)."""
-        train_step = self._train_forward if self._default_train_step else task.train_step
+        train_step = self._default_forward if self._default_train_step else task.train_step
         self._task_validation_step: Callable[..., Any] | None = None
         compiled = trainer_config.compile_step or trainer_config.cuda_graphs
         if compiled:
@@ -282,9 +280,19 @@ class Trainer(StandardTrainer, StandardEvaluator):
             train_step = compile_step(train_step, *how)
             self._task_validation_step = compile_step(task.validation_step, *how)
         self._task_train_step: Callable[..., Any] = train_step
-        """What a micro-batch runs: `_train_forward` (returns the loss) or the task's own
+        """What a micro-batch runs: the task's default forward (returns the loss) or its own
         ``train_step`` (returns logs), compiled when the config says so."""
-        step_checks.check_step_hooks(task, self, compiled)
+        # The first call of each step checks what it returned (`step_checks`).
+        check_first_call(self, "_task_train_step",
+                         step_checks.train_step_check(task, self._default_train_step))
+        if compiled:
+            check_first_call(self, "_task_validation_step", step_checks.validation_check(task))
+        else:
+            step_checks.check_task_hooks(task)
+        self._executor = StepExecutor(self._train_model, self._microbatch_loss,
+                                      self._accumulation, self._autocast_dtype,
+                                      self.grad_scaler)
+        """The step's forward, loss and backward over its microbatches."""
 
     def _register_for_healing(self, replicas: ReplicaGroups) -> None:
         """What a joining replica group takes from a live one: everything a checkpoint holds
@@ -439,31 +447,13 @@ class Trainer(StandardTrainer, StandardEvaluator):
             batches = [to_device(inputs, self._device) for inputs in batches]
         if self._replicas is not None:
             self._replicas.begin_step()  # the quorum forms while the forward runs
-        default = self._default_train_step
-        model, optimizer, metrics = self._train_model, self.optimizer, self.train_metrics
         # Only until an overridden train_step has shown that it trains: host-side counters, read
         # once, no sync; the default train_step never pays for it.
         marks = (step_checks.update_marks(self._trainables()) if self._unchecked_override
                  else None)
-        updated = False
-        for index, inputs in enumerate(batches):
-            if self._plain_forward:  # no autocast, no DDP: nothing to enter (the common case)
-                out = self._task_train_step(inputs, model, optimizer, metrics)
-            else:
-                with self._micro_batch_context(last=index == accumulation - 1):
-                    out = self._task_train_step(inputs, model, optimizer, metrics)
-            if default:
-                loss = out
-            else:
-                loss = self._loss_of(out)
-                if len(out) > 1:
-                    self._record_extra(out)
-            self.training_loss.update(loss)
-            if loss.requires_grad:
-                self._backward(loss)
-                updated = True
-            elif default:  # after the first step
-                raise step_checks.no_gradient_error(self.task, loss)
+        loss, updated = self._executor.run(batches)
+        if not updated and self._default_train_step:
+            raise step_checks.no_gradient_error(self.task, loss)
         # Kept until the next step's loss replaces it: its graph (its tensors freed by backward)
         # holds each parameter's gradient accumulator, which the next forward then reuses
         # instead of building anew -- as in a hand-written loop, whose `loss` outlives its step.
@@ -480,20 +470,26 @@ class Trainer(StandardTrainer, StandardEvaluator):
         if self.ema is not None:
             self.ema.update(self.global_step + 1)
 
-    def _train_forward(self, inputs: Any, model: nn.Module,
-                       optimizer: torch.optim.Optimizer | None,
-                       metrics: Mapping[str, Any]) -> torch.Tensor:
-        """The default `Task.train_step`'s forward, run by the Trainer itself: the loss
-        ``task.build_losses`` made, with its gradient, and the metrics updated. (`Task.train_step`
-        does the same for a task that calls it from its own; this copy returns the loss itself,
-        not in a logs dict.)"""
-        task = self.task
-        features, labels = split_inputs(inputs)
-        outputs = call_model(model, features)
-        loss = task.build_losses(labels, outputs, aux_losses=aux_losses_of(model))
-        if self._updates_train_metrics:
-            task.process_metrics(metrics, labels, outputs)
+    def _microbatch_loss(self, inputs: Any) -> torch.Tensor:
+        """One micro-batch's loss, for the executor: the task's step run, its loss counted in
+        ``training_loss`` (and the other scalars its own ``train_step`` returned, by name)."""
+        out = self._task_train_step(inputs, self._train_model, self.optimizer,
+                                    self.train_metrics)
+        if self._default_train_step:
+            loss = out
+        else:
+            loss = self._loss_of(out)
+            if len(out) > 1:
+                self._record_extra(out)
+        self.training_loss.update(loss)
         return loss
+
+    def _default_forward(self, inputs: Any, model: nn.Module,
+                         optimizer: torch.optim.Optimizer | None,
+                         metrics: Mapping[str, Any]) -> torch.Tensor:
+        """The default `Task.train_step`, as the Trainer runs it: its loss itself, not in a
+        logs dict (`default_train_loss`)."""
+        return default_train_loss(self.task, inputs, model, metrics, self._updates_train_metrics)
 
     def _trainables(self) -> list[torch.Tensor]:
         """The trainable tensors of the model and the task, each once."""
@@ -501,20 +497,6 @@ class Trainer(StandardTrainer, StandardEvaluator):
             id(p): p for p in self.model.parameters() if p.requires_grad}
         tensors.update((id(v), v) for v in self.task.trainable_variables)
         return list(tensors.values())
-
-    def _micro_batch_context(self, last: bool) -> contextlib.ExitStack:
-        """Autocast, and -- between micro-batches -- no gradient averaging (DDP's ``no_sync``,
-        FSDP2's ``set_requires_gradient_sync``): only the last micro-batch of a step needs its
-        gradients averaged across processes."""
-        stack = contextlib.ExitStack()
-        model = self._train_model
-        if isinstance(model, nn.parallel.DistributedDataParallel):
-            if not last:
-                stack.enter_context(model.no_sync())
-        elif callable(getattr(model, "set_requires_gradient_sync", None)):  # FSDP2
-            model.set_requires_gradient_sync(last)  # type: ignore[operator]
-        stack.enter_context(self._autocast())
-        return stack
 
     def _loss_of(self, logs: Any) -> torch.Tensor:
         if not (type(logs) is dict or isinstance(logs, Mapping)) or self.task.loss not in logs:
@@ -530,14 +512,6 @@ class Trainer(StandardTrainer, StandardEvaluator):
             if metric is None:
                 metric = self._extra_train_logs[key] = Mean()
             metric.update(value.detach())
-
-    def _backward(self, loss: torch.Tensor) -> None:
-        if self._accumulation > 1:
-            loss = loss / self._accumulation
-        if self.grad_scaler is not None:
-            self.grad_scaler.scale(loss).backward()
-        else:
-            loss.backward()
 
     def _apply_gradients(self) -> None:
         optimizer = self.optimizer

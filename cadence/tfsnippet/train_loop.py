@@ -223,8 +223,6 @@ class TrainLoop:
                       else summary_skip_pattern, summary_commit_freqs or {}),
             valid_metric_name, valid_metric_smaller_is_better, print_func, clock, show_eta,
             early_stopping)
-        # Called every step: the report's own method, bound once (the class's documents it).
-        self.collect_metrics = self._report.collect_metrics  # type: ignore[method-assign]
 
     def _new_report(self, log: MetricLog, valid_metric_name: str,
                     valid_metric_smaller_is_better: bool | None,

@@ -352,7 +352,7 @@ def test_the_step_hooks_are_checked_at_their_first_call_and_then_are_the_methods
     trainer.train(5)
     assert checked == ["_check_process_metrics", "_check_default_loss"]  # the first step's
     assert "process_metrics" not in vars(task)
-    assert trainer._task_train_step == trainer._train_forward  # no wrapper on the way
+    assert trainer._task_train_step == trainer._default_forward  # no wrapper on the way
     trainer.evaluate(-1)
     assert checked[2:] == ["_check_validation_logs"]
     assert not {"train_step", "validation_step", "process_metrics"} & set(vars(task))
