@@ -127,7 +127,9 @@ class SlurmJob:
     """The Slurm job and step a process runs in.
 
     Attributes:
-        job_id: ``SLURM_JOB_ID``.
+        job_id: ``SLURM_JOB_ID``; for a task of an array job, ``<array job>_<task>``
+            (``SLURM_ARRAY_JOB_ID``, ``SLURM_ARRAY_TASK_ID``), the name ``scontrol`` takes for
+            that task alone -- the first task's own id is also the whole array's.
         step: ``SLURM_STEP_ID`` in a step that ``srun`` started; ``"batch"`` in the batch
             script (which has no step id).
         restart: ``SLURM_RESTART_COUNT``: how many times the job was requeued (0 before the
@@ -144,6 +146,9 @@ class SlurmJob:
 
         >>> SlurmJob.from_environ({"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"})
         SlurmJob(job_id='42', step='0', restart=0)
+        >>> SlurmJob.from_environ({"SLURM_JOB_ID": "43", "SLURM_ARRAY_JOB_ID": "42",
+        ...                        "SLURM_ARRAY_TASK_ID": "1"}).job_id
+        '42_1'
         >>> SlurmJob.from_environ({}) is None
         True
         """
@@ -151,6 +156,9 @@ class SlurmJob:
         job_id = env.get("SLURM_JOB_ID", "").strip()
         if not SLURM_ID.match(job_id):
             return None
+        array, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
+        if array.isdigit() and task.isdigit():
+            job_id = f"{array}_{task}"
         step = env.get("SLURM_STEP_ID", "batch").strip()
         restart = env.get("SLURM_RESTART_COUNT", "0").strip()
         return cls(job_id=job_id, step=step if SLURM_ID.match(step) else "batch",

@@ -183,6 +183,13 @@ def test_the_job_is_read_from_the_environment_and_a_first_run_has_restarted_zero
     assert SlurmJob.from_environ({"SLURM_JOB_ID": "9; rm -rf /"}) is None
 
 
+def test_a_task_of_an_array_job_is_named_so_that_a_requeue_takes_that_task_alone():
+    """The first task's SLURM_JOB_ID is the array's id: `scontrol requeue` of it would requeue
+    every task of the array."""
+    env = {"SLURM_JOB_ID": "500", "SLURM_ARRAY_JOB_ID": "500", "SLURM_ARRAY_TASK_ID": "0"}
+    assert SlurmJob.from_environ(env).job_id == "500_0"
+
+
 @pytest.mark.parametrize(("name", "canonical"), [("USR1", "SIGUSR1"), ("sigusr2", "SIGUSR2"),
                                                  ("SIGTERM", "SIGTERM")])
 def test_a_stop_signal_is_named_as_slurm_or_python_names_it(name, canonical):
