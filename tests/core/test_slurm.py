@@ -1,6 +1,6 @@
 """cadence.core.slurm without a cluster: a process's place from Slurm's variables, hostlists,
 the stop signal and the requeue decision; and what the Controller, the lock, the timeline and
-the goodput report do in a Slurm job. The same on a real cluster: tests/test_slurm.py."""
+the goodput report do in a Slurm job. The same on a real cluster: tests/test_on_slurm.py."""
 
 from __future__ import annotations
 
