@@ -417,6 +417,10 @@ COMMAND_LINE = [
     ("an EMA under FSDP2", nothing, ["train", *FAST, "--set", "trainer.ema.enabled=true",
                                      "--set", "runtime.strategy=fsdp2"],
      r"trainer.ema.enabled: .*runtime.strategy=fsdp2 shards; use runtime.strategy=ddp"),
+    ("an uncatchable Slurm stop signal", nothing, ["train", *FAST, "--set",
+                                                   "runtime.slurm.signal=SIGKILL"],
+     r"runtime.slurm.signal: The Slurm stop signal \(got 'SIGKILL'\) must be the name of a "
+     r"signal that can be caught"),
     ("CUDA graphs on a CPU", nothing, ["train", *FAST, "--set", "runtime.device=cpu",
                                        "--set", "trainer.cuda_graphs=true"],
      r"trainer.cuda_graphs is true but the device is cpu.*Set trainer.cuda_graphs=false"),

@@ -68,3 +68,19 @@ def test_the_api_reference_documents_every_public_name():
     public = (exported_names("cadence") - submodules) | exported_names("cadence.callbacks") \
         | exported_names("cadence.tensorpack") | exported_names("cadence.core")
     assert sorted(public - documented) == [], "add `::: cadence.<name>` to a page in docs/api/"
+
+
+def test_the_kubernetes_manifests_of_the_slurm_guide_are_yaml_of_their_kinds():
+    """docs/slurm.md's PyTorchJob and JobSet are not run anywhere (no Kubernetes here): they are
+    at least well-formed, of the kind they say, and train with cadence."""
+    blocks = re.findall(r"```yaml\n(.*?)```", (DOCS / "slurm.md").read_text(), re.S)
+    manifests = [yaml.safe_load(block) for block in blocks]
+    assert [(m["apiVersion"], m["kind"]) for m in manifests] == [
+        ("kubeflow.org/v1", "PyTorchJob"), ("jobset.x-k8s.io/v1alpha2", "JobSet")]
+    job, jobset = manifests
+    master = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert master["containers"][0]["command"][:3] == ["torchrun", "-m", "cadence"]
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"] == \
+        job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert "-m cadence train" in pod["containers"][0]["command"][-1]

@@ -70,6 +70,7 @@ from cadence.core.protocols import (
 from cadence.core.rank import world_size
 from cadence.core.run_checkpoints import RunCheckpoints
 from cadence.core.run_record import RunRecord
+from cadence.core.slurm import SlurmOptions
 from cadence.core.summary import DEFAULT_WRITERS, RunSummaries, WriterSpec, to_host
 
 logger = logging.getLogger("cadence")
@@ -143,7 +144,8 @@ class Controller:
         train_actions: Orbit actions, called with each loop's raw output.
         eval_actions: Orbit actions, called with each evaluation's raw output.
         handle_signals: turn SIGTERM and SIGINT during training into a clean stop, a checkpoint
-            and `Preempted` (only from the main thread).
+            and `Preempted` (only from the main thread); in a Slurm job its stop signal too,
+            and the job is requeued after the checkpoint (`slurm`).
         log_loops: log a line after each training loop (``cadence.loop``); a front-end whose
             monitors print the loop's scalars themselves (tensorpack's `ScalarPrinter`) passes
             False.
@@ -153,6 +155,8 @@ class Controller:
             in a run directory: the Controller records each loop's end (its time, and how long
             it waited for input), evaluation, restore, save and signal in its timeline, and
             adds the run's ``goodput`` so far to each loop's logs.
+        slurm: what a Slurm job does on its stop signal (`cadence.core.slurm.SlurmOptions`;
+            default: SIGUSR1 stops like SIGTERM, and the job requeues itself after the save).
 
     Raises:
         ValueError: if neither a trainer nor an evaluator is given, an interval or
@@ -183,6 +187,7 @@ class Controller:
         log_loops: bool = True,
         run_dir: Any = None,
         record: RunRecord | None = None,
+        slurm: SlurmOptions | None = None,
     ) -> None:
         self._steps_per_loop = _check_runners(trainer, evaluator, steps_per_loop)
         self.trainer = trainer
@@ -199,6 +204,7 @@ class Controller:
         """Log a line after each training loop (``cadence.loop``); a front-end whose monitors
         print the loop's scalars themselves (tensorpack's `ScalarPrinter`) turns it off."""
         self.record = record
+        self.slurm = slurm
         # Managers built here are closed at the end of every entry point (train,
         # train_and_evaluate, evaluate, evaluate_continuously); injected ones are flushed.
         self._summaries = RunSummaries(summary_dir, eval_summary_dir, summary_manager,
@@ -502,7 +508,7 @@ class Controller:
     def _new_preemption(self, enabled: bool) -> Preemption:
         """The signal watch of a run: a signal is recorded in the run's timeline too."""
         return Preemption(enabled, on_signal=self.record.timeline.signal
-                          if self.record is not None else None)
+                          if self.record is not None else None, slurm=self.slurm)
 
     def _record_if(self, step: int) -> bool:
         return self.summary_interval is None or step % self.summary_interval == 0

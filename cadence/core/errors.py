@@ -29,17 +29,25 @@ class CheckpointIncompatibleError(CheckpointError):
 
 
 class Preempted(SystemExit):
-    """Raised after training was stopped by SIGTERM or SIGINT and a checkpoint was saved.
+    """Raised after training was stopped by SIGTERM or SIGINT (or a Slurm job's stop signal,
+    SIGUSR1 by default) and a checkpoint was saved.
 
     It is a `SystemExit`, so an unhandled one ends the program quietly with exit code
-    ``128 + signal number`` (143 for SIGTERM, 130 for SIGINT), which schedulers read as "requeue".
-    Running the same program again resumes from the checkpoint.
+    ``128 + signal number`` (143 for SIGTERM, 130 for SIGINT, 138 for SIGUSR1), which schedulers
+    read as "requeue". Running the same program again resumes from the checkpoint.
+
+    Attributes:
+        signum: the signal.
+        checkpoint: the checkpoint saved, or None without a checkpoint manager.
+        requeued: whether the Slurm job was requeued (`cadence.core.slurm.requeue`): Slurm runs
+            the program again by itself.
     """
 
-    def __init__(self, signum: int, checkpoint: str | None) -> None:
+    def __init__(self, signum: int, checkpoint: str | None, *, requeued: bool = False) -> None:
         super().__init__(128 + signum)
         self.signum = signum
         self.checkpoint = checkpoint
+        self.requeued = requeued
 
 
 class ConfigError(ValueError):

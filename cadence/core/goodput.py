@@ -21,8 +21,10 @@ negative time):
   added to ``skipped_lines``).
 - **wall** = from the first attempt's beginning to the last event; for a live run, to now.
 - **between_attempts** = from an attempt's last event to the next attempt's beginning (the run
-  was down); for a live run whose lock is held by a process that has not recorded its
-  ``start`` yet, also from the last event to now.
+  was down: for a requeued Slurm job, the time it waited in the queue; each attempt's share is
+  its ``waited_s``, and its Slurm job and restart count are on its report); for a live run
+  whose lock is held by a process that has not recorded its ``start`` yet, also from the last
+  event to now.
 - **restore** = ``restore_begin`` to ``restore_end``; **evaluation** = ``eval_begin`` to
   ``eval_end`` (an unclosed one runs to the attempt's next event that closes nothing: its end);
   **checkpoint** = each save's stall ``[t - stall_s, t]`` plus the loops' ``checkpoint_wait_s``.
@@ -112,6 +114,11 @@ class AttemptReport:
         lost_s: their compute time.
         committed_step: its newest durable checkpoint's step, if it committed one.
         setup_s: from its beginning to ``setup_end``, if recorded.
+        waited_s: the time the run was down before it began (its share of
+            ``between_attempts``): for a requeued Slurm job, its wait in the queue.
+        slurm_job: the Slurm job it ran in (``SLURM_JOB_ID``), or None outside Slurm.
+        slurm_step: its step there (``"batch"`` for the batch script).
+        slurm_restart: ``SLURM_RESTART_COUNT``: how many times the job had been requeued.
     """
 
     attempt: str
@@ -129,6 +136,10 @@ class AttemptReport:
     lost_s: float = 0.0
     committed_step: int | None = None
     setup_s: float | None = None
+    waited_s: float = 0.0
+    slurm_job: str | None = None
+    slurm_step: str | None = None
+    slurm_restart: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The attempt as a JSON object."""
@@ -199,7 +210,10 @@ class _Attempt:
         self.id = event.attempt
         self.begin = begin
         self.report = AttemptReport(event.attempt, begin, begin, fields["world_size"],
-                                    restart=fields.get("restart", 0), host=fields.get("host"))
+                                    restart=fields.get("restart", 0), host=fields.get("host"),
+                                    slurm_job=fields.get("slurm_job"),
+                                    slurm_step=fields.get("slurm_step"),
+                                    slurm_restart=fields.get("slurm_restart"))
         self.loops = 0
         self.loop_floor = begin  # a loop begins no earlier than this: the previous loop's end
         self.restore_open = False
@@ -301,14 +315,17 @@ class GoodputCalculator:
         # A process that trains the run again (a notebook) began this attempt at its start.
         if started is not None and event.attempt not in self._seen:
             begin = min(started, event.t)
+        waited = 0.0
         if self._begin is None:
             self._begin = self._cursor = begin
         else:
             begin = max(begin, self._cursor)
-            self._buckets["between_attempts"] += begin - self._cursor
+            waited = begin - self._cursor
+            self._buckets["between_attempts"] += waited
             self._cursor = begin
         self._seen.add(event.attempt)
         attempt = _Attempt(event, begin)
+        attempt.report.waited_s = waited
         self._attempts.append(attempt)
         self._accrue(attempt, self._advance(event.t))
         attempt.report.end_t = self._cursor
@@ -643,6 +660,11 @@ def format_report(report: GoodputReport, name: str | None = None) -> list[str]:
         lines.append(f"  {index:>3}  {attempt.world_size:>5}  {steps:<17}{ended:<20}"
                      f"{attempt.lost_steps:>10}  {_seconds(attempt.lost_s):>10}  "
                      f"{attempt.restart:>7}  {began}")
+        if attempt.slurm_job is not None:
+            waited = (f"; {_seconds(attempt.waited_s)} between attempts before it (in Slurm's "
+                      "queue)" if index > 1 else "")
+            lines.append(f"       Slurm job {attempt.slurm_job} (step {attempt.slurm_step}), "
+                         f"SLURM_RESTART_COUNT {attempt.slurm_restart}{waited}")
         if attempt.error:
             lines.append(f"       error: {attempt.error}")
     worst = report.worst_data_wait

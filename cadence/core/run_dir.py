@@ -46,6 +46,7 @@ from cadence.core.errors import ConfigError
 from cadence.core.files import open_append, open_regular
 from cadence.core.intervals import check_int, is_int
 from cadence.core.rank import process_rank
+from cadence.core.slurm import SlurmJob
 
 try:
     import fcntl
@@ -280,11 +281,12 @@ def _pid_alive(pid: int) -> bool:
 class RunLock:
     """One trainer per run directory: an exclusive lock on `path` while training.
 
-    The file records the owner (pid, host, command, start time), so that a second trainer's
-    error names it. On POSIX the lock is an ``flock``, which the kernel drops when its process
-    dies however it dies: a lock left by a dead process is taken over (and said so). Elsewhere
-    the file is created exclusively and a dead owner is detected by its pid. Evaluation does
-    not take the lock: it only reads checkpoints, and may run beside a trainer.
+    The file records the owner (pid, host, command, start time, and the Slurm job and step it
+    runs in, if any), so that a second trainer's error names it. On POSIX the lock is an
+    ``flock``, which the kernel drops when its process dies however it dies: a lock left by a
+    dead process is taken over (and said so). Elsewhere the file is created exclusively and a
+    dead owner is detected by its pid. Evaluation does not take the lock: it only reads
+    checkpoints, and may run beside a trainer.
 
     Args:
         path: the lock file (`RunDirectory.lock_file`).
@@ -302,7 +304,9 @@ class RunLock:
         where = f" on {host}" if host and host != socket.gethostname() else ""
         command = f" ({owner['command']})" if owner.get("command") else ""
         since = f", since {owner['since']}" if owner.get("since") else ""
-        return f"process {owner['pid']}{where}{command}{since}"
+        job = (f", in Slurm job {owner['slurm_job']} (step {owner.get('slurm_step', '?')})"
+               if owner.get("slurm_job") else "")
+        return f"process {owner['pid']}{where}{command}{since}{job}"
 
     def _read_owner(self) -> dict[str, Any]:
         try:
@@ -348,9 +352,11 @@ class RunLock:
         if previous.get("pid") and previous.get("pid") != os.getpid():
             logger.warning("Taking over %s: it was held by %s, which is no longer running.",
                            self.path, self._owner_text(previous))
+        job = SlurmJob.from_environ()
         record = {"pid": os.getpid(), "host": socket.gethostname(),
                   "command": " ".join(sys.argv)[:200],
-                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+                  "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  **(job.record() if job is not None else {})}
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps(record).encode("utf-8"))
         self._fd = fd

@@ -26,7 +26,10 @@ event               fields; when it is recorded
                     without torchrun), ``host``, ``pid``, ``process_start_t`` (when the process
                     was created, from ``/proc/self/stat``; null where unknown, and in a
                     notebook, whose kernel may be hours old), ``replica`` and ``replicas``
-                    (null outside the fault-tolerant mode), ``version`` (of this format: 1):
+                    (null outside the fault-tolerant mode), ``slurm_job``, ``slurm_step``
+                    and ``slurm_restart`` (the Slurm job id, its step -- ``"batch"`` for the
+                    batch script -- and ``SLURM_RESTART_COUNT``; null outside Slurm:
+                    `cadence.core.slurm.SlurmJob`), ``version`` (of this format: 1):
                     an attempt begins -- the first thing a training process records.
 ``setup_end``       none: the model, the data and the trainer are built.
 ``restore_begin``   none: restoring a checkpoint begins (at the start of an attempt, or a loss
@@ -95,6 +98,7 @@ from cadence.core.intervals import is_int
 from cadence.core.logs import is_scalar
 from cadence.core.notebook import in_notebook
 from cadence.core.run_dir import TIMELINE_DIR
+from cadence.core.slurm import SLURM_ID, SlurmJob
 
 logger = logging.getLogger("cadence")
 
@@ -192,6 +196,12 @@ def _signal(value: Any) -> str:
     return value
 
 
+def _slurm_id(value: Any) -> str:
+    if not isinstance(value, str) or not SLURM_ID.match(value):
+        raise _Bad
+    return value
+
+
 def _or_null(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def nullable(value: Any) -> Any:
         return None if value is None else check(value)
@@ -207,7 +217,8 @@ SCHEMA: Mapping[str, _Spec] = MappingProxyType({
               "host": (_or_null(_text(255)), None), "pid": (_or_null(_small), None),
               "process_start_t": (_or_null(_time), None),
               "replica": (_or_null(_small), None), "replicas": (_or_null(_count), None),
-              "version": (_count, VERSION)},
+              "slurm_job": (_or_null(_slurm_id), None), "slurm_step": (_or_null(_slurm_id), None),
+              "slurm_restart": (_or_null(_small), None), "version": (_count, VERSION)},
     "setup_end": {},
     "restore_begin": {},
     "restore_end": {"step": (_step, _REQUIRED), "checkpoint": (_or_null(_checkpoint), None)},
@@ -398,7 +409,7 @@ class Timeline:
 
     def start(self, world_size: int, *, restart: int | None = None,
               replicas: int | None = None, process_start_t: float | None = None,
-              host: str | None = None) -> None:
+              host: str | None = None, slurm: SlurmJob | None = None) -> None:
         """Records that an attempt begins: the first record of a training process.
 
         Args:
@@ -409,14 +420,17 @@ class Timeline:
             process_start_t: when the process was created; default `process_start_time`
                 (None in a notebook).
             host: default this machine's name.
+            slurm: the Slurm job; default the one the environment names, if any.
         """
         if process_start_t is None and not in_notebook():
             process_start_t = process_start_time()
+        job = slurm if slurm is not None else SlurmJob.from_environ()
         self.record("start", world_size=world_size,
                     restart=_restart_count() if restart is None else restart,
                     host=socket.gethostname()[:255] if host is None else host,
                     pid=os.getpid(), process_start_t=process_start_t,
-                    replica=self.replica, replicas=replicas, version=VERSION)
+                    replica=self.replica, replicas=replicas,
+                    **(job.record() if job is not None else {}), version=VERSION)
 
     def setup_end(self) -> None:
         """Records that the model, data and trainer are built."""

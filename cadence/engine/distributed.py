@@ -48,6 +48,7 @@ from torch import nn
 from cadence.core.errors import JobFailure
 from cadence.core.intervals import check_int
 from cadence.core.rank import local_rank, process_rank, world_size
+from cadence.core.slurm import adopt_launch_environment
 from cadence.engine.parallelize import ParallelOptions, parallelize_model, plain_name
 from cadence.engine.strategies import STRATEGIES
 
@@ -102,7 +103,9 @@ def local_device(name: str = "auto", setting: str | None = None) -> torch.device
 def init_distributed(timeout: float = DEFAULT_TIMEOUT, device: torch.device | None = None,
                      backend: str | None = None, setting: str | None = None) -> bool:
     """Joins the ``torchrun`` job when there are several processes (``WORLD_SIZE`` > 1) and no
-    process group yet. Returns whether a group with several ranks exists now.
+    process group yet. Returns whether a group with several ranks exists now. A process that
+    ``srun`` started as one task of a step takes its place from Slurm's variables first
+    (`cadence.core.slurm.adopt_launch_environment`).
 
     Collectives of the group time out after `timeout` seconds: a rank that died or stopped
     makes the others fail with `CollectiveTimeout` instead of waiting forever. The backend is
@@ -118,10 +121,12 @@ def init_distributed(timeout: float = DEFAULT_TIMEOUT, device: torch.device | No
     Raises:
         ValueError: for a timeout that is not positive.
         SetupTimeout: when the ranks do not meet within `timeout` seconds.
+        JobFailure: when Slurm's variables do not say where this process sits in its job.
     """
     if not timeout or timeout <= 0:
         raise ValueError(f"{setting or 'init_distributed: `timeout`'} (got {timeout!r}) must be "
                          "a positive number of seconds.")
+    adopt_launch_environment()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available() and (
             not dist.is_initialized()):
         _create_group(device, timeout, backend, setting=setting)

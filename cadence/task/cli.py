@@ -53,6 +53,7 @@ from cadence.core.errors import (
 )
 from cadence.core.rank import process_rank
 from cadence.core.run_dir import RunDirectory, RunLockedError
+from cadence.core.slurm import adopt_launch_environment
 
 logger = logging.getLogger("cadence")
 
@@ -626,12 +627,15 @@ def _run_command(args: argparse.Namespace) -> int:
                "config": _config, "plot": _plot, "inspect": _inspect,
                "goodput": _goodput, "export": _export}[args.command]
     try:
+        if args.command in ("train", "eval"):  # under srun, every rank knows its place at once
+            adopt_launch_environment()
         return command(args)
     except Preempted as stop:
         where = f"; checkpoint {stop.checkpoint}" if stop.checkpoint else ""
+        then = ("The Slurm job is requeued: it resumes from there when it runs again."
+                if stop.requeued else "Run the same command again to resume.")
         if process_rank() == 0:  # every rank stopped at the same step, with the same checkpoint
-            print(f"Stopped by a signal{where}. Run the same command again to resume.",
-                  file=sys.stderr)
+            print(f"Stopped by a signal{where}. {then}", file=sys.stderr)
         return int(stop.code) if isinstance(stop.code, int) else 1
     except (ConfigError, CheckpointError, HookError, MissingMetricError,
             RunLockedError) as error:

@@ -442,6 +442,24 @@ class FaultToleranceConfig(Config):
 
 
 @dataclass
+class SlurmConfig(Config):
+    """What a run does under Slurm (`cadence.core.slurm`; ``docs/slurm.md``). Where it runs
+    needs no setting: a process that ``srun`` started learns its place in the job from Slurm.
+
+    Attributes:
+        signal: the signal, besides SIGTERM, that stops the run with a checkpoint: what
+            ``sbatch --signal=USR1@120`` sends before the time limit (``SIGUSR1``; ``USR1``
+            works too); null: SIGTERM alone.
+        requeue: once that checkpoint is saved, requeue the job (``scontrol requeue``) when
+            Slurm lets it (``Requeue=1``: ``sbatch --requeue``, or the cluster's default) and
+            the job is still running, so that the next allocation resumes the run.
+    """
+
+    signal: str | None = "SIGUSR1"
+    requeue: bool = True
+
+
+@dataclass
 class ProfilerConfig(Config):
     """A ``torch.profiler`` trace of some training steps (`cadence.callbacks.Profiler` on
     ``torch.profiler.schedule``), written by its TensorBoard trace handler as
@@ -494,6 +512,7 @@ class RuntimeConfig(Config):
         wandb: where the ``wandb`` writer logs.
         profiler: a ``torch.profiler`` trace of some training steps.
         fault_tolerance: replica groups that train on when one dies (torchft).
+        slurm: the signal that stops a Slurm job before its time limit, and its requeue.
     """
 
     device: str = "auto"
@@ -510,6 +529,7 @@ class RuntimeConfig(Config):
     wandb: WandbConfig = field(default_factory=WandbConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
 
 @dataclass

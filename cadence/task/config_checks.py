@@ -31,6 +31,7 @@ from cadence.core.files import relative_name
 from cadence.core.intervals import is_int
 from cadence.core.logs import is_finite_scalar, is_scalar
 from cadence.core.run_dir import LOCK_FILE, PARAMS_FILE, RESUMES_FILE
+from cadence.core.slurm import signal_name
 from cadence.core.summary import WRITERS
 from cadence.engine.compile import COMPILE_MODES
 from cadence.engine.strategies import STRATEGIES
@@ -248,6 +249,11 @@ def choice_problems(config: Any) -> Iterable[str]:
                    f"name, e.g. {'eval' if key.startswith('validation') else 'best'}.")
     if trainer.ema.enabled and config.runtime.strategy == "fsdp2":
         yield EMA_WITH_FSDP2
+    if config.runtime.slurm.signal is not None:
+        try:
+            signal_name(config.runtime.slurm.signal)
+        except ValueError as error:
+            yield f"runtime.slurm.signal: {error}"
     ft = config.runtime.fault_tolerance
     if ft.replica_id is not None and is_int(ft.replica_id) and is_int(ft.replica_groups):
         problem = replica_id_problem(ft.replica_id, ft.replica_groups)

@@ -63,6 +63,7 @@ from cadence.core.errors import CheckpointError, ConfigError, DivergenceError
 from cadence.core.rank import process_rank, world_size
 from cadence.core.run_dir import RunDirectory
 from cadence.core.run_record import RunRecord
+from cadence.core.slurm import SlurmOptions, adopt_launch_environment
 from cadence.core.summary import SummaryManager, WriterSpec, close_summaries, writer_factory
 from cadence.engine.checkpoint import CheckpointManager
 from cadence.engine.checkpoint_writer import check_shared_directory
@@ -293,6 +294,7 @@ def run_experiment(
                         "it with cadence.load_config(...).")
     config.validate()
     config.lock()  # as TF Model Garden: nothing changes the config of a running experiment
+    adopt_launch_environment()  # under srun: this process's rank, before the lock asks for it
     run = run_directory(config, model_dir)
     trains = mode.startswith("train")
     if checkpoint is not None and mode != "eval":
@@ -472,7 +474,8 @@ class _RunParts:
             summary_manager=summaries, summary_interval=trainer_config.summary_interval,
             eval_summary_manager=eval_summaries, callbacks=[*builtin, *callbacks],
             train_actions=train_actions, eval_actions=eval_actions, run_dir=self.run,
-            record=self.record)
+            record=self.record, slurm=SlurmOptions(config.runtime.slurm.signal,
+                                                   config.runtime.slurm.requeue))
 
     def start_run_directory(self, differences: list[str]) -> None:
         """The run has started: its config is the directory's from now on (`params.yaml`), the

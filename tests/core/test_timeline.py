@@ -325,6 +325,7 @@ def test_extra_fields_of_a_newer_cadence_are_ignored_and_defaults_filled_in():
     start = parse_event(GOOD)
     assert start.fields == {"world_size": 2, "restart": 0, "host": None, "pid": None,
                             "process_start_t": None, "replica": None, "replicas": None,
+                            "slurm_job": None, "slurm_step": None, "slurm_restart": None,
                             "version": 1}
     assert set(EVENTS) == {"start", "setup_end", "restore_begin", "restore_end", "loop_end",
                            "eval_begin", "eval_end", "save", "commit", "signal", "end"}
