@@ -57,15 +57,18 @@ _EXPORTS = {
     "Output": "cadence.engine.runner",
     "parallelize_model": "cadence.engine.parallelize",
     "ParallelOptions": "cadence.engine.parallelize",
+    "ParallelismConfig": "cadence.task.config",
     "Preempted": "cadence.core.errors",
-    "prepare_model": "cadence.engine.distributed",
+    "prepare_model": "cadence.engine.parallelize",
     "ProgressBar": "cadence.callbacks.progress",
     "register_experiment": "cadence.task.registry",
     "register_task": "cadence.task.registry",
     "run_experiment": "cadence.task.train_lib",
     "RunState": "cadence.core.callbacks",
+    "Runtime": "cadence.engine.runtime",
     "RuntimeConfig": "cadence.task.config",
     "save_config": "cadence.task.config_files",
+    "setup_runtime": "cadence.engine.runtime",
     "SimpleTrainer": "cadence.tensorpack",
     "SingleCostTrainer": "cadence.tensorpack",
     "SlidingWindow": "cadence.data.flows",
@@ -124,7 +127,6 @@ if TYPE_CHECKING:  # `name as name`: re-exported, for type checkers
     from cadence.engine.checkpoint import CheckpointIO as CheckpointIO
     from cadence.engine.checkpoint import CheckpointManager as CheckpointManager
     from cadence.engine.checkpoint import StateFileIO as StateFileIO
-    from cadence.engine.distributed import prepare_model as prepare_model
     from cadence.engine.exporter import BestCheckpointExporter as BestCheckpointExporter
     from cadence.engine.exporter import load_weights as load_weights
     from cadence.engine.metrics import Accuracy as Accuracy
@@ -135,9 +137,12 @@ if TYPE_CHECKING:  # `name as name`: re-exported, for type checkers
     from cadence.engine.module import Module as Module
     from cadence.engine.parallelize import ParallelOptions as ParallelOptions
     from cadence.engine.parallelize import parallelize_model as parallelize_model
+    from cadence.engine.parallelize import prepare_model as prepare_model
     from cadence.engine.runner import AbstractEvaluator as AbstractEvaluator
     from cadence.engine.runner import AbstractTrainer as AbstractTrainer
     from cadence.engine.runner import Output as Output
+    from cadence.engine.runtime import Runtime as Runtime
+    from cadence.engine.runtime import setup_runtime as setup_runtime
     from cadence.engine.standard_runner import StandardEvaluator as StandardEvaluator
     from cadence.engine.standard_runner import StandardEvaluatorOptions as StandardEvaluatorOptions
     from cadence.engine.standard_runner import StandardTrainer as StandardTrainer
@@ -149,6 +154,7 @@ if TYPE_CHECKING:  # `name as name`: re-exported, for type checkers
     from cadence.task.config import LearningRateConfig as LearningRateConfig
     from cadence.task.config import OptimizationConfig as OptimizationConfig
     from cadence.task.config import OptimizerConfig as OptimizerConfig
+    from cadence.task.config import ParallelismConfig as ParallelismConfig
     from cadence.task.config import RuntimeConfig as RuntimeConfig
     from cadence.task.config import TaskConfig as TaskConfig
     from cadence.task.config import TrainerConfig as TrainerConfig

@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import cadence
-from cadence.engine.distributed import init_distributed, is_distributed
+from cadence.engine.runtime import init_distributed, is_distributed
 from cadence.engine.state_file import read_state, write_state
 
 N = int(os.environ.get("CADENCE_TEST_EXAMPLES", "48"))  # 6 batches a rank with 2, 12 with 1
@@ -201,7 +201,7 @@ def run(mode: str, directory: Path, args: list[str]) -> None:
         record(directory, "elastic", step=trainer.global_step,
                restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     elif mode == "lazygroup":  # cadence's own gloo groups connect pairs on first use
-        from cadence.engine.distributed import GlooGroup
+        from cadence.engine.runtime import GlooGroup
 
         def sockets() -> int:
             count = 0

@@ -37,7 +37,8 @@ from cadence import (
 )
 from cadence.callbacks import EarlyStopping
 from cadence.core.errors import HookTypeError, HookValueError
-from cadence.engine.distributed import StopAgreement, local_device
+from cadence.engine.runtime import local_device
+from cadence.engine.stop_agreement import StopAgreement
 from cadence.task.cli import main
 from cadence.task.config_files import load_run_config
 

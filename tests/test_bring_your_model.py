@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import user_models
 
-from cadence.engine.distributed import shutdown
+from cadence.engine.runtime import shutdown
 
 GUIDE = Path(__file__).parent.parent / "docs" / "bring_your_model.md"
 

@@ -87,6 +87,9 @@ LONG_MODULES = {
     "cadence.core.goodput": "goodput and badput by cause from a run's timeline, and its report",
     "cadence.core.timeline": "the run timeline's file format: its schema, writer and reader",
     "cadence.task.cli": "the cadence command: its parser and one small handler per subcommand",
+    "cadence.task.config": "the experiment config: one typed tree of dataclasses, documented",
+    "cadence.engine.runtime": "where a process sits: its device, its group and mesh, its data "
+                              "coordinate -- the one module that asks torch.distributed",
 }
 """The modules past `LOOK_AT` lines that were looked at, with the one concept each holds. A
 module is one concept whatever its length (STYLE.md): a long one is split when it holds

@@ -151,8 +151,8 @@ def test_no_module_writes_another_object_s_private_attribute():
     assignment = re.compile(r"\b(?!self\b|cls\b)([a-z_]\w*)\.(_[a-z]\w*)\s*(\+|-)?=[^=]")
     installed = re.compile(r"\b(?:setattr|check_first_call)\((?!self\b)\w+, \"_")
     found = [f"{path}:{number}: {line.strip()}" for path, number, line in package_lines()
-             if (match := assignment.search(line)) is not None
-             and (path, f"{match.group(1)}.{match.group(2)}") not in OTHER_OWNERS
+             if ((match := assignment.search(line)) is not None
+             and (path, f"{match.group(1)}.{match.group(2)}") not in OTHER_OWNERS)
              or installed.search(line)]
     assert found == []
 

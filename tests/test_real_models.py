@@ -147,9 +147,10 @@ def test_fsdp2_saved_at_two_ranks_resumes_at_one_and_three_with_the_saved_state(
         assert_same_state(saved["optimizer"], restored["optimizer"], "optimizer")
         assert torch.load(f"{prefix}-end.pt", weights_only=True)["step"] == 6  # it trains on
         log = Path(f"{prefix}-log-0.txt").read_text()
-        assert log.count("Resuming checkpoint ckpt-4, written by 2 processes, with "
-                         f"{nproc}: the model and optimizer are resharded from their shards "
-                         "(DCP); the ") == 1, log
+        layout = "one process" if nproc == 1 else f"dp_shard={nproc}"
+        assert log.count(f"Resuming checkpoint ckpt-4, written at dp_shard=2 (2 processes), "
+                         f"at {layout} ({nproc}): the model and optimizer are resharded from "
+                         "their shards (DCP); the ") == 1, log
         if nproc == 3:
             assert "Resuming" not in Path(f"{prefix}-log-1.txt").read_text()  # rank 0 says it
     # Resumed at the world size that wrote it, each rank checks what it reads: the metadata, its
@@ -239,8 +240,9 @@ def test_a_ddp_run_resumed_at_another_world_size_says_so_in_one_line(tmp_path):
     assert (tmp_path / "two-commit-fsyncs.txt").read_text() == ""
     job(3, "gpt", tmp_path / "run", 6, tmp_path / "three", settings)
     log = (tmp_path / "three-log-0.txt").read_text()
-    assert log.count("Resuming checkpoint ckpt-4, written by 2 processes, with 3: the model "
-                     "and optimizer are loaded whole on every rank; the ") == 1, log
+    assert log.count("Resuming checkpoint ckpt-4, written at dp_replicate=2 (2 processes), at "
+                     "dp_replicate=3 (3): the model and optimizer are loaded whole on every "
+                     "rank; the ") == 1, log
     assert_same_state(torch.load(tmp_path / "two-end.pt", weights_only=True)["model"],
                       torch.load(tmp_path / "three-begin.pt", weights_only=True)["model"],
                       "model")

@@ -22,8 +22,8 @@ import user_models
 from test_real_models import torchrun_command
 
 import cadence
-from cadence.engine.distributed import shutdown
 from cadence.engine.parallelize import find_repeated_blocks
+from cadence.engine.runtime import shutdown
 
 JOB = Path(__file__).parent / "user_model_job.py"
 LIBRARY = {"llama": "transformers", "llama_untied": "transformers", "t5": "transformers",

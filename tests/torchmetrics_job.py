@@ -28,7 +28,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassAUROC
 
 import cadence
 from cadence.data.sharding import build_dataloader
-from cadence.engine.distributed import init_distributed
+from cadence.engine.runtime import init_distributed
 from cadence.task.config import TaskConfig
 from cadence.task.config_files import load_config
 

@@ -302,7 +302,7 @@ def train_runner(family: str, strategy: str, run_dir: Path, steps: int = 4,
                  options: cadence.ParallelOptions | None = None) -> HubRunner:
     """Trains a `HubRunner` for `steps`, evaluating every `eval_interval` steps; returns it.
     Under torchrun, the process joins the job first (as a script of one's own does)."""
-    from cadence.engine.distributed import init_distributed
+    from cadence.engine.runtime import init_distributed
 
     init_distributed(device=torch.device("cpu"))
     runner = HubRunner(family, strategy, run_dir / "best", options)

@@ -24,6 +24,7 @@ from cadence.callbacks.logdir import run_directory
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.intervals import check_int
 from cadence.core.rank import process_rank
+from cadence.engine.runtime import accelerator_started
 
 logger = logging.getLogger("cadence")
 
@@ -120,11 +121,14 @@ class Profiler(Callback):
                      else run.subdir("profile") if run is not None else Path("profile"))
         self._first_step = state.global_step
         activities = [torch.profiler.ProfilerActivity.CPU]
-        # CUDA kernels only when the run has started CUDA: tracing them in a process that
-        # has not would start CUDA inside the trace (the profiler synchronizes the device
-        # when it stops), which Kineto does not survive.
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        # The accelerator's kernels only when the run has started it: tracing them in a
+        # process that has not would start it inside the trace (the profiler synchronizes the
+        # device when it stops), which Kineto does not survive.
+        if accelerator_started() is not None:
+            kind = torch.accelerator.current_accelerator().type.upper()  # type: ignore[union-attr]
+            activity = getattr(torch.profiler.ProfilerActivity, kind, None)
+            if activity is not None:
+                activities.append(activity)
         if self.schedule is not None:
             wait, warmup, active, repeat = self.schedule
             schedule = torch.profiler.schedule(wait=wait, warmup=warmup, active=active,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -15,6 +16,7 @@ from cadence.core.callbacks import Callback, RunState
 from cadence.core.eta import ETA
 from cadence.core.intervals import check_int
 from cadence.core.logs import humanize_duration
+from cadence.engine.runtime import accelerator_started
 
 logger = logging.getLogger("cadence")
 
@@ -94,20 +96,18 @@ class ThroughputTracker(Callback):
 
 
 class PeakMemoryTracker(Callback):
-    """Peak memory of each epoch, in MiB: every CUDA device's allocator peak (reset each epoch)
-    as ``peak_memory_mb/cuda:<i>``, and the process's peak resident memory as
-    ``peak_memory_mb/host`` (a peak over the whole process lifetime)."""
+    """Peak memory of each epoch, in MiB: every accelerator device's allocator peak (reset each
+    epoch) as ``peak_memory_mb/<type>:<i>`` (``cuda:0``), and the process's peak resident memory
+    as ``peak_memory_mb/host`` (a peak over the whole process lifetime)."""
 
     def on_epoch_begin(self, state: RunState) -> None:
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            for device in range(torch.cuda.device_count()):
-                torch.cuda.reset_peak_memory_stats(device)
+        for module, _, index in _accelerator_devices():
+            module.reset_peak_memory_stats(index)
 
     def on_epoch_end(self, state: RunState) -> None:
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            for device in range(torch.cuda.device_count()):
-                peak = torch.cuda.max_memory_allocated(device) / 2**20
-                state.metrics[f"peak_memory_mb/cuda:{device}"] = peak
+        for module, kind, index in _accelerator_devices():
+            peak = module.max_memory_allocated(index) / 2**20
+            state.metrics[f"peak_memory_mb/{kind}:{index}"] = peak
         try:
             import resource
         except ImportError:  # not on this platform
@@ -115,3 +115,13 @@ class PeakMemoryTracker(Callback):
         peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         scale = 1 / 2**20 if sys.platform == "darwin" else 1 / 2**10  # bytes on macOS
         state.metrics["peak_memory_mb/host"] = peak_kb * scale
+
+
+def _accelerator_devices() -> list[tuple[Any, str, int]]:
+    """``(module, device type, index)`` of each device of the machine's accelerator, once the
+    process has started it and where its module keeps memory statistics; none otherwise."""
+    module = accelerator_started()
+    if module is None or not hasattr(module, "max_memory_allocated"):
+        return []
+    kind = torch.accelerator.current_accelerator().type  # type: ignore[union-attr]
+    return [(module, kind, index) for index in range(module.device_count())]

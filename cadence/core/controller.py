@@ -67,7 +67,7 @@ from cadence.core.protocols import (
     SummaryManagerLike,
     Trainable,
 )
-from cadence.core.rank import world_size
+from cadence.core.rank import data_size
 from cadence.core.run_checkpoints import RunCheckpoints
 from cadence.core.run_record import RunRecord
 from cadence.core.slurm import SlurmOptions
@@ -546,11 +546,14 @@ class Controller:
             self._checkpoints.weights = None
         rates: dict[str, float] = {"steps_per_second": max(done, 0) / elapsed if elapsed else 0.0}
         examples = self._clocked.examples_per_step if self._clocked is not None else None
-        if examples:  # every replica's: a step of a distributed job is one step of each rank
-            rates["examples_per_second"] = rates["steps_per_second"] * examples * world_size()
+        if examples:  # every data shard's: tensor- and pipeline-parallel peers share a batch
+            rates["examples_per_second"] = rates["steps_per_second"] * examples * data_size()
+        if self._clocked is not None:  # tokens/s, TFLOPS, MFU, where the trainer knows them
+            rates.update(self._clocked.loop_rates(rates["steps_per_second"]))
         if self.log_loops and loop_logger.isEnabledFor(logging.INFO):  # only when shown
-            rate_text = " | ".join(f"{k.replace('_per_second', '/sec')}: {v:.1f}"
-                                   for k, v in rates.items())
+            rate_text = " | ".join(
+                f"{k.replace('_per_second', '/sec')}: {v:{'.1f' if v >= 100 else '.3g'}}"
+                for k, v in rates.items())
             loop_logger.info("train | step: %d | %s | %s", after, rate_text, format_logs(logs))
         logs = {**logs, **rates}
         record = self.record

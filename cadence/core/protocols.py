@@ -56,7 +56,7 @@ def is_stateful(obj: Any) -> bool:
 
 
 class StopAgreementLike(Protocol):
-    """How ranks agree on a stop (`cadence.engine.distributed.StopAgreement` under torchrun):
+    """How ranks agree on a stop (`cadence.engine.stop_agreement.StopAgreement` under torchrun):
     the messages a `cadence.core.clock.RunClock` sends across ranks. The clock decides what an
     agreement means (every rank then stops); this only carries the flags."""
 
@@ -95,6 +95,11 @@ class ClockedTrainer(Protocol):
         subclass's own ``train`` where it overrides it (a wrapper around ``super().train``, a
         loop of its own) -- or, where a front-end gives ``train`` another meaning (tensorpack's),
         `train_steps`."""
+
+    def loop_rates(self, steps_per_second: float) -> Mapping[str, float]:
+        """Rates of the loop that just ended beside its steps per second -- tokens per second,
+        TFLOPS, MFU (`cadence.engine.throughput`) -- for its logs; empty when the trainer does
+        not know them."""
 
     def bind(self, state: Any, callbacks: Any) -> RunClock:
         """Counts from now on with a clock of the Controller's run state (a `RunState` of this

@@ -358,7 +358,7 @@ def adopt_launch_environment() -> dict[str, str]:
     job of several tasks is warned that it trains as one process.
 
     Called where a process first asks for its place: the ``cadence`` command and
-    `cadence.task.run_experiment` at their start, and `cadence.engine.distributed.init_distributed`.
+    `cadence.task.run_experiment` at their start, and `cadence.engine.runtime.init_distributed`.
 
     Raises:
         JobFailure: as `launch_environment`.

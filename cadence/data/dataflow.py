@@ -259,13 +259,11 @@ class ArrayFlow(DataFlow):
         Raises:
             ValueError: for a rank outside ``[0, world_size)``, or during a pass.
         """
-        if rank is None or world_size is None:
-            import torch.distributed as dist
+        if rank is None or world_size is None:  # the data coordinate (not the global rank)
+            from cadence.core.rank import data_rank, data_size
 
-            running = dist.is_available() and dist.is_initialized()
-            rank = (dist.get_rank() if running else 0) if rank is None else rank
-            world_size = ((dist.get_world_size() if running else 1) if world_size is None
-                          else world_size)
+            rank = data_rank() if rank is None else rank
+            world_size = data_size() if world_size is None else world_size
         for name, value in (("rank", rank), ("world_size", world_size)):
             if not is_int(value) or value < 0:
                 raise ValueError(f"`{name}` (got {value!r}) must be a non-negative int.")

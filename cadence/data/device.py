@@ -81,13 +81,14 @@ class DeviceCopier:
     def start(self, batch: Any) -> tuple[Any, Any]:
         """``(batch on the device, the CUDA event of the copy or None)``: None when nothing was
         copied (not CUDA, or the batch was on the device already)."""
-        if self.device.type != "cuda" or on_device(batch, self.device):
+        module = _streams(self.device)
+        if module is None or on_device(batch, self.device):
             return to_device(batch, self.device), None
         if self.stream is None:
-            self.stream = torch.cuda.Stream(self.device)
-        with torch.cuda.stream(self.stream):
+            self.stream = module.Stream(self.device)
+        with module.stream(self.stream):
             moved = to_device(_pinned(batch) if self.pin else batch, self.device)
-            ready = torch.cuda.Event()
+            ready = module.Event()
             ready.record(self.stream)
         return moved, ready
 
@@ -95,11 +96,23 @@ class DeviceCopier:
         """`batch`, once the current stream waits for its copy and owns its memory. The wait is
         on the device (the stream waits for the event); the host goes on at once."""
         if ready is not None:
-            stream = torch.cuda.current_stream(self.device)
+            stream = torch.get_device_module(self.device).current_stream(self.device)
             stream.wait_event(ready)
             for tensor in _tensors(batch):
                 tensor.record_stream(stream)
         return batch
+
+
+def _streams(device: torch.device) -> Any:
+    """The module of `device`'s type when it copies on streams of its own (``torch.cuda``,
+    ``torch.xpu``), else None (the CPU, or an accelerator without streams)."""
+    if device.type == "cpu":
+        return None
+    try:
+        module = torch.get_device_module(device)
+    except RuntimeError:  # a device type of no module (meta)
+        return None
+    return module if hasattr(module, "Stream") and hasattr(module, "Event") else None
 
 
 def _pinned(value: Any) -> Any:

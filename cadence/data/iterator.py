@@ -43,7 +43,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler,
 
 from cadence.core.errors import CheckpointError, CheckpointIncompatibleError
 from cadence.core.protocols import is_stateful
-from cadence.core.rank import world_size as process_count
+from cadence.core.rank import data_size
 from cadence.data.device import DeviceCopier
 from cadence.data.resharding import deal, padding, rest_of_pass, steps_in_rest
 from cadence.data.sharding import draw_order, order_digest, order_recipe, shard_recipes
@@ -373,7 +373,7 @@ class DataIterator:
                 stacklevel=2,
             )
         if self._reshards_alone(state):
-            state["reshards_alone"] = process_count()
+            state["reshards_alone"] = data_size()
         return state
 
     def _reshards_alone(self, state: dict[str, Any]) -> bool:
@@ -386,7 +386,7 @@ class DataIterator:
         if recipe is None:
             return state.get("order") is None  # a sequential sampler: one order on every rank
         return (shard_recipes(recipe) is not None
-                and int(recipe["num_replicas"]) == process_count())
+                and int(recipe["num_replicas"]) == data_size())
 
     def load_resharded(self, states: list[dict[str, Any]], rank: int, world_size: int) -> str:
         """Continues from the positions of the ranks of a job with another number of processes

@@ -134,7 +134,7 @@ def build_dataloader(dataset: Dataset[Any], params: Any,
         sampler=sampler,
         drop_last=params.drop_remainder,
         num_workers=params.num_workers,
-        pin_memory=torch.cuda.is_available(),
+        pin_memory=torch.accelerator.is_available(),
         generator=torch.Generator().manual_seed(seed) if sampler is None else None,
     )
     if getattr(params, "stateful_loader", False):

@@ -54,8 +54,10 @@ from cadence.engine.rank_state import (
     rank_payload,
     read_rank_states,
     restore_rank_state,
+    saved_layout,
 )
 from cadence.engine.rng import capture_rng_state
+from cadence.engine.runtime import current_runtime
 from cadence.engine.sharded import (
     dcp_parts,
     load_sharded,
@@ -356,14 +358,16 @@ class CheckpointManager:
                 obj.load_state_dict(payload["tracked"][name])
             else:
                 logger.warning("Checkpoint %s has no state for %r: it starts fresh.", path, name)
-        said = restore_rank_state(path, items, saved_world, rank_states)
+        said = restore_rank_state(path, items, saved_world, rank_states, manifest)
         rank, world = distributed()
-        if saved_world != world and rank == 0:
+        saved, now = saved_layout(manifest, saved_world), current_runtime().dims
+        if (saved_world != world or saved != now) and rank == 0:
             weights = ("the model and optimizer are resharded from their shards (DCP)"
                        if in_shards else "the model and optimizer are loaded whole on every "
                        "rank")
-            logger.warning("Resuming checkpoint %s, written by %d process%s, with %d: %s.",
-                           path.name, saved_world, "es" if saved_world > 1 else "", world,
+            logger.warning("Resuming checkpoint %s, written at %s (%d process%s), at %s (%d): "
+                           "%s.", path.name, saved.describe(), saved_world,
+                           "es" if saved_world > 1 else "", now.describe(), world,
                            "; ".join([weights, *said]))
         return int(manifest["step"])
 

@@ -45,16 +45,12 @@ import torch.distributed as dist
 
 from cadence.core.checkpoint_dir import CheckpointDirectory, fsync_path
 from cadence.core.errors import CheckpointError
-from cadence.core.rank import process_rank
+from cadence.core.rank import process_rank, world_size
 from cadence.engine.background import in_background, yield_cpu_to_training
 from cadence.engine.checkpoint_io import CheckpointIO, StateFileIO, save_with_digests
-from cadence.engine.distributed import (
-    any_rank,
-    broadcast_object,
-    gather_on_rank_zero,
-    is_distributed,
-)
+from cadence.engine.distributed import any_rank, broadcast_object, gather_on_rank_zero
 from cadence.engine.rank_state import rank_file, write_rank_state
+from cadence.engine.runtime import current_runtime, is_distributed
 from cadence.engine.sharded import own_shard_digests, save_sharded, save_sharded_async
 from cadence.engine.state_file import HostSnapshot, PackedState
 
@@ -62,10 +58,9 @@ logger = logging.getLogger("cadence")
 
 
 def distributed() -> tuple[int, int]:
-    """This process's rank and the job's world size ((0, 1) without a process group)."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    """This process's rank and the job's world size ((0, 1) without a process group): each
+    rank writes its own files."""
+    return process_rank(), world_size()
 
 
 class CheckpointWriter:
@@ -202,8 +197,9 @@ class CheckpointWriter:
         if rank == 0:
             merged = {name: digest for digests, _ in gathered for name, digest in digests.items()}
             synced = {name: size for _, part in gathered for name, size in part.items()}
-            final = self.directory.commit(staging, step, extra={"world_size": world},
-                                           checksums=merged, synced=synced)
+            final = self.directory.commit(staging, step, extra={
+                "world_size": world, "layout": current_runtime().dims.degrees},
+                checksums=merged, synced=synced)
             logger.info("Saved checkpoint %s.", final)
             if self.on_commit is not None:
                 self.on_commit(step, final)

@@ -36,9 +36,9 @@ def check_compile_options(compile_mode: str | None, cuda_graphs: bool) -> None:
     if compile_mode not in COMPILE_MODES:
         raise ValueError(f"`compile_mode` (got {compile_mode!r}) must be one of "
                          f"{', '.join(str(m) for m in COMPILE_MODES)}.")
-    import torch
+    from cadence.engine.runtime import graphs_available
 
-    if cuda_graphs and not torch.cuda.is_available():
+    if cuda_graphs and not graphs_available():
         raise ValueError("cuda_graphs=True needs a CUDA device: CUDA graphs replay recorded GPU "
                          "kernels. On a CPU use compile_step=True alone.")
 

@@ -27,8 +27,13 @@ from typing import Any
 
 import torch
 
+from cadence.engine.runtime import accelerator_started
+
 SYNC_METHODS = ("item", "tolist", "__float__", "__int__", "__bool__", "numpy")
 
+DEVICE_REPORT = "device"
+"""The name under which a synchronization the accelerator itself reported (CUDA's sync debug
+mode) is counted, beside the tensor methods' names."""
 CUDA_SYNC_MESSAGE = "called a synchronizing CUDA operation"
 """What CUDA's sync debug mode warns for each synchronization (its notice that the mode is a
 prototype is not one)."""
@@ -39,7 +44,8 @@ class SyncCounter:
     """What `count_host_syncs` saw.
 
     Attributes:
-        calls: one entry per synchronization: the method (or ``"cuda"``) and where it was called.
+        calls: one entry per synchronization: the method (or ``"device"``,
+            `DEVICE_REPORT`) and where it was called.
     """
 
     calls: list[tuple[str, str]] = field(default_factory=list)
@@ -64,8 +70,11 @@ def count_host_syncs(with_stack: bool = True) -> Iterator[SyncCounter]:
     """
     counter = SyncCounter()
     originals = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    previous_mode = torch.cuda.get_sync_debug_mode() if cuda else 0
+    # The accelerator's own report of its synchronizations (CUDA's sync debug mode), where the
+    # process has started one that has it
+    accelerator = accelerator_started()
+    debug_mode = accelerator if hasattr(accelerator, "set_sync_debug_mode") else None
+    previous_mode = debug_mode.get_sync_debug_mode() if debug_mode else 0
     reports: list[warnings.WarningMessage] = []  # what the block warned, CUDA's reports too
     counted_reports: set[int] = set()  # CUDA's reports of reads already counted as a method
 
@@ -93,15 +102,15 @@ def count_host_syncs(with_stack: bool = True) -> Iterator[SyncCounter]:
         try:
             for name, original in originals.items():
                 setattr(torch.Tensor, name, wrap(name, original))
-            if cuda:
-                torch.cuda.set_sync_debug_mode("warn")
+            if debug_mode:
+                debug_mode.set_sync_debug_mode("warn")
             yield counter
         finally:
             for name, original in originals.items():
                 setattr(torch.Tensor, name, original)
-            if cuda:
-                torch.cuda.set_sync_debug_mode(previous_mode)
-    counter.calls += [("cuda", f"{report.filename}:{report.lineno}")
+            if debug_mode:
+                debug_mode.set_sync_debug_mode(previous_mode)
+    counter.calls += [(DEVICE_REPORT, f"{report.filename}:{report.lineno}")
                       for index, report in enumerate(reports)
                       if CUDA_SYNC_MESSAGE in str(report.message) and index not in counted_reports]
     for report in reports:

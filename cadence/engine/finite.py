@@ -22,7 +22,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from cadence.engine.distributed import collective_errors, control_group, is_distributed
+from cadence.engine.distributed import collective_errors
+from cadence.engine.runtime import control_group, is_distributed
 
 
 def local_shard(tensor: torch.Tensor) -> torch.Tensor:

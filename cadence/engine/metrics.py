@@ -32,6 +32,8 @@ import torch
 import torch.distributed as dist
 from torch.compiler import is_compiling as _compiling
 
+from cadence.engine.runtime import current_runtime, is_distributed
+
 
 def _static(acc: torch.Tensor) -> torch.Tensor:
     """`acc`, marked as a buffer at a fixed address (``torch._dynamo.mark_static_address``):
@@ -155,14 +157,14 @@ class Metric:
         the metric of all their data; a no-op in a single process. Every process must call it.
         """
         self._fold()
-        if not self._SUMMED or not dist.is_available() or not dist.is_initialized():
+        if not self._SUMMED or not is_distributed():
             return
-        if dist.get_world_size() == 1:
-            return
+        # Over the data-parallel ranks: tensor- and pipeline-parallel peers hold the same sums
+        group = current_runtime().data_group
         for name in self._SUMMED:  # a process that saw no data still takes part, with zeros
             if name not in self._state:
                 self._state[name] = torch.zeros((), device=self._device or "cpu")
-            all_reduce_anywhere(self._state[name])
+            all_reduce_anywhere(self._state[name], group)
 
     def state_dict(self) -> dict[str, Any]:
         self._fold()
@@ -179,16 +181,18 @@ class Metric:
         self._host_count = 0
 
 
-def all_reduce_anywhere(tensor: torch.Tensor) -> None:
-    """``dist.all_reduce`` (a sum) of `tensor` in place, wherever it lives: NCCL reduces only
-    CUDA tensors, so a host tensor in an NCCL job (a metric that never saw a value, one kept on
-    the CPU) goes through this rank's GPU and back."""
-    if tensor.device.type == "cpu" and "nccl" in str(dist.get_backend()).lower():
-        on_gpu = tensor.to(torch.device("cuda", torch.cuda.current_device()))
-        dist.all_reduce(on_gpu)
-        tensor.copy_(on_gpu)  # a host read of the result: the collective's end
+def all_reduce_anywhere(tensor: torch.Tensor, group: Any = None) -> None:
+    """``dist.all_reduce`` (a sum) of `tensor` in place over `group` (None: every rank),
+    wherever it lives: an accelerator's backend (NCCL) reduces only its own device's tensors,
+    so a host tensor in such a job (a metric that never saw a value, one kept on the CPU) goes
+    through this rank's device and back."""
+    device = current_runtime().device
+    if tensor.device.type == "cpu" and device.type != "cpu":
+        on_device = tensor.to(device)
+        dist.all_reduce(on_device, group=group)
+        tensor.copy_(on_device)  # a host read of the result: the collective's end
         return
-    dist.all_reduce(tensor)
+    dist.all_reduce(tensor, group=group)
 
 
 class Mean(Metric):

@@ -14,14 +14,15 @@ shared by two groups).
 compile, then data parallelism (FSDP2 on each block and the root, or a DDP wrapper). It is the
 default of `cadence.Task.parallelize`, the hook through which a task chooses its own way (in
 the spirit of torchtitan's ``parallelize_*`` functions and Lightning's ``configure_model``);
-any other user calls it, or `cadence.engine.distributed.prepare_model`, on the model before
+any other user calls it, or `cadence.engine.parallelize.prepare_model`, on the model before
 training.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ import torch
 from torch import nn
 
 from cadence.core.rank import process_rank
+from cadence.engine.strategies import STRATEGIES
 
 logger = logging.getLogger("cadence")
 
@@ -299,7 +301,8 @@ def compile_blocks(blocks: Sequence[nn.Module], mode: str | None = None) -> None
 def shard_model(model: nn.Module, mesh: Any, blocks: Sequence[nn.Module],
                 options: ParallelOptions) -> None:
     """FSDP2 in place: ``fully_shard`` on each block, then on the root (which keeps every
-    parameter outside the blocks: tied ones stay together)."""
+    parameter outside the blocks: tied ones stay together). Over a 2-D mesh (``dp_replicate``
+    x ``dp_shard``) it is HSDP: sharded within a replica, replicated across them."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=options.param_dtype,
@@ -313,59 +316,95 @@ def shard_model(model: nn.Module, mesh: Any, blocks: Sequence[nn.Module],
                 reshard_after_forward=options.reshard_after_forward)
 
 
-def parallelize_model(model: nn.Module, mesh: Any, options: ParallelOptions,
-                      blocks: Sequence[nn.Module] | None = None) -> nn.Module:
-    """Applies `options` to `model`; returns the module to train.
+def parallelize_model(model: nn.Module, runtime: Any, options: ParallelOptions,
+                      blocks: Sequence[nn.Module] | None = None,
+                      tp_plan: Mapping[str, Any] | None = None) -> nn.Module:
+    """Applies `options` to `model` over the mesh of `runtime`; returns the module to train.
 
-    In this order: activation checkpointing of each block, per-block compile, then the
-    strategy -- ``fsdp2``: each block and the root sharded in place over `mesh` (the returned
-    module is `model`); ``ddp``: a ``DistributedDataParallel`` wrapper (checkpoints hold
-    `model`); ``none``: `model`. When it changes anything, rank 0 logs one line of what it made
-    of the model: its FSDP2 units, checkpointed and compiled blocks by path
-    (``model.layers.0-3 (LlamaDecoderLayer)``), and the modules that looked repeated but could
-    not be units (tied parameters).
+    In torchtitan's order: tensor parallelism over the mesh's ``tp`` dimension (the model's
+    plan, or `tp_plan`: `cadence.engine.tensor_parallel`), activation checkpointing of each
+    block, per-block compile, then the data-parallel strategy -- ``fsdp2``: each block and the
+    root sharded in place over ``dp_shard`` (HSDP over ``dp_replicate`` x ``dp_shard``; the
+    returned module is `model`); ``ddp``: a ``DistributedDataParallel`` wrapper over
+    ``dp_replicate`` (checkpoints hold `model`); ``none``: `model`. When it changes anything,
+    rank 0 logs one line of what it made of the model: its FSDP2 units, checkpointed and
+    compiled blocks by path (``model.layers.0-3 (LlamaDecoderLayer)``), the tensor-parallel
+    split, and the modules that looked repeated but could not be units (tied parameters).
 
     Args:
         model: the model, on its device.
-        mesh: the device mesh of the data-parallel ranks (None without a process group).
+        runtime: the process's `cadence.engine.runtime.Runtime` -- its mesh's dimensions by
+            name. (A one-dimensional ``DeviceMesh`` of the data-parallel ranks, or None
+            without a process group, is taken too, as before the runtime: the data-parallel
+            dimension alone.)
         options: what to apply.
         blocks: the repeated blocks; default `find_repeated_blocks(model)`. Without any, FSDP2
             shards the whole model as one group.
+        tp_plan: module-name patterns to torch's parallel styles, for a model without a plan
+            of its own (`cadence.engine.tensor_parallel.tensor_parallel_plan`).
 
     Raises:
         ValueError: for an unknown strategy, or DDP/FSDP2 without a mesh.
+        ConfigError: when tensor parallelism cannot split the model (no plan, or sizes that
+            are not multiples of the degree), before anything changes.
     """
     if options.strategy not in ("none", "ddp", "fsdp2"):
         raise ValueError(f"options.strategy (got {options.strategy!r}) must be 'none', 'ddp' "
                          "or 'fsdp2' (resolve 'auto' with resolve_strategy first).")
-    if options.strategy != "none" and mesh is None:
+    data_mesh, tp_mesh = _meshes(runtime, options.strategy)
+    if options.strategy != "none" and data_mesh is None:
         raise ValueError(f"strategy {options.strategy!r} needs a device mesh: call "
-                         "cadence.engine.distributed.prepare_model, which makes one.")
+                         "cadence.prepare_model, which makes one.")
     if blocks is None:
         found = find_repeated_blocks(model)
     else:
         paths = {id(module): name for name, module in model.named_modules()}
         found = RepeatedBlocks(list(blocks), [paths.get(id(b), "?") for b in blocks], [])
     blocks = found.blocks
+    plan = None
+    if tp_mesh is not None:
+        from cadence.engine.tensor_parallel import apply_tensor_parallel, tensor_parallel_plan
+
+        plan = tensor_parallel_plan(model, tp_plan)
+        apply_tensor_parallel(model, tp_mesh, plan)
     if options.activation_checkpointing:
         blocks = apply_activation_checkpointing(model, blocks)
     if options.compile_blocks:
         compile_blocks(blocks, options.compile_mode)
-    if options.wraps and process_rank() == 0:
-        logger.info("%s", plan_line(model, found, options))
+    if (options.wraps or plan is not None) and process_rank() == 0:
+        logger.info("%s", plan_line(model, found, options, plan, tp_mesh))
     if options.strategy == "fsdp2":
-        shard_model(model, mesh, blocks, options)
+        shard_model(model, data_mesh, blocks, options)
     elif options.strategy == "ddp":
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         return nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
+            model, device_ids=[device.index] if device.type != "cpu" else None,
+            process_group=data_mesh.get_group())
     return model
 
 
-def plan_line(model: nn.Module, found: RepeatedBlocks, options: ParallelOptions) -> str:
+def _meshes(runtime: Any, strategy: str) -> tuple[Any, Any]:
+    """The data-parallel mesh the strategy spreads the model over (FSDP2's ``dp_shard``, with
+    ``dp_replicate`` for HSDP; DDP's ``dp_replicate``) and the ``tp`` mesh (None: no tensor
+    parallelism), from a runtime -- or a one-dimensional mesh (or None) given as before it."""
+    mesh_of = getattr(runtime, "mesh_of", None)
+    if mesh_of is None:  # a DeviceMesh of the data-parallel ranks, or None
+        return runtime, None
+    data = (mesh_of("dp_replicate", "dp_shard") if strategy == "fsdp2"
+            else mesh_of("dp_replicate") if strategy == "ddp" else None)
+    return data, mesh_of("tp")
+
+
+def plan_line(model: nn.Module, found: RepeatedBlocks, options: ParallelOptions,
+              tp_plan: Mapping[str, Any] | None = None, tp_mesh: Any = None) -> str:
     """The one line `parallelize_model` logs: what it makes of `model` with `options`."""
     root = author_class(model).__name__
     described = describe_blocks(found.names, found.blocks) if found.blocks else ""
+    tensor = ""
+    if tp_plan is not None and tp_mesh is not None:
+        tensor = (f"tensor parallel over {tp_mesh.size()} ranks ("
+                  + ", ".join(f"{pattern} {type(style).__name__.replace('Parallel', '')}"
+                              for pattern, style in tp_plan.items()) + "); ")
     if options.strategy == "fsdp2":
         units = (f"FSDP2 units {described} and the root {root} (the rest)" if described else
                  f"FSDP2 unit the root {root} alone (no repeated blocks found)")
@@ -373,7 +412,7 @@ def plan_line(model: nn.Module, found: RepeatedBlocks, options: ParallelOptions)
         units = f"DDP over the whole {root}"
     else:
         units = f"no data parallelism for {root}"
-    parts = [f"Parallelized ({options.strategy}): {units}"]
+    parts = [f"Parallelized ({options.strategy}): {tensor}{units}"]
     for asked, what in ((options.activation_checkpointing, "activation checkpointing"),
                         (options.compile_blocks, "compiled")):
         if asked:
@@ -382,3 +421,80 @@ def plan_line(model: nn.Module, found: RepeatedBlocks, options: ParallelOptions)
         parts.append("not units, left to the root: " + ", ".join(
             f"{name} ({reason})" for name, reason in found.left_out))
     return "; ".join(parts) + "."
+
+
+def resolve_strategy(strategy: str, model: nn.Module, runtime: Any = None) -> str:
+    """The strategy `auto` stands for here: the runtime's (FSDP2 over data shards, DDP over
+    replicas of several processes), none for a model with nothing to train (DDP refuses it).
+
+    Raises:
+        ValueError: for an unknown strategy.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"`strategy` (got {strategy!r}) must be one of "
+                         f"{', '.join(STRATEGIES)}.")
+    if strategy != "auto":
+        return strategy
+    from cadence.engine.runtime import current_runtime
+
+    chosen = (runtime or current_runtime()).strategy
+    trains = any(p.requires_grad for p in model.parameters())
+    return chosen if trains or chosen != "ddp" else "none"
+
+
+def prepare_model(model: nn.Module, strategy: str, device: torch.device,
+                  optimizers: Any = (), options: ParallelOptions | None = None,
+                  parallelize: Callable[[nn.Module, Any, ParallelOptions], nn.Module]
+                  | None = None, runtime: Any = None) -> nn.Module:
+    """The module to train: `model` spread over the ranks as `strategy` says, by `parallelize`
+    (default `parallelize_model`: tensor parallelism by the model's plan where the runtime has
+    a ``tp`` dimension, per-block activation checkpointing and compile as `options` say, then
+    ``none``: `model` itself; ``ddp``: a DDP wrapper, while checkpoints hold `model`;
+    ``fsdp2``: `model` sharded in place per repeated block, its parameters DTensors that
+    checkpoints save and load sharded). DDP and FSDP2 in a process without a group get a
+    group of one.
+
+    Sharding replaces the parameters: the `optimizers` built over the old ones are pointed at
+    the new ones, by name.
+
+    Args:
+        model: the model, on `device`.
+        strategy: ``auto``, ``none``, ``ddp`` or ``fsdp2`` (`resolve_strategy`).
+        device: its device.
+        optimizers: the optimizers built over its parameters.
+        options: activation checkpointing, compile, FSDP2's precision.
+        parallelize: what spreads it (``parallelize(model, runtime, options)``: a Task's own
+            ``parallelize``); default `parallelize_model`.
+        runtime: where this process sits (`cadence.engine.runtime`); default the process's
+            (`current_runtime`), laid out for `strategy` when it has data parallelism alone.
+
+    Raises:
+        ValueError: for an unknown strategy.
+        ConfigError: for a strategy the runtime's layout cannot take (DDP with tensor
+            parallelism), or tensor parallelism that cannot split the model.
+        RuntimeError: if `parallelize` left an optimizer with parameters the trained module
+            does not have (it would update nothing that trains).
+    """
+    from cadence.engine.runtime import current_runtime
+
+    runtime = runtime if runtime is not None else current_runtime()
+    strategy = resolve_strategy(strategy, model, runtime)
+    runtime = runtime.with_strategy(strategy)
+    options = dataclasses.replace(options or ParallelOptions(), strategy=strategy)
+    if not options.wraps and parallelize is None and runtime.dims.tp == 1:
+        return model
+    names = {id(param): plain_name(name) for name, param in model.named_parameters()}
+    trained = (parallelize or parallelize_model)(model, runtime, options)
+    now = {plain_name(name): param for name, param in model.named_parameters()}
+    live = {id(param) for param in trained.parameters()}
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            before = [id(p) in names for p in group["params"]]
+            group["params"] = [now.get(names.get(id(p), ""), p) for p in group["params"]]
+            if any(was and id(p) not in live for was, p in zip(before, group["params"])):
+                raise RuntimeError(
+                    "After parallelizing the model, the optimizer holds parameters the trained "
+                    "model does not have: it would not train it. A custom Task.parallelize must "
+                    "change the model in place (fully_shard, wrappers registered in its "
+                    "parents), not build a new one.")
+    return trained

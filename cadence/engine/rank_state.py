@@ -14,10 +14,18 @@ rank of the same number where there is one, else from rank 0.
 
 At another world size a rank reads one old file -- the one its random state comes from: the
 old rank of its number, else rank 0 -- when every rank-local state in that file says it is
-enough alone (it holds ``reshards_alone``, the number of processes that saved it: a data
+enough alone (it holds ``reshards_alone``, the number of data shards that saved it: a data
 position at a pass boundary, or in a shard of one global order, `DataIterator.state_dict`);
 ``load_resharded`` is then given that one state. Otherwise (a metric's states, which are merged,
-a loader's own state, a data order saved per rank) it reads every old rank's file.
+a loader's own state, a data order saved per rank) it reads one file per old data shard.
+
+**Layouts.** Rank-local parts are positions in the data, whose shard is a *data* shard: tensor-
+and pipeline-parallel peers read the same batches and save the same position. A checkpoint's
+manifest records the layout it was written at (the runtime's degrees; a checkpoint without one
+was written by data parallelism alone). At the same layout each rank takes its own file back;
+at another -- other degrees, even at the same world size -- the positions are resharded over the
+data coordinate: ``load_resharded(states, dp_rank, dp_size)`` with one state per old data shard
+(the file of its lowest rank), the same rule that other world sizes follow.
 """
 
 from __future__ import annotations
@@ -29,9 +37,10 @@ from typing import Any
 import torch
 
 from cadence.core.errors import CheckpointError, CheckpointIncompatibleError
-from cadence.core.rank import process_rank, world_size
+from cadence.core.rank import data_rank, data_size, process_rank, world_size
 from cadence.engine.checkpoint_io import read_state_file
 from cadence.engine.rng import restore_rng_state
+from cadence.engine.runtime import DIMENSIONS, ParallelDims, current_runtime, data_parallel_dims
 from cadence.engine.state_file import PackedState, write_state
 
 logger = logging.getLogger("cadence")
@@ -49,9 +58,35 @@ def is_rank_local(obj: Any) -> bool:
 
 def rank_payload(items: dict[str, Any], rng: dict[str, Any]) -> dict[str, Any]:
     """This rank's file: its random state and the state of its rank-local parts."""
-    return {"rank": process_rank(), "world_size": world_size(), "rng": rng,
+    return {"rank": process_rank(), "world_size": world_size(), "dp_rank": data_rank(),
+            "dp_size": data_size(), "rng": rng,
             "state": {name: obj.state_dict() for name, obj in items.items()
                       if is_rank_local(obj)}}
+
+
+def saved_layout(manifest: dict[str, Any], saved_world: int) -> ParallelDims:
+    """The layout a checkpoint was written at: its manifest's degrees, else -- a checkpoint of
+    data parallelism alone, or from before layouts were recorded -- every process a data
+    shard."""
+    degrees = manifest.get("layout")
+    if isinstance(degrees, dict):
+        try:
+            dims = ParallelDims(**{name: int(degrees.get(name, 1)) for name in DIMENSIONS})
+        except (TypeError, ValueError):
+            dims = None
+        if dims is not None and dims.world_size == saved_world:
+            return dims
+    return data_parallel_dims(saved_world, "none")
+
+
+def _same_layout(saved: ParallelDims) -> bool:
+    """Whether this job's layout is the one `saved` was written at (then every rank takes its
+    own file back). Only the data coordinate matters to the positions: a layout with the same
+    data shards, each read by the same ranks, is the same."""
+    dims = current_runtime().dims
+    if saved.world_size != dims.world_size or saved.dp_size != dims.dp_size:
+        return False
+    return all(saved.dp_rank(rank) == dims.dp_rank(rank) for rank in range(dims.world_size))
 
 
 def write_rank_state(payload: dict[str, Any] | PackedState, directory: Path, rank: int) -> str:
@@ -86,15 +121,18 @@ def read_rank_states(directory: Path, manifest: dict[str, Any],
     Raises:
         CheckpointError: a file is damaged or not cadence's.
     """
-    rank, world = process_rank(), world_size()
-    if saved_world == world:
+    rank = process_rank()
+    saved = saved_layout(manifest, saved_world)
+    if _same_layout(saved):
         return [_read(directory, rank, manifest)]
     first = rank if rank < saved_world else 0
     own = _read(directory, first, manifest)
     if own is not None and all(isinstance(state, dict) and state.get("reshards_alone")
                                for state in own["state"].values()):
         return [own]
-    return [own if r == first else _read(directory, r, manifest) for r in range(saved_world)]
+    # one file per old data shard (its lowest rank's): its peers saved the same position
+    return [own if r == first else _read(directory, r, manifest)
+            for r in (saved.ranks_of_data_shard(shard)[0] for shard in range(saved.dp_size))]
 
 
 def _restore_rng(directory: Path, rng: dict[str, Any]) -> None:
@@ -105,8 +143,14 @@ def _restore_rng(directory: Path, rng: dict[str, Any]) -> None:
                               "the weights were restored, the random state was not.") from error
 
 
+def _file_of(files: list[dict[str, Any] | None], rank: int) -> dict[str, Any] | None:
+    """The file `rank` wrote, among those read."""
+    return next((f for f in files if f is not None and f.get("rank") == rank), None)
+
+
 def restore_rank_state(directory: Path, items: dict[str, Any], saved_world: int,
-                       files: list[dict[str, Any] | None]) -> list[str]:
+                       files: list[dict[str, Any] | None],
+                       manifest: dict[str, Any]) -> list[str]:
     """Gives this rank its random state and rank-local parts back from checkpoint `directory`
     (written by `saved_world` processes), out of the `files` that `read_rank_states` read.
 
@@ -121,7 +165,8 @@ def restore_rank_state(directory: Path, items: dict[str, Any], saved_world: int,
     """
     rank, world = process_rank(), world_size()
     local = {name: obj for name, obj in items.items() if is_rank_local(obj)}
-    if saved_world == world:
+    saved_dims = saved_layout(manifest, saved_world)
+    if _same_layout(saved_dims):
         own = files[0]
         if own is None:
             raise CheckpointError(f"Checkpoint {str(directory)!r} has no file for rank {rank} "
@@ -134,8 +179,8 @@ def restore_rank_state(directory: Path, items: dict[str, Any], saved_world: int,
         return []
     states = files
     said: list[str] = []
-    alone = len(states) < saved_world  # the one file of the old rank of this number, or rank 0's
-    own = (states[0] if alone else states[rank]) if rank < saved_world else None
+    alone = len(states) < saved_dims.dp_size  # the one file of the old rank of this number
+    own = (states[0] if alone else _file_of(states, rank)) if rank < saved_world else None
     if any(state is None for state in states):
         raise CheckpointError(f"Checkpoint {str(directory)!r} lacks the files of some of its "
                               f"{saved_world} ranks: it is incomplete; restore an older one.")
@@ -144,11 +189,10 @@ def restore_rank_state(directory: Path, items: dict[str, Any], saved_world: int,
         saved = [state["state"].get(name) for state in states if state is not None]
         if reshard is None or any(s is None for s in saved):
             raise CheckpointIncompatibleError(
-                f"Checkpoint {str(directory)!r} was written by {saved_world} processes and this "
-                f"job has {world}: {name!r} cannot be resharded. Resume with "
-                f"--nproc_per_node={saved_world} (the same world size)."
-            )
-        said.append(str(reshard(saved, rank, world)).rstrip("."))
+                f"Checkpoint {str(directory)!r} was written at {saved_dims.describe()} "
+                f"({saved_world} processes) and this job is {current_runtime().dims.describe()} "
+                f"({world}): {name!r} cannot be resharded. Resume at the same layout.")
+        said.append(str(reshard(saved, data_rank(), data_size())).rstrip("."))
     if world > saved_world:
         said.append(f"ranks {saved_world} to {world - 1} take rank 0's random state, offset by "
                     "their rank" if world - saved_world > 1 else

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cadence.engine.distributed import GlooGroup
+from cadence.engine.runtime import GlooGroup
 
 SHARDED_DIR = "sharded"
 """The folder of a checkpoint that DCP writes into."""

@@ -40,7 +40,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -55,10 +55,12 @@ from cadence.core.progress import Progress
 from cadence.data.iterator import DataIterator
 from cadence.data.nested import NestedIterators, is_nested, iterate_nested
 from cadence.engine.compile import check_compile_options, compile_step, feed_from_outside
-from cadence.engine.distributed import StopAgreement, collective_errors, is_distributed
+from cadence.engine.distributed import collective_errors
 from cadence.engine.external_metrics import compute_in_logs, holds_torchmetric
 from cadence.engine.module import Module
 from cadence.engine.runner import AbstractEvaluator, AbstractTrainer, Output
+from cadence.engine.runtime import is_distributed
+from cadence.engine.stop_agreement import StopAgreement
 
 logger = logging.getLogger("cadence")
 
@@ -317,6 +319,11 @@ class StandardTrainer(AbstractTrainer, metaclass=abc.ABCMeta):
     def _agreement(self) -> StopAgreement | None:
         """The stop agreement of a new clock: one under torchrun, none in one process."""
         return StopAgreement(self._train_options.stop_check_steps) if is_distributed() else None
+
+    def loop_rates(self, steps_per_second: float) -> Mapping[str, float]:
+        """Rates of the loop that just ended beside its steps per second, for the Controller's
+        logs (the Task `Trainer`'s: tokens per second, TFLOPS, MFU); none by default."""
+        return {}
 
     def train_loop_begin(self) -> None:
         """Runs at the start of every `train` call, before the first step (and before the

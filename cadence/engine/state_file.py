@@ -50,6 +50,8 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from cadence.engine.runtime import on_accelerator, synchronize
+
 MAGIC = b"CADENCE-STATE\0\0\0"
 """What version 1 files begin with (read still; written no more)."""
 VERSION = 2
@@ -291,10 +293,10 @@ class HostSnapshot:
         """A copy of `state` whose tensors live in this snapshot's buffer."""
         encoder = _Encoder()
         tree = encoder.encode_state(state)
-        cuda = any(t.is_cuda for t in encoder.tensors)
+        accelerated = any(on_accelerator(t) for t in encoder.tensors)
         if encoder.entries != self._layout or self._arena is None or (
-                cuda and not self._arena.is_pinned()):
-            arena = torch.zeros(max(encoder.size, 1), dtype=torch.uint8, pin_memory=cuda)
+                accelerated and not self._arena.is_pinned()):
+            arena = torch.zeros(max(encoder.size, 1), dtype=torch.uint8, pin_memory=accelerated)
             self._views = [
                 arena[e["offset"]:e["offset"] + e["nbytes"]].view(_DTYPES[e["dtype"]])
                 .view(e["shape"]) for e in encoder.entries
@@ -306,10 +308,10 @@ class HostSnapshot:
             self._table = _tensor_table(tree, encoder.entries)
         with torch.no_grad():  # parameters are copied, not recorded by autograd
             for view, source in zip(self._views, encoder.tensors):
-                view.copy_(source, non_blocking=source.is_cuda)
-        if cuda:  # the copies were queued on each device's current stream: wait for them
-            for device in {t.device for t in encoder.tensors if t.is_cuda}:
-                torch.cuda.current_stream(device).synchronize()
+                view.copy_(source, non_blocking=on_accelerator(source))
+        if accelerated:  # the copies were queued on each device's current stream: wait
+            for device in {t.device for t in encoder.tensors if on_accelerator(t)}:
+                synchronize(device)
         return PackedState(tree, encoder.entries, self._arena, encoder.size, self._views,
                            self._table)
 
@@ -323,11 +325,11 @@ class HostSnapshot:
             if (buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype
                     or buffer.layout != source.layout):
                 buffer = torch.empty(source.shape, dtype=source.dtype, device="cpu",
-                                     pin_memory=source.is_cuda)
+                                     pin_memory=on_accelerator(source))
                 self._buffers[path] = buffer
-            buffer.copy_(source, non_blocking=source.is_cuda)
-            if source.is_cuda:
-                torch.cuda.current_stream(source.device).synchronize()
+            buffer.copy_(source, non_blocking=on_accelerator(source))
+            if on_accelerator(source):
+                synchronize(source.device)
             return buffer
         if isinstance(value, dict):
             return {k: self.take(v, f"{path}/{k}") for k, v in value.items()}

@@ -1,5 +1,5 @@
 """The names of the ways a model is spread over the ranks: ``runtime.strategy``'s values, and
-the ``strategy`` of `cadence.engine.distributed.prepare_model`.
+the ``strategy`` of `cadence.engine.parallelize.prepare_model`.
 
 They have a module of their own, without torch, so that a config checks them without importing
 torch (as it checks the compile modes, `cadence.engine.compile.COMPILE_MODES`), and the config

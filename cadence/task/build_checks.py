@@ -21,8 +21,8 @@ from torch.utils.data import DataLoader
 from cadence.core.errors import HookTypeError, HookValueError
 from cadence.core.hook_checks import describe, hook_error
 from cadence.data.nested import is_nested
-from cadence.engine.distributed import is_distributed
 from cadence.engine.external_metrics import is_torchmetric
+from cadence.engine.runtime import is_distributed
 from cadence.task.task import Task
 
 logger = logging.getLogger("cadence")

@@ -466,7 +466,8 @@ def _chosen_by_rank_zero(config: Any, choose: Any) -> Path:
 
     if world_size() == 1:
         return Path(choose(config))
-    from cadence.engine.distributed import broadcast_object, init_distributed, local_device
+    from cadence.engine.distributed import broadcast_object
+    from cadence.engine.runtime import init_distributed, local_device
 
     init_distributed(config.runtime.collective_timeout,
                      local_device(config.runtime.device, "runtime.device"),
@@ -602,9 +603,9 @@ def _leave_the_job() -> None:
     interpreter exit, gloo's threads may still hold work whose tensors need the interpreter,
     and a rank then aborts after a run that went well ("terminate called without an active
     exception")."""
-    distributed = sys.modules.get("cadence.engine.distributed")
-    if distributed is not None:
-        distributed.shutdown()
+    runtime = sys.modules.get("cadence.engine.runtime")
+    if runtime is not None:
+        runtime.shutdown()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

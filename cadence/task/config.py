@@ -411,6 +411,34 @@ class FSDPConfig(Config):
 
 
 @dataclass
+class ParallelismConfig(Config):
+    """How the job's processes split the work: the degrees of a named N-D mesh (torchtitan's
+    ``ParallelDims``; `cadence.engine.runtime`), whose product is the world size.
+    ``docs/parallelism.md`` says what each costs and how to choose them.
+
+    Attributes:
+        dp_replicate: data-parallel replicas: whole copies of the model (DDP), or with
+            ``dp_shard`` > 1 HSDP's replicas of a sharded one.
+        dp_shard: data-parallel shards (FSDP2: parameters, gradients and optimizer state split
+            over them); -1: what the other degrees leave of the world size.
+        tp: tensor parallelism: each layer's matrices split over this many ranks (neighbours:
+            one machine's GPUs), by the model's plan (``tp_plan``).
+        pp: pipeline stages (not yet: 1).
+        cp: context parallelism (not yet: 1; it trains on GPUs only).
+        tp_plan: ``auto``: the model's own tensor-parallel plan -- a ``tensor_parallel_plan()``
+            method (the ``gpt`` experiment's), or what a transformers model's config declares
+            (Llama, Mistral, Qwen2, ...). Another plan goes through ``Task.parallelize``.
+    """
+
+    dp_replicate: int = 1
+    dp_shard: int = -1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    tp_plan: str = "auto"
+
+
+@dataclass
 class FaultToleranceConfig(Config):
     """Replica groups that train on when one dies (torchft; ``pip install 'cadence[ft]'``):
     one ``torchrun`` per replica group, each group DDP or FSDP2 inside, the groups averaging
@@ -500,6 +528,11 @@ class RuntimeConfig(Config):
             optimizer state sharded with ``fully_shard``; checkpoints through
             ``torch.distributed.checkpoint``). DDP and FSDP2 also run in one process (a group
             of one), so a run of either continues there.
+        parallelism: the degrees of the job's mesh -- data replicas and shards, tensor
+            parallelism -- whose product is the world size. ``strategy`` says how the
+            data-parallel ones hold the model: ``auto`` is FSDP2 over data shards (HSDP with
+            replicas too), DDP over replicas alone; tensor parallelism composes with FSDP2,
+            not DDP.
         fsdp: FSDP2's mixed precision and resharding.
         activation_checkpointing: recompute each repeated block's activations in backward
             instead of keeping them (less memory, about one more forward per step).
@@ -521,6 +554,7 @@ class RuntimeConfig(Config):
     deterministic: bool = False
     num_threads: int | None = None
     strategy: str = "auto"
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     activation_checkpointing: bool = False
     collective_timeout: float = 600.0

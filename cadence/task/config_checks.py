@@ -156,6 +156,13 @@ RANGES: dict[str, tuple[Rule, str]] = {
     "runtime.seed": (optional(SEED), ""),
     "runtime.num_threads": (optional(POSITIVE_INT), "null: torch's default"),
     "runtime.collective_timeout": (POSITIVE, "seconds a collective waits for the other ranks"),
+    "runtime.parallelism.dp_replicate": (POSITIVE_INT, ""),
+    "runtime.parallelism.dp_shard": (Rule(lambda v: _is_int(v) and (v > 0 or v == -1),
+                                          "a positive integer or -1"),
+                                     "-1: what the other degrees leave"),
+    "runtime.parallelism.tp": (POSITIVE_INT, ""),
+    "runtime.parallelism.pp": (POSITIVE_INT, ""),
+    "runtime.parallelism.cp": (POSITIVE_INT, ""),
     "runtime.profiler.wait": (NON_NEGATIVE_INT, ""),
     "runtime.profiler.warmup": (NON_NEGATIVE_INT, ""),
     "runtime.profiler.active": (POSITIVE_INT, "steps recorded in each trace"),
@@ -249,6 +256,7 @@ def choice_problems(config: Any) -> Iterable[str]:
                    f"name, e.g. {'eval' if key.startswith('validation') else 'best'}.")
     if trainer.ema.enabled and config.runtime.strategy == "fsdp2":
         yield EMA_WITH_FSDP2
+    yield from parallelism_problems(config.runtime.parallelism)
     if config.runtime.slurm.signal is not None:
         try:
             signal_name(config.runtime.slurm.signal)
@@ -263,6 +271,17 @@ def choice_problems(config: Any) -> Iterable[str]:
             ft.min_live_groups > ft.replica_groups):
         yield (f"runtime.fault_tolerance.min_live_groups (got {ft.min_live_groups}) must be at "
                f"most runtime.fault_tolerance.replica_groups (got {ft.replica_groups}).")
+
+
+def parallelism_problems(parallelism: Any) -> Iterable[str]:
+    """What ``runtime.parallelism`` asks that cannot be built, whatever the world size (the
+    degrees' product is checked against it when the job starts: `cadence.engine.runtime`)."""
+    if parallelism.tp_plan != "auto":
+        yield (f"runtime.parallelism.tp_plan: must be 'auto' (the model's own plan) "
+               f"(got {parallelism.tp_plan!r}); give another plan through Task.parallelize.")
+    if parallelism.pp != 1:
+        yield (f"runtime.parallelism.pp: pipeline parallelism is not built yet (got "
+               f"{parallelism.pp}); set pp=1.")
 
 
 def replica_id_problem(replica_id: int, replica_groups: int) -> str | None:

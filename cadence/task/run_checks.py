@@ -11,9 +11,11 @@ from pathlib import Path
 
 from cadence.core.checkpoint_dir import CheckpointDirectory
 from cadence.core.errors import CheckpointError, ConfigError
+from cadence.core.rank import world_size
 from cadence.core.run_dir import PARAMS_FILE, RunDirectory
-from cadence.engine.distributed import local_device
 from cadence.engine.fault_tolerance import LIGHTHOUSE_HINT, ReplicaOptions
+from cadence.engine.parallel_dims import resolve_layout
+from cadence.engine.runtime import graphs_available, local_device
 from cadence.task.build_checks import built_metrics
 from cadence.task.config import ExperimentConfig
 from cadence.task.config_checks import MODES, replica_id_problem
@@ -45,7 +47,10 @@ def check_before_writing(config: ExperimentConfig, mode: str, run: RunDirectory,
         device = local_device(config.runtime.device, "runtime.device")
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    if trainer.cuda_graphs and device.type != "cuda":
+    degrees = config.runtime.parallelism  # the launcher's world size, before the ranks meet
+    resolve_layout(world_size(), config.runtime.strategy, dp_replicate=degrees.dp_replicate,
+                   dp_shard=degrees.dp_shard, tp=degrees.tp, pp=degrees.pp, cp=degrees.cp)
+    if trainer.cuda_graphs and (device.type == "cpu" or not graphs_available()):
         raise ConfigError(f"trainer.cuda_graphs is true but the device is {device}: CUDA graphs "
                           "replay recorded GPU kernels. Set trainer.cuda_graphs=false (and "
                           "trainer.compile_step=true to compile), or run on a GPU.")

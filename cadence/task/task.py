@@ -247,30 +247,48 @@ class Task(Module):
             "one to Trainer(model=...)."
         )
 
-    def parallelize(self, model: nn.Module, mesh: Any, options: ParallelOptions) -> nn.Module:
+    def parallelize(self, model: nn.Module, runtime: Any, options: ParallelOptions
+                    ) -> nn.Module:
         """Spreads `model` over the ranks and wraps it for memory and speed; called once by
         the `Trainer`, before training, on the model on its device.
 
         Args:
             model: the model (``build_model``'s).
-            mesh: the device mesh of the data-parallel ranks (a one-dimensional
-                ``DeviceMesh`` named ``dp``); None when nothing is distributed.
+            runtime: where this process sits (`cadence.engine.runtime.Runtime`): its named mesh
+                -- ``runtime.mesh_of("tp")``, ``runtime.mesh_of("dp_replicate", "dp_shard")``
+                -- and its data coordinate; ``runtime.parallelism`` of the config made it.
             options: what the config asks for: the strategy (``runtime.strategy``, resolved),
                 FSDP2's mixed precision (``runtime.fsdp``), per-block activation checkpointing
                 (``runtime.activation_checkpointing``) and compile (``trainer.compile_blocks``).
 
         Returns:
-            The module to train: `model`, changed in place (FSDP2, wrappers registered in its
-            parents), or a wrapper around it (DDP). Checkpoints and exports hold `model`.
+            The module to train: `model`, changed in place (tensor parallelism, FSDP2,
+            wrappers registered in its parents), or a wrapper around it (DDP). Checkpoints and
+            exports hold `model`.
 
-        The default is `cadence.parallelize_model`: each repeated block (the children of an
-        ``nn.ModuleList`` of one class: a transformer's layers) is a unit of activation
-        checkpointing, compile and FSDP2, and the root keeps the rest, tied parameters
-        together. Override to choose the blocks (``parallelize_model(model, mesh, options,
-        blocks=[...])``) or to apply parallelisms of your own (torchtitan's
-        ``parallelize_*`` functions, Lightning's ``configure_model``).
+        The default is `cadence.parallelize_model`: tensor parallelism by the model's plan
+        (where the mesh has ``tp``), then each repeated block (the children of an
+        ``nn.ModuleList`` of one class: a transformer's layers) a unit of activation
+        checkpointing, compile and FSDP2, the root keeping the rest, tied parameters together.
+        Override to choose the blocks (``parallelize_model(model, runtime, options,
+        blocks=[...])``), to give a tensor-parallel plan (``tp_plan={"layers.*.fc1":
+        ColwiseParallel(), ...}``) or to apply parallelisms of your own (torchtitan's
+        ``parallelize_*`` functions, Lightning's ``configure_model``) by dimension name.
         """
-        return parallelize_model(model, mesh, options)
+        return parallelize_model(model, runtime, options)
+
+    def tokens_per_example(self) -> int | None:
+        """Tokens in one training example (a language model's sequence length), for the
+        throughput the `Trainer` logs at every loop's end (tokens per second per device); None
+        (the default) where examples are not tokens."""
+        return None
+
+    def flops_per_token(self, model: nn.Module) -> float | None:
+        """Training FLOPs per token of `model` (forward and backward), for the TFLOPS and MFU
+        the `Trainer` logs (`cadence.engine.throughput`): for a decoder of N parameters, L
+        layers, H heads of width Q and T tokens of context, ``6 N + 12 L H Q T`` (PaLM's
+        appendix B, as torchtitan and nanoGPT count it); None (the default) where not known."""
+        return None
 
     def build_inputs(self, params: Any, input_context: InputContext | None = None) -> Any:
         """Returns the data for `params` (a `DataConfig`): a DataLoader or any iterable of

@@ -67,14 +67,10 @@ from cadence.core.slurm import SlurmOptions, adopt_launch_environment
 from cadence.core.summary import SummaryManager, WriterSpec, close_summaries, writer_factory
 from cadence.engine.checkpoint import CheckpointManager
 from cadence.engine.checkpoint_writer import check_shared_directory
-from cadence.engine.distributed import (
-    CollectiveTimeout,
-    gather_objects,
-    init_distributed,
-    local_device,
-)
+from cadence.engine.distributed import CollectiveTimeout, gather_objects
 from cadence.engine.exporter import BestCheckpointExporter
 from cadence.engine.fault_tolerance import ReplicaGroups, ReplicaOptions
+from cadence.engine.runtime import Runtime
 from cadence.task.build_checks import built_model
 from cadence.task.chosen_weights import chosen_weights, load_chosen
 from cadence.task.config import ExperimentConfig
@@ -96,12 +92,18 @@ from cadence.task.run_checks import (
     replica_options,
 )
 from cadence.task.task import Task
-from cadence.task.trainer import Trainer
+from cadence.task.trainer import Trainer, config_runtime
 
 logger = logging.getLogger("cadence")
 
-def setup_runtime(config: ExperimentConfig) -> None:
-    """Applies ``config.runtime``: threads, determinism, seeds; joins a torchrun job."""
+def start_runtime(config: ExperimentConfig) -> Runtime:
+    """Applies ``config.runtime``: threads, determinism, seeds; joins the job and builds this
+    process's place in it from ``runtime.parallelism`` (`cadence.engine.runtime`).
+
+    Raises:
+        ConfigError: for degrees that do not make the job's world size, or a layout that
+            cannot work (one line, before anything is written).
+    """
     runtime = config.runtime
     if runtime.num_threads is not None:
         torch.set_num_threads(runtime.num_threads)
@@ -111,8 +113,7 @@ def setup_runtime(config: ExperimentConfig) -> None:
         random.seed(runtime.seed)
         np.random.seed(runtime.seed)
         torch.manual_seed(runtime.seed)
-    init_distributed(runtime.collective_timeout, local_device(runtime.device, "runtime.device"),
-                     setting="runtime.collective_timeout")
+    return config_runtime(config)
 
 
 def agree_on_run(run: RunDirectory) -> None:
@@ -362,7 +363,7 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
     parts are built and checked -- a mistake refused before then writes nothing -- to how it
     ends. An evaluation job records nothing."""
     trains = mode.startswith("train")
-    setup_runtime(config)
+    start_runtime(config)
     agree_on_run(run)
     groups = (ReplicaGroups(replicas, process_rank(), world_size())
               if replicas is not None else None)

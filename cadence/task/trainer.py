@@ -37,7 +37,6 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from cadence.core.errors import ConfigError, StepDiscarded
@@ -46,19 +45,15 @@ from cadence.core.protocols import is_stateful
 from cadence.data.device import on_device, to_device
 from cadence.data.sharding import InputContext
 from cadence.engine.background import AsyncCoordinator
+from cadence.engine.clipping import clip_grad_norm_
 from cadence.engine.compile import compile_step
-from cadence.engine.distributed import (
-    gather_objects,
-    is_distributed,
-    local_device,
-    prepare_model,
-    resolve_strategy,
-)
+from cadence.engine.distributed import gather_objects
 from cadence.engine.external_metrics import move_metrics, read_metric, reduce_across_ranks
 from cadence.engine.fault_tolerance import ReplicaGroups
 from cadence.engine.metrics import Mean, Metric
-from cadence.engine.parallelize import ParallelOptions
+from cadence.engine.parallelize import ParallelOptions, prepare_model, resolve_strategy
 from cadence.engine.runner import Output
+from cadence.engine.runtime import Runtime, is_distributed, local_device, setup_runtime
 from cadence.engine.sharded import full_model_state
 from cadence.engine.standard_runner import (
     StandardEvaluator,
@@ -67,6 +62,7 @@ from cadence.engine.standard_runner import (
     StandardTrainerOptions,
 )
 from cadence.engine.step_executor import StepExecutor
+from cadence.engine.throughput import Throughput
 from cadence.task import build_checks, step_checks
 from cadence.task.config_checks import DTYPES, EMA_WITH_FSDP2
 from cadence.task.optimization import ExponentialMovingAverage, create_lr_schedule
@@ -92,6 +88,24 @@ def parallel_options(config: Any) -> ParallelOptions:
         compile_blocks=trainer.compile_blocks, compile_mode=trainer.compile_mode,
         param_dtype=_dtype(fsdp.param_dtype), reduce_dtype=_dtype(fsdp.reduce_dtype),
         reshard_after_forward=fsdp.reshard_after_forward)
+
+
+def config_runtime(config: Any) -> Runtime:
+    """This process's `Runtime` for an `ExperimentConfig`: its device, ``runtime.strategy`` and
+    ``runtime.parallelism`` (`cadence.engine.runtime.setup_runtime`; the same runtime when the
+    run set it up already).
+
+    Raises:
+        ValueError: for a device that is not one, or not here.
+        ConfigError: for degrees that do not make the job's world size, or a layout that
+            cannot work.
+    """
+    runtime, degrees = config.runtime, config.runtime.parallelism
+    return setup_runtime(local_device(runtime.device, "runtime.device"), strategy=runtime.strategy,
+                         dp_replicate=degrees.dp_replicate, dp_shard=degrees.dp_shard,
+                         tp=degrees.tp, pp=degrees.pp, cp=degrees.cp,
+                         timeout=runtime.collective_timeout, setting="runtime.parallelism",
+                         timeout_setting="runtime.collective_timeout")
 
 
 def _check_arguments(config: Any, optimizer: Any, train: tuple[bool, Any],
@@ -143,7 +157,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
     _TRACKING_IGNORED = frozenset(
         {"_config", "_checkpoint_exporter", "_coordinator", "_device", "_autocast_dtype",
          "_eval_model", "_train_model", "_task_train_step", "_task_validation_step",
-         "_full_copy", "_last_loss", "_executor"}
+         "_full_copy", "_last_loss", "_executor", "runtime", "_throughput"}
     )
 
     def __init__(
@@ -161,10 +175,11 @@ class Trainer(StandardTrainer, StandardEvaluator):
     ) -> None:
         _check_arguments(config, optimizer, (train, train_dataset),
                          (evaluate, validation_dataset), replicas)
-        runtime = config.runtime
         self._config = config
-        self._device = local_device(runtime.device, "runtime.device")
-        self._autocast_dtype = _AUTOCAST_DTYPES.get(runtime.mixed_precision or "")
+        self.runtime = config_runtime(config)
+        """Where this process sits in the job: its device, its mesh, its data coordinate."""
+        self._device = self.runtime.device
+        self._autocast_dtype = _AUTOCAST_DTYPES.get(config.runtime.mixed_precision or "")
         self._coordinator = AsyncCoordinator()
         self._checkpoint_exporter = checkpoint_exporter
         self._replicas = replicas
@@ -177,10 +192,11 @@ class Trainer(StandardTrainer, StandardEvaluator):
             task, config.task, self.distribute_dataset, (train, train_dataset),
             (evaluate, validation_dataset))
         self._build_steps()
+        self._throughput = self._build_throughput()
         # On CUDA the next batch is copied while the step computes (side stream, pinned memory)
         # -- not from a loader that keeps its own state (a StatefulDataLoader), whose state
         # would then be a batch ahead of training: the step copies each batch itself.
-        prefetch = (self._device if self._device.type == "cuda"
+        prefetch = (self._device if self._device.type != "cpu"
                     and not is_stateful(train_dataset) else None)
         StandardTrainer.__init__(self, train_dataset if train else [],
                                  StandardTrainerOptions(prefetch_to_device=prefetch),
@@ -202,16 +218,18 @@ class Trainer(StandardTrainer, StandardEvaluator):
         An EMA with FSDP2 is refused before (`_check_arguments`).
         """
         config, optimizer = self._config, self.optimizer
-        runtime, ema = config.runtime, config.trainer.ema
+        ema = config.trainer.ema
         self.model = model.to(self._device)
-        sharded = resolve_strategy(runtime.strategy, self.model) == "fsdp2"
+        self.runtime = self.runtime.with_strategy(
+            resolve_strategy(self.runtime.strategy, self.model, self.runtime))
+        sharded = self.runtime.strategy == "fsdp2" or self.runtime.dims.tp > 1
         # FSDP2 evaluates (and exports) a full copy of the weights, gathered at each evaluation.
         # It and the EMA average are copies of the plain model, taken before it is wrapped.
         self._full_copy = copy.deepcopy(self.model) if sharded and evaluate else None
         self.ema = (ExponentialMovingAverage(self.model, ema.decay, ema.dynamic_decay,
                                              ema.start_step) if ema.enabled else None)
         self._train_model: nn.Module = prepare_model(
-            self.model, runtime.strategy, self._device,
+            self.model, self.runtime.strategy, self._device, runtime=self.runtime,
             optimizers=[optimizer] if optimizer is not None else [],
             options=parallel_options(config), parallelize=self.task.parallelize)
         self._eval_model: nn.Module = self.model
@@ -391,10 +409,9 @@ class Trainer(StandardTrainer, StandardEvaluator):
             if self._replicas is not None:  # this group's share of every group's data
                 kwargs["input_context"] = self._replicas.input_context()
                 return dataset_or_fn(*args, **kwargs)
-            world, rank = 1, 0
-            if dist.is_available() and dist.is_initialized():
-                world, rank = dist.get_world_size(), dist.get_rank()
-            kwargs["input_context"] = InputContext(world, rank, world)
+            runtime = self.runtime  # the data coordinate: tensor-parallel peers read one shard
+            kwargs["input_context"] = InputContext(runtime.dp_size, runtime.dp_rank,
+                                                   runtime.dp_size)
         return dataset_or_fn(*args, **kwargs)
 
     def init_async(self) -> None:
@@ -529,10 +546,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
             if scaler is not None:
                 scaler.unscale_(optimizer)
             params = [p for group in optimizer.param_groups for p in group["params"]]
-            norm = torch.nn.utils.clip_grad_norm_(params, self._clip_norm)
-            if type(norm) is not torch.Tensor:  # FSDP2: a DTensor; its value is everyone's
-                norm = norm.full_tensor()  # type: ignore[attr-defined]
-            self.gradient_norm.update(norm)
+            # the total over every shard and mesh dimension (`cadence.engine.clipping`)
+            self.gradient_norm.update(clip_grad_norm_(params, self._clip_norm))
         if replicas is not None and not replicas.commit():
             optimizer.zero_grad(set_to_none=True)  # a group died during the step: no update
             raise StepDiscarded("a replica group died during the step")
@@ -542,6 +557,23 @@ class Trainer(StandardTrainer, StandardEvaluator):
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
+    def loop_rates(self, steps_per_second: float) -> Mapping[str, float]:
+        """Tokens per second (the job's, and per device), TFLOPS per device, MFU and the
+        device's peak memory of the loop, where the task says what an example costs
+        (`Task.tokens_per_example`, `Task.flops_per_token`; `cadence.engine.throughput`)."""
+        return self._throughput.loop_rates(steps_per_second) if self._throughput else {}
+
+    def _build_throughput(self) -> Throughput | None:
+        """What a step costs, for `loop_rates`: None for a task that does not say."""
+        tokens = self.task.tokens_per_example()
+        if not tokens:
+            return None
+        config = self._config
+        precision = config.runtime.mixed_precision or config.runtime.fsdp.param_dtype or "fp32"
+        step = config.task.train_data.global_batch_size * self._accumulation
+        return Throughput(step * tokens, self.task.flops_per_token(self.model), self._device,
+                          self.runtime.world_size, precision)
 
     def train_loop_end(self) -> Output:
         """The loop's means: ``training_loss``, the task's metrics, other scalars the task's

@@ -53,9 +53,10 @@ from cadence.core.rank import is_chief
 from cadence.core.run_dir import RunDirectory
 from cadence.core.summary import import_writer
 from cadence.engine.checkpoint import CheckpointManager
-from cadence.engine.distributed import average_gradients, broadcast_module, is_distributed
+from cadence.engine.distributed import average_gradients, broadcast_module
 from cadence.engine.metrics import Mean
 from cadence.engine.runner import Output
+from cadence.engine.runtime import is_distributed
 from cadence.engine.standard_runner import StandardTrainer
 from cadence.tensorpack.defaults import default_callbacks, default_monitors
 

@@ -101,8 +101,9 @@ def environment_lines() -> list[str]:
     import sys
 
     from cadence import __version__
+    from cadence.engine.runtime import current_runtime, device_name
 
-    device = (f"CUDA ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else "CPU")
+    device = device_name(current_runtime().device)
     return [
         "Execution environment",
         f"  Python {platform.python_version()} ({sys.executable}), torch {torch.__version__},"

@@ -57,7 +57,8 @@ from cadence.core.summary import (
 )
 from cadence.data.iterator import DataIterator
 from cadence.engine.checkpoint import CheckpointManager
-from cadence.engine.distributed import StopAgreement, is_distributed
+from cadence.engine.runtime import is_distributed
+from cadence.engine.stop_agreement import StopAgreement
 from cadence.tfsnippet.checkpoints import LoopCheckpoints
 from cadence.tfsnippet.events import EventKeys, EventSource
 from cadence.tfsnippet.formatting import DefaultMetricFormatter

@@ -385,7 +385,7 @@ def test_the_lock_names_the_slurm_job_and_step_that_holds_it(in_slurm_job, monke
 
 def test_init_distributed_and_the_command_refuse_slurm_variables_that_make_no_sense(
         outside_slurm, monkeypatch, capsys):
-    from cadence.engine.distributed import init_distributed
+    from cadence.engine.runtime import init_distributed
     from cadence.task.cli import main
 
     for name, value in {**STEP, "SLURM_PROCID": "seven"}.items():

@@ -121,7 +121,7 @@ def test_the_export_of_a_wrapped_or_sharded_model_loads_strictly_by_its_own_name
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from cadence.engine.distributed import shutdown
+    from cadence.engine.runtime import shutdown
 
     model = fresh_gpt()
     expected = {name: value.clone() for name, value in model.state_dict().items()}

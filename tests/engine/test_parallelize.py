@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 import cadence
-from cadence.engine.distributed import prepare_model, shutdown
 from cadence.engine.parallelize import (
     ParallelOptions,
     describe_blocks,
@@ -20,9 +19,11 @@ from cadence.engine.parallelize import (
     name_pattern,
     parallelize_model,
     plain_name,
+    prepare_model,
     repeated_blocks,
     unwrap_model,
 )
+from cadence.engine.runtime import shutdown
 from cadence.task.experiments.char_lm import CharLMModelConfig, CharTransformer
 from cadence.task.experiments.gpt import GPT, GPTModelConfig
 
@@ -154,9 +155,9 @@ class RecordingTask(cadence.Task):
     def build_losses(self, labels, model_outputs, aux_losses=None):
         return nn.functional.cross_entropy(model_outputs.flatten(0, 1), labels.flatten())
 
-    def parallelize(self, model, mesh, options):
-        RecordingTask.seen.append((mesh, options))
-        return parallelize_model(model, mesh, options, blocks=list(model.blocks)[::2])
+    def parallelize(self, model, runtime, options):
+        RecordingTask.seen.append((runtime, options))
+        return parallelize_model(model, runtime, options, blocks=list(model.blocks)[::2])
 
 
 def test_a_task_chooses_how_its_model_is_parallelized(one_process_group):
@@ -168,8 +169,10 @@ def test_a_task_chooses_how_its_model_is_parallelized(one_process_group):
     model = task.build_model()
     trainer = cadence.Trainer(config, task, model, torch.optim.AdamW(model.parameters()),
                               evaluate=False)
-    mesh, options = RecordingTask.seen[-1]
-    assert mesh.mesh_dim_names == ("dp",) and mesh.size() == 1
+    runtime, options = RecordingTask.seen[-1]
+    mesh = runtime.mesh_of("dp_replicate", "dp_shard")  # FSDP2's, in a group of one
+    assert mesh.mesh_dim_names == ("dp_shard",) and mesh.size() == 1
+    assert runtime.dp_size == 1 and runtime.mesh_of("tp") is None
     assert (options.strategy, options.param_dtype, options.reduce_dtype,
             options.activation_checkpointing) == ("fsdp2", torch.bfloat16, torch.float32, True)
     wrapped = ["CheckpointWrapper" in type(block).__name__ for block in model.blocks]

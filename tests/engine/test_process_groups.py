@@ -14,7 +14,7 @@ import weakref
 import pytest
 import torch.distributed as dist
 
-from cadence.engine.distributed import GlooGroup, control_group
+from cadence.engine.runtime import GlooGroup, control_group
 
 
 @pytest.fixture

@@ -96,7 +96,7 @@ def test_a_resharding_rank_reads_one_old_file_and_resumes_as_from_all(
         files = read_rank_states(tmp_path, manifest, OLD)
         assert reads == [f"rank-{rank if rank < OLD else 0}.cadence"]  # one file, not 4
         data = loader_of(rank, new)
-        said = restore_rank_state(tmp_path, {"train_data": data}, OLD, files)
+        said = restore_rank_state(tmp_path, {"train_data": data}, OLD, files, manifest)
         expected = loader_of(rank, new)
         line = expected.load_resharded([f["state"]["train_data"] for f in every], rank, new)
         assert said[0] == line.rstrip(".")
@@ -109,7 +109,7 @@ def test_the_random_states_come_from_the_old_rank_of_the_same_number(tmp_path, m
     for rank in range(3):
         monkeypatch.setenv("RANK", str(rank))
         files = read_rank_states(tmp_path, manifest, OLD)
-        restore_rank_state(tmp_path, {"train_data": loader_of(rank, 3)}, OLD, files)
+        restore_rank_state(tmp_path, {"train_data": loader_of(rank, 3)}, OLD, files, manifest)
         restored = torch.get_rng_state()
         torch.manual_seed(100 + rank)
         assert torch.equal(restored, torch.get_rng_state())
@@ -124,7 +124,7 @@ def test_a_part_that_needs_every_old_rank_makes_every_file_read(tmp_path, monkey
     monkeypatch.setenv("RANK", "0")
     counts = Counts()
     restore_rank_state(tmp_path, {"train_data": loader_of(0, 3), "counts": counts}, OLD,
-                       read_rank_states(tmp_path, manifest, OLD))
+                       read_rank_states(tmp_path, manifest, OLD), manifest)
     assert counts.count == 1 + 2 + 3 + 4 and len(files) == OLD
 
 
@@ -133,3 +133,37 @@ def test_at_the_same_world_size_a_rank_reads_its_own_file(tmp_path, monkeypatch,
     monkeypatch.setenv("RANK", "2")
     read_rank_states(tmp_path, manifest, OLD)
     assert reads == ["rank-2.cadence"]
+
+
+def test_at_another_layout_the_positions_are_resharded_over_the_data_coordinate(
+        tmp_path, monkeypatch, reads):
+    """4 data shards resumed at dp_shard=2 x tp=2 (the same 4 processes): each pair of tensor-
+    parallel peers continues one new data shard, the same one, as 2 processes of data
+    parallelism alone would -- not each its old rank's position."""
+    from cadence.engine.runtime import ParallelDims, Runtime
+
+    manifest = save(tmp_path, monkeypatch, 3, with_counts=False)
+    every = [rank_state._read(tmp_path, rank, manifest) for rank in range(OLD)]
+    dims = ParallelDims.resolve(4, tp=2)  # dp_shard=2
+    for rank in range(4):
+        monkeypatch.setenv("RANK", str(rank))
+        runtime = Runtime(dims, torch.device("cpu"), rank, "fsdp2")
+        monkeypatch.setattr(rank_state, "current_runtime", lambda runtime=runtime: runtime)
+        files = read_rank_states(tmp_path, manifest, OLD)
+        data = loader_of(runtime.dp_rank, 2)
+        said = restore_rank_state(tmp_path, {"train_data": data}, OLD, files, manifest)
+        expected = loader_of(runtime.dp_rank, 2)
+        line = expected.load_resharded([f["state"]["train_data"] for f in every],
+                                       runtime.dp_rank, 2)
+        assert said[0] == line.rstrip(".")
+        assert [batch.tolist() for batch in data] == [batch.tolist() for batch in expected]
+    # and back: the files of a tp=2 layout hold one position per data shard, read once each
+    manifest["layout"] = dims.degrees
+    monkeypatch.setattr(rank_state, "current_runtime",
+                        lambda: Runtime(ParallelDims.resolve(4, dp_shard=4), torch.device("cpu"),
+                                        1, "fsdp2"))
+    monkeypatch.setenv("RANK", "1")
+    reads.clear()
+    assert rank_state.saved_layout(manifest, OLD) == dims
+    read_rank_states(tmp_path, manifest, OLD)
+    assert reads == ["rank-1.cadence"]  # its state says it is enough alone

@@ -228,7 +228,7 @@ def test_a_pickle_planted_in_any_file_of_a_run_never_runs(tmp_path, monkeypatch,
     assert any(p.name == "resumes.jsonl" for p in files) and len(files) >= 25, files
     marker = tmp_path / "ran"
     model = DigitsTask(DigitsTaskConfig()).build_model()
-    # Each command of this FSDP2 run ends in `gc.collect()` (cadence.engine.distributed.shutdown:
+    # Each command of this FSDP2 run ends in `gc.collect()` (cadence.engine.runtime.shutdown:
     # 0.2 s in a process that imported the whole suite): with the objects made so far frozen,
     # it goes through those each command makes.
     gc.collect()

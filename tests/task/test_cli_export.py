@@ -29,7 +29,7 @@ def sharded_run(tmp_path_factory):
                  "--set", "trainer.steps_per_loop=2", "--set", "trainer.validation_interval=4",
                  "--set", "task.model.hidden_sizes=[8]", "--set", "runtime.strategy=fsdp2",
                  "--set", "runtime.device=cpu"]) == 0
-    from cadence.engine.distributed import shutdown
+    from cadence.engine.runtime import shutdown
 
     shutdown()
     assert (run / "checkpoints" / "ckpt-4" / "sharded" / ".metadata").is_file()

@@ -190,17 +190,17 @@ def test_runtime_strategy_accepts_exactly_the_strategies_prepare_model_knows():
     one `prepare_model` resolves, and an unknown one is refused by both."""
     from torch import nn
 
-    from cadence.engine import distributed, strategies
+    from cadence.engine import parallelize, strategies
     from cadence.task import config_checks
 
-    assert config_checks.STRATEGIES is distributed.STRATEGIES is strategies.STRATEGIES
+    assert config_checks.STRATEGIES is parallelize.STRATEGIES is strategies.STRATEGIES
     for name in strategies.STRATEGIES:
         load_config("digits", overrides=[f"runtime.strategy={name}"]).validate()
-        assert distributed.resolve_strategy(name, nn.Linear(1, 1)) in ("none", "ddp", "fsdp2")
+        assert parallelize.resolve_strategy(name, nn.Linear(1, 1)) in ("none", "ddp", "fsdp2")
     with pytest.raises(ConfigError, match="runtime.strategy: must be one of auto, none, ddp"):
         load_config("digits", overrides=["runtime.strategy=deepspeed"]).validate()
     with pytest.raises(ValueError, match="must be one of auto, none, ddp"):
-        distributed.resolve_strategy("deepspeed", nn.Linear(1, 1))
+        parallelize.resolve_strategy("deepspeed", nn.Linear(1, 1))
 
 
 def test_a_config_and_its_strategies_are_checked_without_torch():

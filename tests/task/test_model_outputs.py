@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import cadence
-from cadence.engine.distributed import shutdown
+from cadence.engine.runtime import shutdown
 from cadence.task.config_files import load_config
 from cadence.task.task import aux_losses_of, call_model
 

@@ -2,7 +2,9 @@
 
 The model is GPT-2's decoder as nanoGPT writes it: a token embedding tied to the output head,
 learned positions, pre-LayerNorm blocks in an ``nn.ModuleList`` (causal self-attention through
-``scaled_dot_product_attention``, a GELU MLP), a final LayerNorm, and GPT-2's initialization
+``scaled_dot_product_attention`` -- its query, key and value projections three Linears, where
+nanoGPT fuses them, so that tensor parallelism splits them by heads: `GPT.tensor_parallel_plan`
+--, a GELU MLP), a final LayerNorm, and GPT-2's initialization
 (normal(0, 0.02), the residual projections scaled by ``1/sqrt(2 * n_layer)``). The blocks are
 what `cadence.parallelize_model` finds: each is a unit of FSDP2, activation checkpointing and
 per-block compile, and the tied embedding and head stay together in the root's group.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -75,19 +78,23 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config: GPTModelConfig) -> None:
         super().__init__()
-        self.n_head, self.dropout = config.n_head, config.dropout
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.head_dim, self.dropout = config.n_embd // config.n_head, config.dropout
+        # Query, key and value are three Linears (nanoGPT fuses them in one, c_attn): tensor
+        # parallelism splits each by whole heads, which a fused weight's rows do not line up with.
+        self.q_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.k_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.v_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, width = x.shape
-        q, k, v = self.c_attn(x).split(width, dim=2)
-        q, k, v = (t.view(batch, length, self.n_head, width // self.n_head).transpose(1, 2)
-                   for t in (q, k, v))
+        batch, length, _ = x.shape
+        # -1 heads: under tensor parallelism a rank holds n_head / tp of them
+        q, k, v = (projection(x).view(batch, length, -1, self.head_dim).transpose(1, 2)
+                   for projection in (self.q_proj, self.k_proj, self.v_proj))
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(batch, length, width)
+        y = y.transpose(1, 2).contiguous().view(batch, length, -1)
         out: torch.Tensor = self.resid_dropout(self.c_proj(y))
         return out
 
@@ -158,6 +165,26 @@ class GPT(nn.Module):
         logits: torch.Tensor = self.lm_head(self.ln_f(x))
         return logits
 
+    def tensor_parallel_plan(self) -> dict[str, Any]:
+        """How tensor parallelism splits the model (`cadence.engine.tensor_parallel`): the
+        attention's query, key and value by columns (whole heads) and its output projection by
+        rows; the MLP's first layer by columns, its second by rows; the tied token embedding
+        and head by vocabulary rows, both with whole outputs. The positions, the norms and the
+        residual stream are replicated."""
+        from torch.distributed.tensor import Replicate
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        return {
+            "wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+            "blocks.*.attn.q_proj": ColwiseParallel(),
+            "blocks.*.attn.k_proj": ColwiseParallel(),
+            "blocks.*.attn.v_proj": ColwiseParallel(),
+            "blocks.*.attn.c_proj": RowwiseParallel(),
+            "blocks.*.mlp.c_fc": ColwiseParallel(),
+            "blocks.*.mlp.c_proj": RowwiseParallel(),
+            "lm_head": ColwiseParallel(output_layouts=Replicate()),
+        }
+
     def num_parameters(self, non_embedding: bool = True) -> int:
         """Parameters, counted once (the tied head is the embedding); without the position
         embedding when `non_embedding` (as GPT-2's papers count)."""
@@ -214,6 +241,17 @@ class GPTTask(CharLMTask):
         if problems:
             raise ConfigError("; ".join(problems) + ".")
         return GPT(model)
+
+    def tokens_per_example(self) -> int:
+        """Tokens in an example: the sequence length (what the throughput counts)."""
+        return self.task_config.sequence_length
+
+    def flops_per_token(self, model: nn.Module) -> float | None:
+        """`GPT.flops_per_token` at the task's sequence length (``6 N + 12 L H Q T``); None
+        for a model of a subclass's that is not a `GPT`."""
+        if not isinstance(model, GPT):
+            return None
+        return model.flops_per_token(self.task_config.sequence_length)
 
 
 def _gpt_config(model: GPTModelConfig, sequence_length: int, max_bytes: int, batch_size: int,
