@@ -40,8 +40,6 @@ SIZES = {
     "124m": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "batch": 16,
              "vocab_size": 50304, "steps": 300, "steps_per_loop": 50},
 }
-H100_BF16_FLOPS = 989e12
-"""An H100 SXM's dense bf16 peak, the denominator of MFU (nanoGPT uses the A100's 312e12)."""
 
 
 def count_syncs() -> Any:
@@ -125,10 +123,19 @@ def main() -> None:
     if counter is not None:  # host reads in each step, after the first loop
         counts = syncs_at_step_end[per_loop - 1:]
         record["syncs_per_step"] = [b - a for a, b in itertools.pairwise(counts)]
-    if args.device == "cuda":
-        record["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
-        flops = model.flops_per_token(size["block_size"]) * record["steady_tokens_per_s"]
-        record["mfu"] = flops / H100_BF16_FLOPS
+    from cadence.engine.runtime import device_module, device_name
+    from cadence.engine.throughput import peak_flops
+
+    device = torch.device(args.device)
+    module = device_module(device)
+    if module is not None and hasattr(module, "max_memory_allocated"):
+        record["peak_mem_mb"] = module.max_memory_allocated() / 2**20
+    flops = model.flops_per_token(size["block_size"]) * record["steady_tokens_per_s"]
+    record["device_name"] = device_name(device)
+    record["tflops"] = flops / 1e12
+    peak = peak_flops(record["device_name"], args.precision)  # cadence's table of peaks
+    if peak is not None:
+        record["mfu"] = flops / peak
     Path(args.out).write_text(json.dumps(record))
 
 

@@ -18,6 +18,12 @@ Workloads (every variant of a workload on the same device, ``--device``):
   is the copy into reused pinned host buffers.
 - ``syncs``: host syncs of each front-end over 300 steps on the mlp workload
   (`cadence.debug.count_host_syncs`, with CUDA's sync debug mode), and where they happened.
+- ``gpt``: GPT-2 small (the ``gpt2_small`` shape: 124M parameters, 12 layers, 1,024 tokens of
+  context, batch 16) in bf16, the Task Trainer (``trainer``) against a nanoGPT-style loop
+  (``raw``), eager or ``*_compiled``: steady tokens per second, TFLOPS, MFU against the device's
+  peak (`cadence.engine.throughput.peak_flops`) and peak memory (``benchmarks/gpt.py`` measures
+  it, in a process of its own). torchtitan's published figures for comparison are in
+  ``docs/benchmarks.md``.
 
 ``--device cpu --tiny`` runs the script on a CPU with tiny sizes (figures meaningless): that
 keeps it working where no GPU is lent.
@@ -365,11 +371,37 @@ def syncs_one(variant: str, workdir: str, device: Any, tiny: bool) -> dict[str, 
     return {"count": syncs.count, "steps": s["total"], "where": where}
 
 
+# ---------------------------------------------------------------- gpt: tokens/s and MFU
+
+GPT_VARIANTS = ["raw", "trainer", "raw_compiled", "trainer_compiled"]
+
+
+def gpt_one(variant: str, workdir: str, device: Any, tiny: bool) -> dict[str, Any]:
+    """GPT-2 small in bf16 through ``benchmarks/gpt.py`` (in a process of its own): its
+    record -- steady tokens per second, TFLOPS, MFU where the device's peak is known."""
+    import subprocess
+    import sys
+
+    if variant not in GPT_VARIANTS:
+        raise SystemExit(f"gpt: variant {variant!r} must be one of {', '.join(GPT_VARIANTS)}")
+    out = Path(workdir) / f"gpt-{variant}.json"
+    kind = variant.removesuffix("_compiled")
+    command = [sys.executable, str(Path(__file__).with_name("gpt.py")), kind, "--out", str(out),
+               "--workdir", workdir, "--size", "test" if tiny else "124m",
+               "--precision", "bf16", "--device", device.type]
+    if variant.endswith("_compiled"):
+        command.append("--compile")
+    if tiny:
+        command += ["--steps", "20"]
+    subprocess.run(command, check=True)
+    return dict(json.loads(out.read_text()))
+
+
 # ---------------------------------------------------------------- driver
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("workload", choices=("mlp", "lm", "ckpt", "syncs"))
+    parser.add_argument("workload", choices=("mlp", "lm", "ckpt", "syncs", "gpt"))
     parser.add_argument("variant")
     parser.add_argument("--out", required=True)
     parser.add_argument("--workdir", required=True)
@@ -407,6 +439,8 @@ def main() -> None:
             record["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 1e6
     elif args.workload == "ckpt":
         record.update(ckpt_one(args.variant, args.workdir, device, args.tiny))
+    elif args.workload == "gpt":
+        record.update(gpt_one(args.variant, args.workdir, device, args.tiny))
     else:
         record.update(syncs_one(args.variant, args.workdir, device, args.tiny))
     Path(args.out).write_text(json.dumps(record))
