@@ -45,7 +45,8 @@ from cadence.data.sharding import (
     data_key,
     per_replica_batch_size,
 )
-from cadence.data.token_shards import TokenShards, split_paths
+from cadence.data.token_format import split_paths
+from cadence.data.token_shards import TokenShards
 
 logger = logging.getLogger("cadence")
 

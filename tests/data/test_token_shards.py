@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from cadence.core.errors import ConfigError
-from cadence.data.token_shards import (
+from cadence.data.token_format import (
     MANIFEST,
-    TokenShards,
     begin_token_folder,
     finish_token_folder,
     open_token_files,
     write_shard,
 )
+from cadence.data.token_shards import TokenShards
 
 
 def nanogpt_bin(path, count, dtype=np.uint16, seed=0):

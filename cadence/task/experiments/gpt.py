@@ -43,13 +43,13 @@ from torch.nn import functional as F
 from cadence.core.errors import ConfigError
 from cadence.data.packing import document_causal_mask
 from cadence.data.sharding import InputContext
-from cadence.data.token_loader import build_token_inputs
-from cadence.data.token_shards import (
+from cadence.data.token_format import (
     VERSION,
     begin_token_folder,
     finish_token_folder,
     write_shard,
 )
+from cadence.data.token_loader import build_token_inputs
 from cadence.task.config import (
     Config,
     DataConfig,
