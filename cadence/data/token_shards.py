@@ -93,10 +93,10 @@ class TokenShards(Dataset[Any]):
         where their manifest says; with `packing`, files without a document index.
 
         Raises:
-            ValueError: saying which, and the fix.
+            ConfigError: saying which, and the fix.
         """
         if vocab_size is not None and (self.vocab_size or 0) > vocab_size:
-            raise ValueError(f"input_path {self.name!r} was tokenized with a vocabulary of "
+            raise ConfigError(f"input_path {self.name!r} was tokenized with a vocabulary of "
                              f"{self.vocab_size}, larger than the model's {vocab_size}: set the "
                              f"model's vocab_size to at least {self.vocab_size}.")
 
@@ -105,11 +105,12 @@ class TokenShards(Dataset[Any]):
         vocabulary (a raw ``train.bin``): on a GPU it would be a device-side assert instead.
 
         Raises:
-            ValueError: naming the token and the vocab_size that holds it.
+            ConfigError: naming the token and the vocab_size that holds it (a user's data and
+                config disagree: the ``cadence`` command's exit 2).
         """
         largest = int(tokens.max()) if tokens.size else 0
         if vocab_size is not None and largest >= vocab_size:
-            raise ValueError(
+            raise ConfigError(
                 f"input_path {self.name!r} holds token {largest}, outside the model's "
                 f"vocabulary of {vocab_size}: set the model's vocab_size to at least "
                 f"{largest + 1} (GPT-2's tokens need 50304), or name token files of another "
