@@ -30,6 +30,11 @@ SETTINGS = ["task.model.n_layer=1", "task.model.n_head=2", "task.model.n_embd=16
 """A model of seconds a step; a global batch of 6 deals evenly to 1, 2 or 3 data shards."""
 
 
+def torchrun_test(test):
+    """Marks a test of torchrun jobs: slow, distributed, a few jobs of up to 240 s."""
+    return pytest.mark.slow(pytest.mark.distributed(pytest.mark.timeout(900)(test)))
+
+
 @pytest.fixture(scope="module")
 def mixture(tmp_path_factory):
     """Two sources prepared from the standard library's source (bytes, each line of a file a
@@ -87,9 +92,7 @@ def global_batches(record, tag, shards):
             for step, parts in sorted(steps.items())}
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-@pytest.mark.timeout(900)
+@torchrun_test
 def test_a_packed_mixture_resumed_at_2_then_3_then_2_ranks_trains_on_the_uninterrupted_samples(
         tmp_path, mixture):
     record = tmp_path / "record"
@@ -127,9 +130,7 @@ def uninterrupted(settings, steps):
     return batches
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-@pytest.mark.timeout(900)
+@torchrun_test
 def test_a_sigkill_then_the_same_command_ends_with_the_uninterrupted_weights_bitwise(
         tmp_path, mixture):
     record = tmp_path / "record"
