@@ -356,9 +356,9 @@ def loader_report(results: dict) -> list[str]:
             f"memory-mapped uint16 token shards of {results['tokens'] / 1e6:.0f} M random "
             "tokens with a document index (documents of ~1,000 tokens), in the page cache. "
             "`packed`: position ids and masked boundaries made for every window. `mixture`: "
-            "three sources, 60/20/20. The last column compares with ~0.5 M tokens/s, what one "
-            "H100 training GPT-2 small (124M) consumes (the issue's figure): the loader is "
-            "never what a step waits for.", "", *table(results)]
+            "three sources, 60/20/20. The last column compares with ~0.5 M tokens/s, the rate "
+            "a GPU's training step of a 124M model (GPT-2 small) is taken to consume on an "
+            "H100: one core of loading keeps many such GPUs fed.", "", *table(results)]
 
 
 def gpt_report(results: dict) -> list[str]:
