@@ -153,6 +153,14 @@ def test_a_resume_on_other_data_is_refused_in_one_line(tmp_path, change):
         other.load_state_dict(states[0])
 
 
+def test_an_order_this_numpy_draws_otherwise_is_refused(tmp_path):
+    sources = [source(tmp_path)]
+    _, states = global_batches(sources, 2, 1)
+    states[0]["sources"][0]["order"] = "0" * 64  # what another NumPy's permutation would be
+    with pytest.raises(CheckpointIncompatibleError, match="drawn again is not the saved one"):
+        TokenLoader(sources, 12).load_state_dict(states[0])
+
+
 def test_old_shards_that_disagree_are_refused(tmp_path):
     sources = [source(tmp_path)]
     _, states = global_batches(sources, 2, 2)
@@ -166,10 +174,16 @@ def test_old_shards_that_disagree_are_refused(tmp_path):
     ({"shard_index": 3, "num_shards": 3}, "shard_index"),
     ({"weights": [1.0, 2.0]}, "one positive number per source"),
     ({"weights": [0.0]}, "one positive number per source"),
+    ({"packed": True}, "must all be packed or none"),
 ])
 def test_a_loader_that_cannot_be_built_says_why(tmp_path, arguments, says):
+    sources, arguments = [source(tmp_path)], dict(arguments)
+    if arguments.pop("packed", False):
+        folder = prepared(tmp_path / "data", [list(range(10)), list(range(10))])
+        sources.append(TokenShards.open(str(folder), LENGTH, packing=True))
+        arguments["weights"] = [1, 1]
     with pytest.raises(ValueError, match=says):
-        TokenLoader([source(tmp_path)], **{"global_batch_size": 12, **arguments})
+        TokenLoader(sources, **{"global_batch_size": 12, **arguments})
 
 
 def test_a_token_outside_the_models_vocabulary_is_one_line_before_it_reaches_the_model(
