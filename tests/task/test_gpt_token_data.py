@@ -8,7 +8,7 @@ import pytest
 import cadence
 from cadence.data.token_format import open_token_files
 from cadence.task.experiments.char_lm import stdlib_files
-from cadence.task.experiments.gpt import cache_dir, stdlib_token_folders
+from cadence.task.experiments.gpt import GPTTask, cache_dir, stdlib_token_folders
 
 
 def test_the_cache_folder_is_cadences_own_then_xdgs_then_the_homes(monkeypatch, tmp_path):
@@ -40,8 +40,15 @@ def test_the_stdlib_is_prepared_once_each_file_a_document(monkeypatch, tmp_path)
     assert validation.documents[0] == 0
 
 
+def test_training_on_a_users_tokens_needs_their_validation_tokens_where_it_evaluates():
+    config = cadence.load_config("gpt", overrides=["task.train_data.input_path=train.bin"])
+    config.validate()  # --mode train needs no validation data
+    with pytest.raises(cadence.ConfigError, match="task.validation_data.input_path is empty "
+                                                  "while task.train_data.input_path is set"):
+        GPTTask(config.task).build_inputs(config.task.validation_data)
+
+
 @pytest.mark.parametrize(("overrides", "says"), [
-    (["task.train_data.input_path=train.bin"], "task.validation_data.input_path is empty"),
     (["task.train_data.input_path=a.bin,b.bin", "task.validation_data.input_path=v.bin",
       "task.train_data.input_weights=[1]"], "must give one weight per comma-separated entry"),
     (["task.validation_data.input_weights=[1]"], "task.validation_data.input_weights must be "

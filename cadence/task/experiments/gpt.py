@@ -230,10 +230,6 @@ class GPTTaskConfig(TaskConfig):
         yield from super().problems()
         yield from text_problems(self)
         train, validation = self.train_data, self.validation_data
-        if train.input_path and not validation.input_path:
-            yield ("task.validation_data.input_path is empty while task.train_data.input_path "
-                   f"is set ({train.input_path!r}): name the validation tokens of the same "
-                   "tokenizer (e.g. val.bin), or run with --mode train")
         count = len([part for part in train.input_path.split(",") if part.strip()])
         if train.input_weights and len(train.input_weights) != count:
             yield (f"task.train_data.input_weights (got {list(train.input_weights)}) must give "
@@ -274,10 +270,17 @@ class GPTTask(CharLMTask):
         evaluation: a DataLoader over the windows in order.
 
         Raises:
-            ConfigError: for token files that cannot be read, or tokens outside the model's
-                vocabulary.
+            ConfigError: for token files that cannot be read, tokens outside the model's
+                vocabulary, or validation data of the standard library for a model trained on
+                the user's tokens (``task.validation_data.input_path`` empty).
         """
         config = self.task_config
+        if not params.is_training and not getattr(params, "input_path", "") and (
+                config.train_data.input_path):
+            raise ConfigError(
+                "task.validation_data.input_path is empty while task.train_data.input_path is "
+                f"set ({config.train_data.input_path!r}): name the validation tokens of the same "
+                "tokenizer (e.g. val.bin), or run with --mode train.")
         if not getattr(params, "input_path", ""):  # a plain DataConfig given by hand too
             folders = stdlib_token_folders(config.max_bytes, config.validation_fraction)
             split = params.split or ("train" if params.is_training else "validation")
