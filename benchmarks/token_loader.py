@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -113,6 +114,7 @@ def main() -> None:
         chosen = sources if variant.startswith("mixture") else sources[:1]
         results["variants"][variant] = time_variant(chosen, "packed" in variant, batches, rounds)
     results["gpt"] = gpt_data_wait(4 if args.smoke else 200, scratch)
+    shutil.rmtree(scratch)  # hundreds of MB of tokens
     lines = table(results)
     print("\n".join(lines))
     if args.json:
