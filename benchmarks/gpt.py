@@ -1,13 +1,14 @@
 """The ``gpt`` workload: cadence's GPT-2-style model, a hand-written nanoGPT-style loop against
 the Task `Trainer` (through `run_experiment`, as ``cadence train`` runs it), doing the same work.
 
-Both loops train the same model on the same data (the standard library's bytes, the same
-``DistributedSampler`` order), with AdamW, gradient clipping at 1, a warmup-cosine learning-rate
-schedule, the training loss, the gradient norm and the next-byte accuracy accumulated on the
-device every step and read on the host once per loop of ``steps_per_loop`` steps (the loop's
-log line). The Trainer adds what it always does: TensorBoard and JSONL summaries per loop, the
-run directory, its lock and ``params.yaml``; checkpoints and evaluation are off (neither loop
-does them).
+Both loops train the same model on the same data (the standard library's bytes as the
+experiment's token shards, in the same order: the raw loop reads them as nanoGPT reads its
+``train.bin``, through the same `TokenLoader`, as it would through any data library), with
+AdamW, gradient clipping at 1, a warmup-cosine learning-rate schedule, the training loss, the
+gradient norm and the next-byte accuracy accumulated on the device every step and read on the
+host once per loop of ``steps_per_loop`` steps (the loop's log line). The Trainer adds what it
+always does: TensorBoard and JSONL summaries per loop, the run directory, its lock and
+``params.yaml``; checkpoints and evaluation are off (neither loop does them).
 
 Variants: ``raw`` or ``trainer``; fp32 or bf16 autocast; eager or compiled (the raw loop
 compiles the same region the Trainer's ``trainer.compile_step`` compiles: forward, loss and
@@ -160,19 +161,17 @@ def raw_loop(config: Any, steps: int, per_loop: int, args: argparse.Namespace,
 
     import torch
     from torch.nn import functional as F
-    from torch.utils.data import DataLoader, DistributedSampler
 
-    from cadence.task.experiments.char_lm import ByteWindows, stdlib_text
-    from cadence.task.experiments.gpt import GPT
+    from cadence.data.token_loader import TokenLoader
+    from cadence.data.token_shards import TokenShards
+    from cadence.task.experiments.gpt import GPT, stdlib_token_folders
 
     task, optimization = config.task, config.trainer.optimizer_config
     device = torch.device(args.device)
-    text = torch.frombuffer(bytearray(stdlib_text(task.max_bytes)), dtype=torch.uint8)
-    train = ByteWindows(text[: int(len(text) * (1 - task.validation_fraction))],
-                        task.sequence_length)
-    sampler = DistributedSampler(train, 1, 0, shuffle=True, seed=0)
-    loader = DataLoader(train, batch_size=task.train_data.global_batch_size, sampler=sampler,
-                        drop_last=True, pin_memory=device.type == "cuda")
+    folders = stdlib_token_folders(task.max_bytes, task.validation_fraction)
+    loader = TokenLoader([TokenShards.open(str(folders["train"]), task.sequence_length)],
+                         task.train_data.global_batch_size, seed=0,
+                         pin_memory=device.type == "cuda")
     model = GPT(task.model).to(device)
     opt = optimization.optimizer
     optimizer = torch.optim.AdamW(model.parameters(), lr=opt.learning_rate,
@@ -199,15 +198,8 @@ def raw_loop(config: Any, steps: int, per_loop: int, args: argparse.Namespace,
         return loss
 
     step_fn = torch.compile(forward) if args.compile else forward
-    epoch, batches = 0, iter(loader)
     for step in range(steps):
-        try:
-            x, y = next(batches)
-        except StopIteration:
-            epoch += 1
-            sampler.set_epoch(epoch)
-            batches = iter(loader)
-            x, y = next(batches)
+        x, y = loader.next_batch()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast:
             loss = step_fn(x, y)

@@ -22,6 +22,7 @@ _EXPORTS = {
     "Action": "cadence.core.controller",
     "BestCheckpointExporter": "cadence.engine.exporter",
     "build_dataloader": "cadence.data.sharding",
+    "build_token_inputs": "cadence.data.token_loader",
     "Callback": "cadence.core.callbacks",
     "CheckpointError": "cadence.core.errors",
     "CheckpointIncompatibleError": "cadence.core.errors",
@@ -34,6 +35,7 @@ _EXPORTS = {
     "DataFlow": "cadence.data.dataflow",
     "DataIterator": "cadence.data.iterator",
     "DivergenceError": "cadence.core.errors",
+    "document_causal_mask": "cadence.data.packing",
     "EMAConfig": "cadence.task.config",
     "EventKeys": "cadence.tfsnippet.events",
     "EventSource": "cadence.tfsnippet.events",
@@ -59,6 +61,7 @@ _EXPORTS = {
     "ParallelOptions": "cadence.engine.parallelize",
     "ParallelismConfig": "cadence.task.config",
     "Preempted": "cadence.core.errors",
+    "prepare_data": "cadence.data.prepare",
     "prepare_model": "cadence.engine.parallelize",
     "ProgressBar": "cadence.callbacks.progress",
     "register_experiment": "cadence.task.registry",
@@ -79,14 +82,18 @@ _EXPORTS = {
     "StateFileIO": "cadence.engine.checkpoint",
     "StepDiscarded": "cadence.core.errors",
     "StopTraining": "cadence.core.errors",
+    "StreamLoader": "cadence.data.streaming",
     "Sum": "cadence.engine.metrics",
     "SummaryManager": "cadence.core.summary",
     "Task": "cadence.task.task",
     "TaskConfig": "cadence.task.config",
+    "TokenDataConfig": "cadence.task.config",
+    "TokenLoader": "cadence.data.token_loader",
+    "TokenShards": "cadence.data.token_shards",
     "TrainConfig": "cadence.tensorpack",
     "Trainer": "cadence.task.trainer",
-    "TrainerView": "cadence.core.trainer_view",
     "TrainerConfig": "cadence.task.config",
+    "TrainerView": "cadence.core.trainer_view",
     "TrainLoop": "cadence.tfsnippet.train_loop",
 }
 _SUBMODULES = {"summary": "cadence.core.summary", "core": "cadence.core",
@@ -121,8 +128,14 @@ if TYPE_CHECKING:  # `name as name`: re-exported, for type checkers
     from cadence.data.dataflow import DataFlow as DataFlow
     from cadence.data.flows import SlidingWindow as SlidingWindow
     from cadence.data.iterator import DataIterator as DataIterator
+    from cadence.data.packing import document_causal_mask as document_causal_mask
+    from cadence.data.prepare import prepare_data as prepare_data
     from cadence.data.sharding import InputContext as InputContext
     from cadence.data.sharding import build_dataloader as build_dataloader
+    from cadence.data.streaming import StreamLoader as StreamLoader
+    from cadence.data.token_loader import TokenLoader as TokenLoader
+    from cadence.data.token_loader import build_token_inputs as build_token_inputs
+    from cadence.data.token_shards import TokenShards as TokenShards
     from cadence.engine import debug as debug
     from cadence.engine.checkpoint import CheckpointIO as CheckpointIO
     from cadence.engine.checkpoint import CheckpointManager as CheckpointManager
@@ -157,6 +170,7 @@ if TYPE_CHECKING:  # `name as name`: re-exported, for type checkers
     from cadence.task.config import ParallelismConfig as ParallelismConfig
     from cadence.task.config import RuntimeConfig as RuntimeConfig
     from cadence.task.config import TaskConfig as TaskConfig
+    from cadence.task.config import TokenDataConfig as TokenDataConfig
     from cadence.task.config import TrainerConfig as TrainerConfig
     from cadence.task.config_files import load_config as load_config
     from cadence.task.config_files import save_config as save_config

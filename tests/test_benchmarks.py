@@ -36,6 +36,10 @@ def test_the_benchmark_suite_runs_every_variant_and_writes_its_report(tmp_path):
                     "trainer bf16 eager"):
         assert f"| {variant} |" in gpt and f"| {variant} | failed" not in gpt
     assert "the Trainer's extra: " in gpt
+    loader = text[text.index("## 8. Token loader"):]  # workload 8: the token loader alone
+    for variant in ("windows", "packed", "mixture", "mixture packed"):
+        assert f"| {variant} | " in loader
+    assert "the timeline's input wait is" in loader
 
 
 @pytest.mark.slow

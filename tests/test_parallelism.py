@@ -11,7 +11,6 @@ digits at tp=2 and dp_shard=2 x tp=2 over 20 steps); the tolerance is 1e-5.
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from test_real_models import (
     run,
     torchrun_command,
 )
+from test_replica_groups import kill_tree
 
 GPT = [*SMALL["gpt"], *DATA, "runtime.device=cpu",
        "trainer.optimizer_config.learning_rate.warmup_steps=0"]
@@ -126,8 +126,7 @@ def test_a_sigkill_then_the_same_command_at_tp2_ends_bitwise_as_an_uninterrupted
     while not (run_dir / "checkpoints" / "ckpt-2" / "manifest.json").exists():
         assert process.poll() is None and time.monotonic() < deadline, "no checkpoint at step 2"
         time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)  # the launcher and both ranks, at once
-    process.wait(timeout=60)
+    kill_tree(process)  # the launcher and both ranks (torchrun starts each in a session of its own)
     job(2, "gpt", run_dir, 30, tmp_path / "again", settings)
     resumed = torch.load(tmp_path / "again-begin.pt", weights_only=True)
     assert 2 <= resumed["step"] < 30  # the newest checkpoint committed before the kill

@@ -27,9 +27,11 @@ logger = logging.getLogger("cadence")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
-def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -> int:
+def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o644,
+                 where: str = "run directory") -> int:
     """``os.open(path, flags)`` without following a symbolic link at `path`, refusing anything
-    but a regular file there; returns the descriptor.
+    but a regular file there; returns the descriptor. `where` names the kind of folder in the
+    messages (a ``run directory``, a ``data folder``).
 
     Raises:
         ConfigError: if `path` is a symbolic link, or exists and is not a regular file (a
@@ -37,15 +39,15 @@ def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o644) ->
     """
     path = Path(path)
     link = ConfigError(
-        f"{str(path)!r} is a symbolic link: cadence does not write through links in a run "
-        "directory (one could point anywhere). Remove the link, or use another run directory.")
+        f"{str(path)!r} is a symbolic link: cadence does not follow links in a {where} (one "
+        f"could point anywhere). Remove the link, or use another {where}.")
     if path.is_symlink():  # also where the system has no O_NOFOLLOW
         raise link
     try:
         fd = os.open(path, flags | _NOFOLLOW, mode)
     except IsADirectoryError:
         raise ConfigError(f"{str(path)!r} is a directory where cadence keeps a file: move it "
-                          "away, or use another run directory.") from None
+                          f"away, or use another {where}.") from None
     except OSError:
         if path.is_symlink():  # made between the check and the open
             raise link from None
@@ -53,7 +55,7 @@ def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o644) ->
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise ConfigError(f"{str(path)!r} is not a regular file: move it away, or use another "
-                          "run directory.")
+                          f"{where}.")
     return fd
 
 

@@ -64,6 +64,30 @@ class ShardSampler(Sampler[int]):
         return len(range(self.rank, self.length, self.num_replicas))
 
 
+def data_key(params: Any) -> str:
+    """The config key of a `DataConfig`, for messages: ``task.train_data`` or
+    ``task.validation_data``."""
+    return "task.train_data" if params.is_training else "task.validation_data"
+
+
+def per_replica_batch_size(params: Any, context: InputContext) -> int:
+    """This process's share of ``params.global_batch_size``.
+
+    Raises:
+        ConfigError: if the global batch size is not divisible by the processes of the job
+            (said in the config's keys, with a value that divides).
+    """
+    try:
+        return context.get_per_replica_batch_size(params.global_batch_size)
+    except ValueError:
+        world, key = context.num_replicas_in_sync, data_key(params)
+        raise ConfigError(
+            f"{key}.global_batch_size (got {params.global_batch_size}) is not divisible by the "
+            f"{world} processes of this job: set it to a multiple of {world}, e.g. "
+            f"{key}.global_batch_size={max(world, params.global_batch_size // world * world)}."
+        ) from None
+
+
 def build_dataloader(dataset: Dataset[Any], params: Any,
                      input_context: InputContext | None = None,
                      seed: int = 0) -> DataLoader[Any]:
@@ -101,16 +125,8 @@ def build_dataloader(dataset: Dataset[Any], params: Any,
     elif context.num_input_pipelines > 1:
         sampler = ShardSampler(len(dataset),  # type: ignore[arg-type]
                                context.num_input_pipelines, context.input_pipeline_id)
-    key = "task.train_data" if training else "task.validation_data"
-    try:
-        batch_size = context.get_per_replica_batch_size(params.global_batch_size)
-    except ValueError:  # said in the config's keys, with a value that divides
-        world = context.num_replicas_in_sync
-        raise ConfigError(
-            f"{key}.global_batch_size (got {params.global_batch_size}) is not divisible by the "
-            f"{world} processes of this job: set it to a multiple of {world}, e.g. "
-            f"{key}.global_batch_size={max(world, params.global_batch_size // world * world)}."
-        ) from None
+    key = data_key(params)
+    batch_size = per_replica_batch_size(params, context)
     length = len(sampler) if sampler is not None else len(dataset)  # type: ignore[arg-type]
     if params.drop_remainder and length < batch_size:
         if len(dataset) == 0:  # type: ignore[arg-type]

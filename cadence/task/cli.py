@@ -20,6 +20,9 @@
     cadence goodput runs/mine [--json]     its goodput and badput by cause, every attempt
     cadence plot runs/a runs/b             PNG curves of the runs' scalars, resumes and best
                                            exports marked (needs matplotlib: cadence[plot])
+    cadence prepare-data docs/*.txt --out data/train --tokenizer tokenizer.json
+                                           text files tokenized into token shards (a manifest,
+                                           written last: a folder is whole or absent)
 
 On a terminal a progress bar shows the step, ETA, steps/sec and the latest metrics; otherwise
 (CI, a log file) one plain line per loop. Ctrl-C (or SIGTERM) saves a checkpoint and exits with
@@ -111,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_train_command, _add_eval_command, _add_experiments_command,
                 _add_config_command, _add_plot_command, _add_inspect_command,
-                _add_export_command, _add_goodput_command):
+                _add_export_command, _add_goodput_command, _add_prepare_data_command):
         add(commands)
     return parser
 
@@ -228,6 +231,44 @@ def _add_export_command(commands: Any) -> None:
                         help="the module of the run's task, where its params.yaml cannot name "
                         "it (a task defined in a script): MODULE:NAME or path/to/file.py:NAME, "
                         "NAME an experiment or a function returning the run's ExperimentConfig")
+
+
+def _add_prepare_data_command(commands: Any) -> None:
+    """The ``cadence prepare-data`` subcommand and its arguments."""
+    prepare = commands.add_parser(
+        "prepare-data", help="tokenize text files into a folder of token shards",
+        description="Each input file becomes one token file (a text file one document, a .jsonl "
+        "file one document per line). The folder's manifest is written last and the folder "
+        "renamed into place, so a preparation that dies leaves nothing read as prepared. Train "
+        "from it with --set task.train_data.input_path=DIR.")
+    prepare.add_argument("inputs", nargs="+", metavar="INPUT",
+                         help="text or .jsonl files, or globs of them")
+    prepare.add_argument("--out", "-o", type=Path, required=True, metavar="DIR",
+                         help="the folder to write (it must not exist)")
+    prepare.add_argument("--tokenizer", "-t", default="bytes", metavar="PATH",
+                         help="a tokenizer.json, a transformers tokenizer folder, or bytes "
+                         "(default: bytes); read locally, nothing downloaded")
+    prepare.add_argument("--workers", "-j", type=int, default=os.cpu_count() or 1,
+                         metavar="N", help="files tokenized at once (default: the CPU count)")
+    prepare.add_argument("--text-key", default="text", metavar="KEY",
+                         help="the field of a .jsonl line that holds its text (default: text)")
+
+
+def _prepare_data(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from cadence.data.prepare import input_files, prepare_data
+
+    total = len(input_files(args.inputs))
+    with tqdm(total=total, unit="file", desc="prepare-data", disable=not sys.stderr.isatty()
+              ) as bar:
+        prepared = prepare_data(args.inputs, args.out, args.tokenizer, args.workers,
+                                args.text_key, progress=lambda name: bar.update(1))
+    print(f"Prepared {prepared.num_tokens} tokens in {prepared.num_documents} documents from "
+          f"{total} files into {prepared.folder} ({prepared.dtype}, vocabulary "
+          f"{prepared.tokenizer['vocab_size']}). Train from it with --set "
+          f"task.train_data.input_path={prepared.folder}")
+    return 0
 
 
 def _add_goodput_command(commands: Any) -> None:
@@ -626,7 +667,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_command(args: argparse.Namespace) -> int:
     command = {"train": _train, "eval": _eval, "experiments": _experiments,
                "config": _config, "plot": _plot, "inspect": _inspect,
-               "goodput": _goodput, "export": _export}[args.command]
+               "goodput": _goodput, "export": _export,
+               "prepare-data": _prepare_data}[args.command]
     try:
         if args.command in ("train", "eval"):  # under srun, every rank knows its place at once
             adopt_launch_environment()

@@ -176,6 +176,27 @@ class DataConfig(Config):
 
 
 @dataclass
+class TokenDataConfig(DataConfig):
+    """An input pipeline of token files (`cadence.data.token_loader.build_token_inputs`).
+
+    Attributes:
+        input_path: TF Model Garden's key: a token file (nanoGPT's ``train.bin``: ``uint16``
+            unless a ``manifest.json`` beside it says otherwise), a glob of them, a folder
+            prepared by ``cadence prepare-data``, or several of these separated by commas. ""
+            : the task's own data.
+        input_weights: a mixture: one weight per comma-separated entry of `input_path`, each
+            entry's share of the training samples. Empty: the entries are one source.
+        packing: keep the documents of a sequence apart: position ids restart, no loss across
+            a boundary, attention inside each document (needs a document index: prepared
+            shards).
+    """
+
+    input_path: str = ""
+    input_weights: list[float] = field(default_factory=list)
+    packing: bool = False
+
+
+@dataclass
 class OptimizerConfig(Config):
     """A `torch.optim` optimizer.
 

@@ -96,8 +96,9 @@ def text_problems(config: Any) -> Iterable[str]:
             yield problem
 
 
-def stdlib_text(max_bytes: int) -> bytes:
-    """The first `max_bytes` bytes of the standard library's ``.py`` files, in path order."""
+def stdlib_files(max_bytes: int) -> list[bytes]:
+    """The standard library's ``.py`` files in path order, as many as make `max_bytes` bytes
+    (the last one cut there): each file one document."""
     root = Path(sysconfig.get_paths()["stdlib"])
     chunks: list[bytes] = []
     total = 0
@@ -110,15 +111,19 @@ def stdlib_text(max_bytes: int) -> bytes:
             data = path.read_bytes()
         except OSError:
             continue
-        chunks.append(data)
-        total += len(data)
+        chunks.append(data[:max_bytes - total])
+        total += len(chunks[-1])
         if total >= max_bytes:
             break
-    text = b"".join(chunks)[:max_bytes]
-    if len(text) < 10_000:
-        raise RuntimeError(f"Found only {len(text)} bytes of Python source under {root}; the "
+    if total < 10_000:
+        raise RuntimeError(f"Found only {total} bytes of Python source under {root}; the "
                            "char_lm experiment needs the standard library's .py files.")
-    return text
+    return [chunk for chunk in chunks if chunk]
+
+
+def stdlib_text(max_bytes: int) -> bytes:
+    """The first `max_bytes` bytes of the standard library's ``.py`` files, in path order."""
+    return b"".join(stdlib_files(max_bytes))
 
 
 class ByteWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -200,8 +205,9 @@ def language_model_config(task: TaskConfig, batch_size: int, trainer: TrainerCon
                           runtime: RuntimeConfig) -> ExperimentConfig:
     """An experiment of a language-model task: `task` with the same global batch size for
     training and validation."""
-    task.train_data = DataConfig(global_batch_size=batch_size, is_training=True)
-    task.validation_data = DataConfig(global_batch_size=batch_size, is_training=False)
+    task.train_data = type(task.train_data)(global_batch_size=batch_size, is_training=True)
+    task.validation_data = type(task.validation_data)(global_batch_size=batch_size,
+                                                      is_training=False)
     return ExperimentConfig(task=task, trainer=trainer, runtime=runtime)
 
 

@@ -9,9 +9,16 @@ nanoGPT fuses them, so that tensor parallelism splits them by heads: `GPT.tensor
 what `cadence.parallelize_model` finds: each is a unit of FSDP2, activation checkpointing and
 per-block compile, and the tied embedding and head stay together in the root's group.
 
-Tokens are bytes, as in ``char_lm`` (no tokenizer, nothing downloaded). ``vocab_size`` may be
-larger than 256 -- ``gpt2_small`` uses GPT-2's padded 50,304 -- so that the model has GPT-2
-small's shape and cost (124M parameters); ids above 255 never occur.
+The data are token shards (`cadence.data.token_shards`): by default the standard library's
+source as bytes (no tokenizer, nothing downloaded), each file a document, prepared on first use
+into a cache folder (``$CADENCE_CACHE_DIR``, else ``$XDG_CACHE_HOME/cadence``, else
+``~/.cache/cadence``) and read from there; or a user's own through
+``task.train_data.input_path`` and ``task.validation_data.input_path`` (nanoGPT's ``train.bin``
+and ``val.bin``, prepared folders, globs, a mixture with ``input_weights``). Training reads a
+`TokenLoader` (exact resume at any number of data shards). With ``packing`` the model is given
+position ids, and its attention stays inside each document (`document_causal_mask`).
+``vocab_size`` may be larger than the tokens need -- ``gpt2_small`` uses GPT-2's padded 50,304
+-- so that the model has GPT-2 small's shape and cost (124M parameters).
 
 * ``gpt``: a small model for a CPU (4 layers, 128 wide; tests shrink it with ``--set``).
 * ``gpt2_small``: GPT-2 small (12 layers, 768 wide, 12 heads, 1,024 tokens of context), bf16,
@@ -20,30 +27,48 @@ small's shape and cost (124M parameters); ids above 255 never occur.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+import sys
+import sysconfig
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from cadence.core.errors import ConfigError
+from cadence.data.packing import document_causal_mask
+from cadence.data.sharding import InputContext
+from cadence.data.token_format import (
+    VERSION,
+    begin_token_folder,
+    finish_token_folder,
+    write_shard,
+)
+from cadence.data.token_loader import build_token_inputs
 from cadence.task.config import (
     Config,
+    DataConfig,
     ExperimentConfig,
     LearningRateConfig,
     OptimizationConfig,
     OptimizerConfig,
     RuntimeConfig,
     TaskConfig,
+    TokenDataConfig,
     TrainerConfig,
 )
 from cadence.task.experiments.char_lm import (
     CharLMTask,
     language_model_config,
     shape_problems,
+    stdlib_files,
     text_problems,
 )
 from cadence.task.registry import register_experiment, register_task
@@ -87,13 +112,16 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Causal attention; with `attn_mask` (packed documents, `document_causal_mask`) where
+        it allows."""
         batch, length, _ = x.shape
         # -1 heads: under tensor parallelism a rank holds n_head / tp of them
         q, k, v = (projection(x).view(batch, length, -1, self.head_dim).transpose(1, 2)
                    for projection in (self.q_proj, self.k_proj, self.v_proj))
         y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0,
+            is_causal=attn_mask is None)
         y = y.transpose(1, 2).contiguous().view(batch, length, -1)
         out: torch.Tensor = self.resid_dropout(self.c_proj(y))
         return out
@@ -124,8 +152,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), attn_mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -156,12 +184,18 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        length = tokens.shape[1]
-        positions = torch.arange(length, device=tokens.device)
-        x = self.drop(self.wte(tokens) + self.wpe(positions))
+    def forward(self, input_ids: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The logits of every position. With `position_ids` (packed documents: they restart
+        at 0 where a document starts) each token attends only inside its own document."""
+        mask = None
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)
+        else:
+            mask = document_causal_mask(position_ids)
+        x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
         for block in self.blocks:
-            x = block(x)
+            x = block(x, mask)
         logits: torch.Tensor = self.lm_head(self.ln_f(x))
         return logits
 
@@ -213,10 +247,23 @@ class GPTTaskConfig(TaskConfig):
     sequence_length: int = 128
     max_bytes: int = 2_000_000
     validation_fraction: float = 0.1
+    train_data: TokenDataConfig = field(
+        default_factory=lambda: TokenDataConfig(is_training=True))
+    validation_data: TokenDataConfig = field(
+        default_factory=lambda: TokenDataConfig(is_training=False, drop_remainder=False))
 
     def problems(self) -> Iterable[str]:
         yield from super().problems()
         yield from text_problems(self)
+        train, validation = self.train_data, self.validation_data
+        count = len([part for part in train.input_path.split(",") if part.strip()])
+        if train.input_weights and len(train.input_weights) != count:
+            yield (f"task.train_data.input_weights (got {list(train.input_weights)}) must give "
+                   f"one weight per comma-separated entry of task.train_data.input_path "
+                   f"({count})")
+        if validation.input_weights:
+            yield ("task.validation_data.input_weights must be empty: evaluation reads every "
+                   "entry of its input_path in order")
 
 
 @register_task(GPTTaskConfig)
@@ -252,6 +299,75 @@ class GPTTask(CharLMTask):
         if not isinstance(model, GPT):
             return None
         return model.flops_per_token(self.task_config.sequence_length)
+
+    def build_inputs(self, params: DataConfig,
+                     input_context: InputContext | None = None) -> Any:
+        """Token shards: ``params.input_path``, else the standard library's bytes (prepared
+        into the cache on first use, `stdlib_token_folders`). Training: a `TokenLoader`;
+        evaluation: a DataLoader over the windows in order.
+
+        Raises:
+            ConfigError: for token files that cannot be read, tokens outside the model's
+                vocabulary, or validation data of the standard library for a model trained on
+                the user's tokens (``task.validation_data.input_path`` empty).
+        """
+        config = self.task_config
+        if not params.is_training and not getattr(params, "input_path", "") and (
+                config.train_data.input_path):
+            raise ConfigError(
+                "task.validation_data.input_path is empty while task.train_data.input_path is "
+                f"set ({config.train_data.input_path!r}): name the validation tokens of the same "
+                "tokenizer (e.g. val.bin), or run with --mode train.")
+        if not getattr(params, "input_path", ""):  # a plain DataConfig given by hand too
+            folders = stdlib_token_folders(config.max_bytes, config.validation_fraction)
+            split = params.split or ("train" if params.is_training else "validation")
+            values = {item.name: getattr(params, item.name) for item in fields(params)}
+            params = TokenDataConfig(**{**values, "input_path": str(folders[split])})
+        return build_token_inputs(params, input_context, sequence_length=config.sequence_length,
+                                  vocab_size=config.model.vocab_size)
+
+
+def cache_dir() -> Path:
+    """Where cadence keeps data it prepares itself: ``$CADENCE_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/cadence``, else ``~/.cache/cadence``."""
+    if os.environ.get("CADENCE_CACHE_DIR"):
+        return Path(os.environ["CADENCE_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
+    return Path(base) / "cadence"
+
+
+def stdlib_token_folders(max_bytes: int, validation_fraction: float) -> dict[str, Path]:
+    """The standard library's first `max_bytes` bytes as prepared token shards, byte tokens,
+    each file a document: the last `validation_fraction` of the bytes in ``validation``, the
+    rest in ``train``. Prepared on first use into the cache (each folder whole or not at all:
+    processes that prepare it at once keep the first one finished) and read from there after."""
+    key = hashlib.sha256(repr((VERSION, sys.version, sysconfig.get_paths()["stdlib"],
+                               max_bytes, validation_fraction)).encode()).hexdigest()[:16]
+    root = cache_dir() / f"gpt-stdlib-bytes-{key}"
+    folders = {split: root / split for split in ("train", "validation")}
+    if all(folder.is_dir() for folder in folders.values()):
+        return folders
+    files = stdlib_files(max_bytes)
+    text = np.frombuffer(b"".join(files), dtype=np.uint8).astype(np.uint16)
+    starts = np.cumsum([0] + [len(file) for file in files[:-1]], dtype=np.int64)
+    cut = int(len(text) * (1.0 - validation_fraction))
+    parts = {"train": (text[:cut], starts[starts < cut]),
+             "validation": (text[cut:], np.unique(np.concatenate([[0], starts[starts >= cut]
+                                                                  - cut])))}
+    for split, folder in folders.items():
+        if folder.is_dir():
+            continue
+        tokens, documents = parts[split]
+        try:
+            partial = begin_token_folder(folder)
+        except ConfigError:
+            if folder.is_dir():
+                continue  # another process prepared it meanwhile
+            raise
+        entry = write_shard(partial, split, tokens, documents)
+        finish_token_folder(partial, folder, [entry], "uint16",
+                            {"kind": "bytes", "vocab_size": 256})
+    return folders
 
 
 def _gpt_config(model: GPTModelConfig, sequence_length: int, max_bytes: int, batch_size: int,
