@@ -415,9 +415,10 @@ COMMAND_LINE = [
     ("both compile options", nothing, ["train", *FAST, "--set", "trainer.compile_step=true",
                                        "--set", "trainer.compile_blocks=true"],
      r"set one of them, not both"),
-    ("an EMA under FSDP2", nothing, ["train", *FAST, "--set", "trainer.ema.enabled=true",
-                                     "--set", "runtime.strategy=fsdp2"],
-     r"trainer.ema.enabled: .*runtime.strategy=fsdp2 shards; use runtime.strategy=ddp"),
+    ("tensor parallelism over more ranks than the job has", nothing,
+     ["train", *FAST, "--set", "runtime.parallelism.tp=2"],
+     r"runtime.parallelism: pp=1 x dp_replicate=1 x dp_shard=-1 x cp=1 x tp=2 leaves no whole "
+     r"dp_shard for 1 process: .* = 2 must divide the world size"),
     ("an uncatchable Slurm stop signal", nothing, ["train", *FAST, "--set",
                                                    "runtime.slurm.signal=SIGKILL"],
      r"runtime.slurm.signal: The Slurm stop signal \(got 'SIGKILL'\) must be the name of a "

@@ -41,7 +41,12 @@ from cadence.core.hook_checks import describe
 from cadence.core.intervals import check_int, is_int
 from cadence.core.logs import flatten, is_scalar
 from cadence.core.rank import process_rank
-from cadence.engine.sharded import read_sharded, sharded_names, sharded_reader
+from cadence.engine.sharded import (
+    load_full_model_state,
+    read_sharded,
+    sharded_names,
+    sharded_reader,
+)
 
 logger = logging.getLogger("cadence")
 
@@ -560,4 +565,4 @@ def load_weights(model: nn.Module, path: str | os.PathLike[str], strict: bool = 
             + "\nUse weights from the same model definition, or pass strict=False to load the "
             "matching part."
         )
-    model.load_state_dict(weights, strict=strict)
+    load_full_model_state(model, weights, strict)  # each rank its shards, where sharded

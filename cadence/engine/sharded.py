@@ -215,6 +215,20 @@ def full_model_state(module: nn.Module) -> dict[str, torch.Tensor]:
     return {name: value for name, value in state.items() if isinstance(value, torch.Tensor)}
 
 
+def load_full_model_state(module: nn.Module, state: dict[str, torch.Tensor],
+                          strict: bool = True) -> None:
+    """Loads whole tensors into `module`: each rank takes its shards of them where the module
+    is sharded (a collective: every rank must call it, with the same `state`); its own
+    ``load_state_dict`` otherwise."""
+    if not is_sharded_module(module):
+        module.load_state_dict(state, strict=strict)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True,
+                                                                  strict=strict))
+
+
 def read_sharded(reader: Any, name: str) -> dict[str, torch.Tensor]:
     """The full tensors of part `name` of the shards `reader` reads (`sharded_reader`), read in
     this process alone (to load the weights of a sharded run into a plain model)."""

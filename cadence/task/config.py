@@ -263,7 +263,9 @@ class OptimizationConfig(Config):
 
 @dataclass
 class EMAConfig(Config):
-    """Exponential moving average of the weights, used for evaluation and exports.
+    """Exponential moving average of the weights, used for evaluation and exports. For a
+    sharded model (FSDP2, tensor parallelism) the average is sharded as the model is: each rank
+    averages its own shards; an evaluation gathers them.
 
     Attributes:
         enabled: keep the average.

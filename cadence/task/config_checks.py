@@ -254,8 +254,6 @@ def choice_problems(config: Any) -> Iterable[str]:
         if top in _RUN_FILES:
             yield (f"trainer.{key}: {top!r} is where the run keeps its own files; pass another "
                    f"name, e.g. {'eval' if key.startswith('validation') else 'best'}.")
-    if trainer.ema.enabled and config.runtime.strategy == "fsdp2":
-        yield EMA_WITH_FSDP2
     yield from parallelism_problems(config.runtime.parallelism)
     if config.runtime.slurm.signal is not None:
         try:
@@ -293,10 +291,6 @@ def replica_id_problem(replica_id: int, replica_groups: int) -> str | None:
             f"runtime.fault_tolerance.replica_groups (got {replica_groups}): groups count "
             "from 0.")
 
-
-EMA_WITH_FSDP2 = ("trainer.ema.enabled: the average is a full copy of the weights, which "
-                  "runtime.strategy=fsdp2 shards; use runtime.strategy=ddp, or turn the EMA off.")
-"""Why an EMA and FSDP2 exclude each other (the config's check, and a `Trainer`'s own)."""
 
 _RUN_FILES = ("checkpoints", "train", PARAMS_FILE, LOCK_FILE, RESUMES_FILE)
 """What a run directory holds that a configured subdirectory must not be (`RunDirectory`)."""

@@ -106,27 +106,42 @@ class ExponentialMovingAverage:
     (a device sync on a GPU); this keeps the step count on the host and updates all tensors with
     one fused ``lerp``.
 
+    A sharded model (FSDP2, tensor parallelism: parameters that are DTensors) is averaged
+    shard by shard: `average` is then a copy of the model spread over the ranks as the model
+    is, and each rank averages its own shards -- no gather, no communication.
+
     Args:
-        model: the model to average; the average is a deep copy in eval mode.
+        model: the model to average.
         decay: the decay per step.
         dynamic_decay: use ``min(decay, (1 + t) / (10 + t))`` at averaging step ``t``.
         start_step: until this step the average copies the weights.
+        average: the module that holds the average, shaped (and sharded) as `model`; default a
+            deep copy of `model`. It is put in eval mode, without gradients.
     """
 
     def __init__(self, model: nn.Module, decay: float = 0.999, dynamic_decay: bool = True,
-                 start_step: int = 0) -> None:
+                 start_step: int = 0, average: nn.Module | None = None) -> None:
         self.decay = decay
         self.dynamic_decay = dynamic_decay
         self.start_step = start_step
         self.model = model
-        self.average = copy.deepcopy(model).eval().requires_grad_(False)
+        chosen = average if average is not None else copy.deepcopy(model)
+        self.average = chosen.eval().requires_grad_(False)
         self._pairs = [
             (avg, live) for avg, live in zip(self._tensors(self.average), self._tensors(model))
         ]
 
+    @property
+    def sharded(self) -> bool:
+        """Whether the average is spread over the ranks (its parameters are DTensors)."""
+        return any(hasattr(p, "to_local") for p in self.average.parameters())
+
     @staticmethod
     def _tensors(model: nn.Module) -> list[torch.Tensor]:
-        tensors = [p.data for p in model.parameters()]
+        """The averaged tensors: each parameter's (this rank's shard of a DTensor) and the
+        floating-point buffers."""
+        tensors = [p.to_local() if hasattr(p, "to_local") else p.data
+                   for p in model.parameters()]
         tensors += [b for b in model.buffers() if b.is_floating_point()]
         return tensors
 

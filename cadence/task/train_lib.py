@@ -427,7 +427,7 @@ class _RunParts:
         if not trains:  # an evaluation reads the weights (and the step) of training's
             state = {"model": trainer.model, "progress": trainer.progress}
             if trainer.ema is not None:
-                state["ema"] = trainer.ema
+                state["ema"] = trainer.ema_state
         manager = CheckpointManager(
             state, run.checkpoints, max_to_keep=trainer_config.max_to_keep,
             checkpoint_interval=trainer_config.checkpoint_interval, init_fn=trainer.initialize,

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cadence.core.errors import ConfigError, StepDiscarded
+from cadence.core.errors import StepDiscarded
 from cadence.core.hook_checks import check_first_call
 from cadence.core.protocols import is_stateful
 from cadence.data.device import on_device, to_device
@@ -64,7 +64,7 @@ from cadence.engine.standard_runner import (
 from cadence.engine.step_executor import StepExecutor
 from cadence.engine.throughput import Throughput
 from cadence.task import build_checks, step_checks
-from cadence.task.config_checks import DTYPES, EMA_WITH_FSDP2
+from cadence.task.config_checks import DTYPES
 from cadence.task.optimization import ExponentialMovingAverage, create_lr_schedule
 from cadence.task.task import Task, accepts_argument, default_train_loss
 
@@ -119,8 +119,6 @@ def _check_arguments(config: Any, optimizer: Any, train: tuple[bool, Any],
         if flag and dataset is None and getattr(config.task, key, None) is None:
             raise ValueError(f"config.task.{key} is not set and no dataset was given: set "
                              f"it, or pass the dataset to Trainer().")
-    if config.trainer.ema.enabled and config.runtime.strategy == "fsdp2":
-        raise ConfigError(EMA_WITH_FSDP2)
     if replicas is not None and optimizer is None:
         raise ValueError("Replica groups need the Trainer to update the weights (it averages "
                          "the gradients over the groups first): pass an optimizer.")
@@ -149,7 +147,6 @@ class Trainer(StandardTrainer, StandardEvaluator):
     Raises:
         ValueError: if the config lacks ``task`` or ``trainer``, or the task config lacks the
             data config for a dataset that is not given; if `validation_dataset` holds no batch.
-        ConfigError: for ``trainer.ema.enabled`` with ``runtime.strategy=fsdp2``.
         HookError: if what ``task.build_metrics`` or ``task.build_inputs`` returns cannot be
             used (`cadence.task.build_checks`); its steps are checked at their first call.
     """
@@ -215,7 +212,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
         it (checkpoints and exports hold the plain one); FSDP2 shards it in place. Either way
         gradients are averaged across processes during backward.
 
-        An EMA with FSDP2 is refused before (`_check_arguments`).
+        With an EMA and a sharded model, the average is sharded as the model is: each rank
+        averages its own shards, and an evaluation gathers the average's.
         """
         config, optimizer = self._config, self.optimizer
         ema = config.trainer.ema
@@ -223,15 +221,22 @@ class Trainer(StandardTrainer, StandardEvaluator):
         self.runtime = self.runtime.with_strategy(
             resolve_strategy(self.runtime.strategy, self.model, self.runtime))
         sharded = self.runtime.strategy == "fsdp2" or self.runtime.dims.tp > 1
-        # FSDP2 evaluates (and exports) a full copy of the weights, gathered at each evaluation.
-        # It and the EMA average are copies of the plain model, taken before it is wrapped.
+        # A sharded model evaluates (and exports) a full copy of the weights, gathered at each
+        # evaluation -- of the EMA's when there is one. It and the EMA average are copies of
+        # the plain model, taken before it is spread over the ranks.
         self._full_copy = copy.deepcopy(self.model) if sharded and evaluate else None
-        self.ema = (ExponentialMovingAverage(self.model, ema.decay, ema.dynamic_decay,
-                                             ema.start_step) if ema.enabled else None)
+        average = copy.deepcopy(self.model) if ema.enabled else None
+        options = parallel_options(config)
         self._train_model: nn.Module = prepare_model(
             self.model, self.runtime.strategy, self._device, runtime=self.runtime,
             optimizers=[optimizer] if optimizer is not None else [],
-            options=parallel_options(config), parallelize=self.task.parallelize)
+            options=options, parallelize=self.task.parallelize)
+        if average is not None and sharded:  # sharded as the model is: each rank its shards
+            prepare_model(average, self.runtime.strategy, self._device, runtime=self.runtime,
+                          options=options, parallelize=self.task.parallelize)
+        self.ema = (ExponentialMovingAverage(self.model, ema.decay, ema.dynamic_decay,
+                                             ema.start_step, average=average)
+                    if average is not None else None)
         self._eval_model: nn.Module = self.model
 
     def _build_update(self) -> None:
@@ -335,7 +340,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
         next loop starts by resetting them."""
         parts: dict[str, Any] = {"model": self.model, "optimizer": self.optimizer,
                                  "lr_scheduler": self.lr_scheduler,
-                                 "grad_scaler": self.grad_scaler, "ema": self.ema}
+                                 "grad_scaler": self.grad_scaler, "ema": self.ema_state}
         items = {name: part for name, part in parts.items() if part is not None}
         items.update({f"task.{path}": part for path, part in self.task.checkpoint_items().items()
                       if all(part is not other for other in items.values())})
@@ -343,6 +348,13 @@ class Trainer(StandardTrainer, StandardEvaluator):
         return items
 
     # ------------------------------------------------------------------ properties
+
+    @property
+    def ema_state(self) -> Any:
+        """What a checkpoint holds of the EMA (None without one): the EMA itself, or -- sharded
+        -- its average, a module of DTensors that checkpoints save and load through DCP."""
+        ema = self.ema
+        return ema.average if ema is not None and ema.sharded else ema
 
     @property
     def config(self) -> Any:
@@ -361,11 +373,12 @@ class Trainer(StandardTrainer, StandardEvaluator):
 
     @property
     def eval_model(self) -> nn.Module:
-        """The weights evaluations and exports use: the EMA average when enabled; with FSDP2, a
-        full copy of the weights (gathered from every rank when an evaluation begins)."""
-        if self.ema is not None:
-            return self.ema.average
-        return self._full_copy if self._full_copy is not None else self.model
+        """The weights evaluations and exports use: the EMA average when enabled; for a sharded
+        model (FSDP2, tensor parallelism), a full copy of them -- the model's or the average's
+        -- gathered from every rank when an evaluation begins."""
+        if self._full_copy is not None:  # sharded: a gathered copy (of the EMA's, with one)
+            return self._full_copy
+        return self.ema.average if self.ema is not None else self.model
 
     # ------------------------------------------------------------------ seed 002 utilities
 
@@ -602,7 +615,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
             metric.reset()
         self._validation_loss_seen = False
         if self._full_copy is not None:  # a collective: every rank gathers the shards
-            self._full_copy.load_state_dict(full_model_state(self.model))
+            evaluated = self.ema.average if self.ema is not None else self.model
+            self._full_copy.load_state_dict(full_model_state(evaluated))
         self._eval_model = self.eval_model
         self._eval_model.eval()
         return None
