@@ -21,11 +21,20 @@ TARGET = 40  # five passes over the data; checkpoints every 2 steps, loops of 3
 
 
 def run(directory, steps, out=None, *extra):
+    """Runs the job to `steps`; returns the step it started from (0, or the restored one)."""
     command = [sys.executable, str(JOB), "--dir", str(directory), "--steps", str(steps), *extra]
     if out is not None:
         command += ["--out", str(out)]
     env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8")  # deterministic cuBLAS (GPU runs)
-    subprocess.run(command, check=True, capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run(command, check=True, capture_output=True, text=True, timeout=120,
+                          env=env)
+    return int(done.stdout.split("START ", 1)[1].split()[0])
+
+
+def newest_checkpoint(directory):
+    """The step of the newest complete checkpoint in `directory` (a manifest committed)."""
+    return max(int(p.name.split("-")[1]) for p in Path(directory).glob("ckpt-*")
+               if (p / "manifest.json").is_file())
 
 
 def assert_bitwise_equal(a, b):
@@ -53,8 +62,10 @@ def reference(request, tmp_path_factory):
 @pytest.mark.parametrize("stop_at", [7, 17])
 def test_train_stop_and_resume_in_a_new_process(tmp_path, reference, stop_at):
     out, flags = reference
-    run(tmp_path, stop_at, None, *flags)
-    run(tmp_path, TARGET, tmp_path / "final.pt", *flags)
+    assert run(tmp_path, stop_at, None, *flags) == 0
+    # The resumed process seeds as the reference does: only the checkpoint makes it go on from
+    # `stop_at` -- a resume that trained again from step 0 would end equal too.
+    assert run(tmp_path, TARGET, tmp_path / "final.pt", *flags) == stop_at
     assert_bitwise_equal(out, tmp_path / "final.pt")
 
 
@@ -80,7 +91,9 @@ def test_sigkill_at_random_moments_then_resume(tmp_path, reference):
         assert process.stdout.readline().startswith("START")
         time.sleep(rng.uniform(0.05, 0.6))
         kill(process)
-    run(tmp_path, TARGET, tmp_path / "final.pt", *flags)
+    newest = newest_checkpoint(tmp_path)
+    assert 0 < newest < TARGET  # the kills left the run in the middle
+    assert run(tmp_path, TARGET, tmp_path / "final.pt", *flags) == newest
     assert_bitwise_equal(out, tmp_path / "final.pt")
 
 
@@ -94,7 +107,8 @@ def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path, reference):
     kill(process)
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-ckpt-")]
     assert leftovers, "the kill should have left a half-written checkpoint behind"
-    run(tmp_path, TARGET, tmp_path / "final.pt", *flags)
+    newest = newest_checkpoint(tmp_path)  # the half-written one is not among them
+    assert run(tmp_path, TARGET, tmp_path / "final.pt", *flags) == newest > 0
     assert_bitwise_equal(out, tmp_path / "final.pt")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-ckpt-")]
 

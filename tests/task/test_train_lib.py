@@ -113,7 +113,16 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path, loader):
 
     run_experiment(digits(), "train", tmp_path / "stopped", callbacks=[StopAt()])
     assert (tmp_path / "stopped" / "checkpoints" / "ckpt-30").is_dir()
-    run_experiment(digits(), "train", tmp_path / "stopped")
+
+    class FirstStep(cadence.Callback):
+        begun: list[int] = []
+
+        def on_train_begin(self, state):
+            FirstStep.begun.append(state.global_step)
+
+    # The same seed as the straight run: only the checkpoint makes it go on from step 30.
+    run_experiment(digits(), "train", tmp_path / "stopped", callbacks=[FirstStep()])
+    assert FirstStep.begun == [30]
     for key, value in read_weights(tmp_path / "straight" / "checkpoints").items():
         torch.testing.assert_close(read_weights(tmp_path / "stopped" / "checkpoints")[key], value,
                                    rtol=0, atol=0)

@@ -280,8 +280,16 @@ def test_a_resumed_run_continues_mid_epoch_and_ends_bitwise_equal(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         launch_train_with_config(regression_config(tmp_path / "b", callbacks=[saver(), Crash()]),
                                  SimpleTrainer())
+    class FirstStep(cadence.Callback):
+        begun: list[int] = []
+
+        def on_train_begin(self, state):
+            FirstStep.begun.append(state.global_step)
+
     resumed = SimpleTrainer()  # resumes from ckpt-10: epoch 2, 3 steps into it
-    launch_train_with_config(regression_config(tmp_path / "b", callbacks=[saver()]), resumed)
+    launch_train_with_config(regression_config(tmp_path / "b", callbacks=[saver(), FirstStep()]),
+                             resumed)
+    assert FirstStep.begun == [10]  # the same seed as the straight run: the checkpoint's step
     assert resumed.global_step == 21
     for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
         assert torch.equal(a, b)
