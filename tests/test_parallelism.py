@@ -104,6 +104,14 @@ def test_a_checkpoint_moves_between_layouts_with_its_weights_equal(tmp_path):
                     f"({before[0]} process{'es' if before[0] > 1 else ''}), at {name} "
                     f"({nproc})") in log, log
         saved = end
+        if name == "dp_shard=2 x tp=2":  # cadence export gathers the layout's shards, whole
+            run([sys.executable, "-m", "cadence", "export", str(run_dir), "--checkpoint",
+                 str(run_dir / "checkpoints" / "ckpt-4"), "--out", str(tmp_path / "export")],
+                cwd=tmp_path)
+            from safetensors.torch import load_file
+
+            exported = load_file(str(tmp_path / "export" / "model.safetensors"))
+            assert_same_state(end["model"], exported, "export")
     assert all(torch.isfinite(tensor).all() for tensor in saved["model"].values())
 
 
