@@ -245,11 +245,12 @@ class ArrayFlow(DataFlow):
         self.rank, self.world_size = 0, 1
 
     def shard(self, rank: int | None = None, world_size: int | None = None) -> ArrayFlow:
-        """Makes each pass this process's share of the examples (``torch.distributed``'s rank
-        and world size by default), as ``DistributedSampler`` does: the pass's order (shuffled
-        or not) is padded with its first examples to a multiple of `world_size`, and rank `r`
-        takes every `world_size`-th example from the `r`-th. Every rank has the same number of
-        batches, so the ranks' epochs end at the same step.
+        """Makes each pass this process's share of the examples (by default its data shard and
+        their number: the runtime's ``dp_rank`` and ``dp_size``, `cadence.core.rank` -- under
+        tensor parallelism several processes read one shard), as ``DistributedSampler`` does:
+        the pass's order (shuffled or not) is padded with its first examples to a multiple of
+        `world_size`, and rank `r` takes every `world_size`-th example from the `r`-th. Every
+        rank has the same number of batches, so the ranks' epochs end at the same step.
 
         The ranks must order a pass alike: give a shuffled flow the same `random_state` on
         every rank (a flow seeded from torch's global generator is alike where every rank
