@@ -225,7 +225,8 @@ def load_full_model_state(module: nn.Module, state: dict[str, torch.Tensor],
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True,
+    whole: dict[str, Any] = dict(state)  # the value type torch declares is wider than Tensor
+    set_model_state_dict(module, whole, options=StateDictOptions(full_state_dict=True,
                                                                   strict=strict))
 
 
