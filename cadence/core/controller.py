@@ -64,12 +64,12 @@ from cadence.core.protocols import (
     CheckpointManagerLike,
     ClockedTrainer,
     Evaluable,
+    RunRecordLike,
     SummaryManagerLike,
     Trainable,
 )
 from cadence.core.rank import world_size
 from cadence.core.run_checkpoints import RunCheckpoints
-from cadence.core.run_record import RunRecord
 from cadence.core.summary import DEFAULT_WRITERS, RunSummaries, WriterSpec, to_host
 
 logger = logging.getLogger("cadence")
@@ -149,8 +149,9 @@ class Controller:
             False.
         run_dir: the run's directory (a `cadence.core.run_dir.RunDirectory`), where built-in
             callbacks write by default (``RunState.run_dir``).
-        record: the run's record (`cadence.core.run_record.RunRecord`) of a process that trains
-            in a run directory: the Controller records each loop's end (its time, and how long
+        record: the run's record (a `cadence.records.run_record.RunRecord`, or anything with the
+            methods of `cadence.core.protocols.RunRecordLike`) of a process that trains in a
+            run directory: the Controller records each loop's end (its time, and how long
             it waited for input), evaluation, restore, save and signal in its timeline, and
             adds the run's ``goodput`` so far to each loop's logs.
 
@@ -182,7 +183,7 @@ class Controller:
         handle_signals: bool = True,
         log_loops: bool = True,
         run_dir: Any = None,
-        record: RunRecord | None = None,
+        record: RunRecordLike | None = None,
     ) -> None:
         self._steps_per_loop = _check_runners(trainer, evaluator, steps_per_loop)
         self.trainer = trainer

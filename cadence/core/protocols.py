@@ -132,6 +132,39 @@ class SavesInBackground(Protocol):
         must not enter a commit's collectives alone."""
 
 
+class TimelineLike(Protocol):
+    """The events the engine records in a run's timeline as it drives the run (the run record's
+    `cadence.records.timeline.Timeline`; that module's docstring is the format)."""
+
+    def restore_begin(self) -> None: ...
+
+    def restore_end(self, step: int, checkpoint: str | None) -> None: ...
+
+    def loop_end(self, step: int, steps: int, seconds: float, data_wait_s: float = 0.0,
+                 checkpoint_wait_s: float = 0.0) -> None: ...
+
+    def eval_begin(self, step: int) -> None: ...
+
+    def eval_end(self, step: int) -> None: ...
+
+    def save(self, step: int, stall_s: float) -> None: ...
+
+    def signal(self, name: str) -> None: ...
+
+
+class RunRecordLike(Protocol):
+    """What the Controller needs of the record a training process keeps of its run
+    (`cadence.records.run_record.RunRecord`): the timeline it records each loop, evaluation,
+    restore, save and signal in, and what it adds to a loop's logs (the goodput so far). The
+    record lives in its own layer (`cadence.records`) and is handed to the engine, as the
+    summary manager is."""
+
+    @property
+    def timeline(self) -> TimelineLike: ...
+
+    def loop_logs(self) -> Mapping[str, Any]: ...
+
+
 class RunDriver(Protocol):
     """What drives a run -- the `cadence.Controller`, a `cadence.tfsnippet.TrainLoop` -- as a
     callback reaches it through `RunState.controller`."""

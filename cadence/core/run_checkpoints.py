@@ -3,9 +3,9 @@
 It saves at exact multiples of the manager's ``checkpoint_interval`` (`due`), restores, knows
 which checkpoint the weights in memory came from (`weights`: what an evaluation records), counts
 restores (a callback that restores during a loop rewinds training), and waits for saves that
-finish in the background before an entry point returns. With a
-`cadence.core.run_record.RunRecord`, the run's timeline gets each restore and how long each save
-and wait kept the training thread. Nothing here imports torch.
+finish in the background before an entry point returns. With the run's record (a
+`cadence.core.protocols.RunRecordLike`), the run's timeline gets each restore and how long
+each save and wait kept the training thread. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from collections.abc import Callable
 
 from cadence.core.callbacks import CallbackList, RunState
 from cadence.core.intervals import Interval, check_interval
-from cadence.core.protocols import CheckpointManagerLike, SavesInBackground
+from cadence.core.protocols import CheckpointManagerLike, RunRecordLike, SavesInBackground
 from cadence.core.rank import world_size
-from cadence.core.run_record import RunRecord
 
 logger = logging.getLogger("cadence")
 
@@ -44,7 +43,7 @@ class RunCheckpoints:
 
     def __init__(self, manager: CheckpointManagerLike | None, global_step: Callable[[], int],
                  callbacks: CallbackList, state: RunState,
-                 record: RunRecord | None = None) -> None:
+                 record: RunRecordLike | None = None) -> None:
         self.manager = manager
         self.record = record
         self._global_step = global_step

@@ -16,7 +16,7 @@ Every front-end and built-in callback that writes into a run's directory finds i
                          the same for W&B
       resumes.jsonl      one line each time training continued from a checkpoint
       timeline/          what each attempt of the run lived through, as JSON lines
-                         (`cadence.core.timeline`); ``cadence goodput`` reads it
+                         (`cadence.records.timeline`); ``cadence goodput`` reads it
 
 The Task front-end (``run_experiment``, the ``cadence`` command) calls the root its model
 directory, the tensorpack front-end its ``logdir``. Callbacks read the run directory of the run
@@ -58,7 +58,7 @@ PARAMS_FILE = "params.yaml"
 LOCK_FILE = "train.lock"
 RESUMES_FILE = "resumes.jsonl"
 TIMELINE_DIR = "timeline"
-"""Where the run's timeline files are (`cadence.core.timeline`)."""
+"""Where the run's timeline files are (`cadence.records.timeline`)."""
 RESUME_REASONS = ("resume", "recovery")
 """Why training continued from a checkpoint: a new process resumed the run, or the loss guard
 restored the newest checkpoint after a blow-up."""
@@ -119,7 +119,7 @@ class RunDirectory:
 
     @property
     def timeline(self) -> Path:
-        """The run's timeline files (`cadence.core.timeline`)."""
+        """The run's timeline files (`cadence.records.timeline`)."""
         return self.root / TIMELINE_DIR
 
     @property

@@ -249,7 +249,7 @@ def _export(args: argparse.Namespace) -> int:
 def _goodput(args: argparse.Namespace) -> int:
     import json
 
-    from cadence.core.goodput import format_report, run_goodput
+    from cadence.records.goodput import format_report, run_goodput
 
     report = run_goodput(args.run)
     text = (json.dumps(report.to_json(), allow_nan=False) if args.json

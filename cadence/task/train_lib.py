@@ -62,7 +62,6 @@ from cadence.core.controller import Action, Controller
 from cadence.core.errors import CheckpointError, ConfigError, DivergenceError
 from cadence.core.rank import process_rank, world_size
 from cadence.core.run_dir import RunDirectory
-from cadence.core.run_record import RunRecord
 from cadence.core.summary import SummaryManager, WriterSpec, close_summaries, writer_factory
 from cadence.engine.checkpoint import CheckpointManager
 from cadence.engine.checkpoint_writer import check_shared_directory
@@ -74,6 +73,7 @@ from cadence.engine.distributed import (
 )
 from cadence.engine.exporter import BestCheckpointExporter
 from cadence.engine.fault_tolerance import ReplicaGroups, ReplicaOptions
+from cadence.records.run_record import RunRecord
 from cadence.task.build_checks import built_model
 from cadence.task.chosen_weights import chosen_weights, load_chosen
 from cadence.task.config import ExperimentConfig

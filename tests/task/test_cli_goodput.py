@@ -121,7 +121,7 @@ def test_a_damaged_timeline_is_counted_never_a_traceback(tmp_path, capsys):
 def test_goodput_is_a_command_of_the_cli_that_needs_no_torch(tmp_path):
     run = tmp_path / "run"
     write_timeline(run, killed_down_resumed_stopped_resumed())
-    code = ("import sys\n" + (ROOT / "tests/core/torch_blocker.py").read_text()
+    code = ("import sys\n" + (ROOT / "tests/torch_blocker.py").read_text()
             + "\nexec(BLOCK_TORCH)\nfrom cadence.task.cli import main\n"
             f"code = main(['goodput', {str(run)!r}])\n"
             "assert 'torch' not in sys.modules\nsys.exit(code)\n")

@@ -3,7 +3,7 @@
 Every training process appends to its run directory what it lived through -- it began, built its
 model, restored a checkpoint, ended a loop (and how long it waited in it), evaluated, saved,
 received a signal, ended -- so that ``cadence goodput`` can say afterwards where every second of
-the run went, across crashes, restarts and resizes (`cadence.core.goodput`). The `Timeline`
+the run went, across crashes, restarts and resizes (`cadence.records.goodput`). The `Timeline`
 writes it; `read_timeline` reads it back as untrusted input. Nothing here imports torch.
 
 **Files**, in ``<run>/timeline/``:
@@ -491,7 +491,7 @@ class Timeline:
                 raise ValueError(
                     f"Timeline event {event!r} (got {fields!r}) must have the fields "
                     f"{', '.join(spec) or 'none'}, each of its kind (counts >= 0, finite "
-                    "seconds >= 0): see cadence.core.timeline.")
+                    "seconds >= 0): see cadence.records.timeline.")
             if self._silent:
                 return
             handle = self._open()

@@ -1,9 +1,10 @@
-"""The run timeline (cadence.core.timeline): the writer appends whole lines, crash-safe and from
-several threads; the reader takes the directory as untrusted input and never raises for what
+"""The run timeline (cadence.records.timeline): the writer appends whole lines, crash-safe and
+from several threads; the reader takes the directory as untrusted input and never raises for what
 the files hold.
 
-These tests import nothing but cadence.core: `test_the_timeline_works_with_torch_blocked` runs
-this file again in a process where importing torch fails.
+These tests import nothing but cadence.core and cadence.records:
+`test_the_timeline_works_with_torch_blocked` runs this file again in a
+process where importing torch fails.
 """
 
 import json
@@ -17,10 +18,10 @@ from pathlib import Path
 import pytest
 from torch_blocker import BLOCK_TORCH
 
-from cadence.core import timeline as timeline_module
 from cadence.core.errors import ConfigError
 from cadence.core.run_dir import RunDirectory
-from cadence.core.timeline import (
+from cadence.records import timeline as timeline_module
+from cadence.records.timeline import (
     EVENTS,
     Event,
     Timeline,
@@ -392,7 +393,7 @@ def test_the_process_start_time_and_the_attempt_id():
     started = process_start_time()
     assert started is None or 0 < started <= time.time() + 1
     assert attempt_id() == attempt_id() and attempt_id().startswith(f"{os.getpid()}-")
-    code = "from cadence.core.timeline import attempt_id; print(attempt_id())"
+    code = "from cadence.records.timeline import attempt_id; print(attempt_id())"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True).stdout.strip()
     assert other != attempt_id()
@@ -405,7 +406,7 @@ def test_a_process_start_time_is_when_the_process_was_started_to_the_kernels_tic
     between two attempts then read short)."""
     import time
 
-    code = "from cadence.core.timeline import process_start_time; print(process_start_time())"
+    code = "from cadence.records.timeline import process_start_time; print(process_start_time())"
     before = time.time()
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     after = time.time()
@@ -418,6 +419,7 @@ def test_a_process_start_time_is_when_the_process_was_started_to_the_kernels_tic
 def test_the_timeline_works_with_torch_blocked():
     code = BLOCK_TORCH + f"""
 import pytest
+sys.path.insert(0, {str(Path(__file__).parents[1])!r})  # tests/: torch_blocker, without conftest
 code = pytest.main([{__file__!r}, '-q', '-p', 'no:cacheprovider', '--noconftest',
                     '-k', 'not torch_blocked', '-o', 'addopts='])
 print('torch' in sys.modules)

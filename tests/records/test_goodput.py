@@ -1,10 +1,11 @@
-"""Goodput from a run's timeline (cadence.core.goodput): golden timelines written by hand, one
-per way a run goes -- a clean finish, a crash and a restart, a preemption, a resize, an elastic
+"""Goodput from a run's timeline (cadence.records.goodput): golden timelines written by hand,
+one per way a run goes -- a clean finish, a crash and a restart, a preemption, a resize, an elastic
 restart, a loss-guard recovery, a straddling loop, the worked example of failures.md 3.3 -- each
 with its figures worked out by hand, and in every case the parts add up to the wall time.
 
-These tests import nothing but cadence.core: `test_goodput_works_with_torch_blocked` runs this
-file again in a process where importing torch fails.
+These tests import nothing but cadence.core and cadence.records:
+`test_goodput_works_with_torch_blocked` runs this file again in a
+process where importing torch fails.
 """
 
 import json
@@ -21,15 +22,15 @@ from hypothesis import strategies as st
 from torch_blocker import BLOCK_TORCH
 
 from cadence.core.errors import ConfigError
-from cadence.core.goodput import (
+from cadence.core.run_dir import RunDirectory
+from cadence.records.goodput import (
     BADPUT_CAUSES,
     GoodputCalculator,
     format_report,
     goodput_of,
     run_goodput,
 )
-from cadence.core.run_dir import RunDirectory
-from cadence.core.timeline import Event, Timeline, read_timeline
+from cadence.records.timeline import Event, Timeline, read_timeline
 
 
 class Script:
@@ -575,6 +576,7 @@ def test_a_report_reads_the_timeline_the_writer_wrote(tmp_path):
 def test_goodput_works_with_torch_blocked():
     code = BLOCK_TORCH + f"""
 import pytest
+sys.path.insert(0, {str(Path(__file__).parents[1])!r})  # tests/: torch_blocker, without conftest
 code = pytest.main([{__file__!r}, '-q', '-p', 'no:cacheprovider', '--noconftest',
                     '-k', 'not torch_blocked', '-o', 'addopts='])
 print('torch' in sys.modules)

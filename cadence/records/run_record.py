@@ -3,9 +3,9 @@ rank 0 the goodput so far.
 
 The front-end that trains in a run directory under its lock (``run_experiment``, the
 ``cadence`` command) makes one and hands it to the Controller, which records the loops,
-evaluations, restores and saves it drives (`cadence.core.timeline` lists the events); the
+evaluations, restores and saves it drives (`cadence.records.timeline` lists the events); the
 checkpoint manager records its commits. On rank 0 the record also keeps a live
-`cadence.core.goodput.GoodputCalculator`, seeded with the earlier attempts' timeline, so that the
+`cadence.records.goodput.GoodputCalculator`, seeded with the earlier attempts' timeline, so that the
 Controller can write a ``goodput`` scalar with every loop's logs: the same figure ``cadence
 goodput RUN`` prints afterwards. Other ranks write only their own waits. Nothing here imports
 torch.
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from cadence.core.errors import Preempted
-from cadence.core.goodput import GoodputCalculator
-from cadence.core.timeline import Timeline, read_timeline
+from cadence.records.goodput import GoodputCalculator
+from cadence.records.timeline import Timeline, read_timeline
 
 
 class RunRecord:

@@ -1,6 +1,6 @@
 """Goodput: how much of a run's wall time trained steps that survived, and where the rest went.
 
-`GoodputCalculator` takes a run's timeline events (`cadence.core.timeline`) one at a time, in
+`GoodputCalculator` takes a run's timeline events (`cadence.records.timeline`) one at a time, in
 the order they were written, and gives a `GoodputReport` at any moment: after a whole run
 (`run_goodput`, ``cadence goodput RUN``) or at each loop's end of a live one (the same code, fed
 by the `Timeline` writer's listener). Each event costs O(1) (a rollback: O(loops undone)); a
@@ -79,7 +79,7 @@ from typing import Any
 
 from cadence.core.errors import ConfigError
 from cadence.core.run_dir import RunDirectory, RunLock
-from cadence.core.timeline import RUN_FILE, TIMELINE_DIR, Event, RunTimeline, read_timeline
+from cadence.records.timeline import RUN_FILE, TIMELINE_DIR, Event, RunTimeline, read_timeline
 
 BADPUT_CAUSES = ("startup", "restore", "checkpoint", "evaluation", "data_wait", "lost_progress",
                  "between_attempts", "other")
@@ -225,7 +225,7 @@ class GoodputCalculator:
     Feed it every event of the run's record in the order written (`add`, or `add_all`); ask
     for a `report` at any time.
 
-    >>> from cadence.core.timeline import Event
+    >>> from cadence.records.timeline import Event
     >>> calc = GoodputCalculator()
     >>> calc.add(Event(100.0, "start", "7-a", {"world_size": 1}))
     >>> calc.add(Event(110.0, "loop_end", "7-a", {"step": 10, "steps": 10, "seconds": 8.0,
