@@ -27,6 +27,7 @@ JOB = Path(__file__).parent / "replica_job.py"
 STEP_S = 0.05
 """Each step is paced to this many seconds (a real model's step, not the digits MLP's 1 ms)."""
 JOIN_TIMEOUT_S = 5.0
+STEPS_PER_LOOP = 20
 
 
 def executable(name):
@@ -74,7 +75,8 @@ class Job:
     def __init__(self, root, ranks, steps, settings=()):
         self.root, self.ranks = root, ranks
         self.run, self.prefix = root / "run", root / "final"
-        self.settings = [f"trainer.train_steps={steps}", "trainer.steps_per_loop=20",
+        self.settings = [f"trainer.train_steps={steps}",
+                         f"trainer.steps_per_loop={STEPS_PER_LOOP}",
                          "trainer.checkpoint_interval=100", *settings]
         self.address = f"http://localhost:{free_port()}"
         self.processes = []
@@ -184,6 +186,95 @@ def test_a_killed_replica_group_rejoins_and_every_group_ends_with_the_same_weigh
     assert_groups_equal(job)
     checkpoints = sorted(os.listdir(job.run / "checkpoints"))
     assert checkpoints[-1] == "ckpt-600"  # written by one group, the one the others follow
+
+
+def kill_one_group_before_the_first_checkpoint(job, seed):
+    """Kills one of two groups -- launcher and workers, SIGKILL -- at a random step before the
+    run's first checkpoint (there is no ``checkpoints/`` yet, and no ``train.lock``: each group
+    has its own), and starts it again with its same command while the other trains on."""
+    rng = random.Random(seed)
+    victim, kill_at = rng.choice([0, 1]), rng.randrange(20, 80)
+    groups = {0: job.group(0), 1: job.group(1)}
+    job.wait_for(lambda: any(step >= kill_at for _, step, _ in job.loops(victim)),
+                 alive=list(groups.items()))
+    kill_tree(groups[victim])
+    assert not (job.run / "checkpoints").exists() or not os.listdir(job.run / "checkpoints")
+    survivor = 1 - victim
+    _, step_at_kill, _ = job.loops(survivor)[-1]
+    job.wait_for(lambda: job.loops(survivor)[-1][1] >= step_at_kill + 20,
+                 alive=[(survivor, groups[survivor])])
+    restarted_at = time.time()
+    groups[victim] = job.group(victim)
+    for replica, process in groups.items():
+        assert process.wait(timeout=240) == 0, job.log(f"group-{replica}")
+    return victim, restarted_at
+
+
+def start_one_group_late(job, seed):
+    """Starts one group alone; the other, with the same command, once the first has trained a
+    random number of steps (and saved no checkpoint yet)."""
+    rng = random.Random(seed)
+    first, late_at = rng.choice([0, 1]), rng.randrange(20, 80)
+    groups = {first: job.group(first)}
+    job.wait_for(lambda: any(step >= late_at for _, step, _ in job.loops(first)),
+                 alive=list(groups.items()))
+    late = 1 - first
+    started_at = time.time()
+    groups[late] = job.group(late)
+    for replica, process in groups.items():
+        assert process.wait(timeout=240) == 0, job.log(f"group-{replica}")
+    return late, started_at
+
+
+def assert_healed(job, replica, since):
+    """Group `replica`, started from step 0 at `since` (no checkpoint to restore), healed: its
+    first loop ended above the step one loop of its own reaches (it took a live group's step),
+    and it ended with the others' weights."""
+    loops = [step for _, step, t in job.loops(replica) if t > since]
+    assert loops and loops[0] > STEPS_PER_LOOP, (loops, job.log(f"group-{replica}"))
+    assert_groups_equal(job)
+
+
+NO_CHECKPOINT_YET = ["runtime.strategy=none", "trainer.checkpoint_interval=5000"]
+"""A job whose first checkpoint is its last (at completion)."""
+LONG_ENOUGH = 1000
+"""Paced steps of a job in which a group started again is in time to join the other (50 s:
+starting Python, torch and torchft takes up to ~20 s on a loaded 2-core machine)."""
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_group_killed_before_the_first_checkpoint_comes_back_with_its_same_command(job_in):
+    job = job_in(1, LONG_ENOUGH, NO_CHECKPOINT_YET)
+    victim, restarted_at = kill_one_group_before_the_first_checkpoint(job, seed=7)
+    assert_healed(job, victim, restarted_at)
+    assert sorted(os.listdir(job.run / "checkpoints")) == [f"ckpt-{LONG_ENOUGH}"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_group_started_after_the_others_joins_with_its_same_command_and_heals(job_in):
+    job = job_in(1, LONG_ENOUGH, NO_CHECKPOINT_YET)
+    late, started_at = start_one_group_late(job, seed=8)
+    assert_healed(job, late, started_at)
+    assert sorted(os.listdir(job.run / "checkpoints")) == [f"ckpt-{LONG_ENOUGH}"]
+
+
+@pytest.mark.soak
+@pytest.mark.distributed
+@pytest.mark.timeout(2400)  # ten jobs of 1000 paced steps, each up to 240 s
+def test_ten_early_kills_and_late_starts_in_a_row_each_end_with_equal_weights(tmp_path):
+    for trial in range(10):
+        (tmp_path / f"trial-{trial}").mkdir()
+        job = Job(tmp_path / f"trial-{trial}", 1, LONG_ENOUGH, NO_CHECKPOINT_YET)
+        try:
+            if trial % 2:
+                start_one_group_late(job, seed=200 + trial)
+            else:
+                kill_one_group_before_the_first_checkpoint(job, seed=200 + trial)
+            assert_groups_equal(job)
+        finally:
+            job.close()
 
 
 @pytest.mark.soak

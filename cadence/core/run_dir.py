@@ -4,7 +4,8 @@ Every front-end and built-in callback that writes into a run's directory finds i
 
     <root>/
       params.yaml        the final config of a Task run (reloads exactly)
-      train.lock         held while a process trains here (`RunLock`)
+      train.lock         held while a process trains here (`RunLock`); in the fault-tolerant
+                         mode each replica group holds its own, train-replica-<g>.lock
       checkpoints/       ckpt-<step>/ (atomic; a run resumes from the newest)
       train/             training summaries: TensorBoard event files, metrics.jsonl (or the
                          run's metric writers': metrics.csv, ...)
@@ -15,6 +16,9 @@ Every front-end and built-in callback that writes into a run's directory finds i
                          the folder's runs, is its default store); wandb_run.json and wandb/
                          the same for W&B
       resumes.jsonl      one line each time training continued from a checkpoint
+      events.out.tfevents.*.hparams
+                         the run's hyper-parameters for TensorBoard's HPARAMS tab (the
+                         tensorboard writer's)
       timeline/          what each attempt of the run lived through, as JSON lines
                          (`cadence.records.timeline`); ``cadence goodput`` reads it
 
@@ -198,15 +202,16 @@ class RunDirectory:
                "wandb_run.json",
                self.eval_subdir.split("/")[0], self.best_subdir.split("/")[0]}
         others = [p.name for p in root.iterdir() if p.name not in own
-                  and not _PARAMS_BACKUP.match(p.name) and not _REPLICA_LOCK.match(p.name)]
+                  and not any(pattern.match(p.name) for pattern in _OWN_PATTERNS)]
         if training and others and not is_run(root):
             named = ", ".join(sorted(others)[:3]) + (", ..." if len(others) > 3 else "")
             if any(is_run(root / name) for name in others):
                 return (f"{str(root)!r} holds other runs ({named}): pass one of them to "
                         "continue it, or a new directory for a new run.")
             return (f"{str(root)!r} holds files that are not a run's ({named}) and no run "
-                    f"({PARAMS_FILE} with checkpoints/): cadence will not train among someone "
-                    "else's files; pass a new or empty directory, or a run's.")
+                    f"({PARAMS_FILE} with checkpoints/ or a trainer's lock): cadence will not "
+                    "train among someone else's files; pass a new or empty directory, or a "
+                    "run's.")
         return None
 
     def subdir(self, name: str) -> Path:
@@ -236,15 +241,29 @@ class RunDirectory:
 
 
 _PARAMS_BACKUP = re.compile(r"^params\.[0-9-]+\.yaml$")
-_REPLICA_LOCK = re.compile(r"^train-replica-[0-9]+\.lock$")
 """The name of a replaced config (``params.<time>.yaml``)."""
+_REPLICA_LOCK = re.compile(r"^train-replica-[0-9]+\.lock$")
+"""The lock of a replica group in the fault-tolerant mode (`RunDirectory.replica_lock_file`)."""
+_HPARAMS = re.compile(r"^events\.out\.tfevents\.[^/]*\.hparams$")
+"""The tensorboard writer's hyper-parameters session, in the run's root."""
+_OWN_PATTERNS = (_PARAMS_BACKUP, _REPLICA_LOCK, _HPARAMS)
+"""The names of the run's own files that vary (besides the fixed names of `layout_problem`)."""
 
 
 def is_run(path: Path) -> bool:
     """Whether `path` is the directory of a run that started: it holds ``params.yaml`` and
-    ``train.lock`` or ``checkpoints/`` (a ``params.yaml`` alone may be another tool's)."""
-    return (path / PARAMS_FILE).is_file() and (
-        (path / LOCK_FILE).exists() or (path / "checkpoints").is_dir())
+    ``checkpoints/`` or a trainer's lock -- ``train.lock``, or in the fault-tolerant mode a
+    replica group's ``train-replica-<g>.lock``, which is all a run has before its first
+    checkpoint -- (a ``params.yaml`` alone may be another tool's)."""
+    if not (path / PARAMS_FILE).is_file():
+        return False
+    if (path / LOCK_FILE).exists() or (path / "checkpoints").is_dir():
+        return True
+    try:
+        with os.scandir(path) as entries:
+            return any(_REPLICA_LOCK.match(entry.name) for entry in entries)
+    except OSError:
+        return False
 
 
 def enclosing_run(path: str | os.PathLike[str]) -> Path | None:
