@@ -383,6 +383,7 @@ def test_no_module_but_the_clock_writes_a_progress_field():
 def test_the_rules_hold_with_torch_blocked():
     code = BLOCK_TORCH + f"""
 import pytest
+sys.path.insert(0, {str(Path(__file__).parents[1])!r})  # tests/: torch_blocker, without conftest
 code = pytest.main([{__file__!r}, '-q', '-p', 'no:cacheprovider', '--noconftest',
                     '-k', 'not torch_blocked', '-o', 'addopts='])
 print('torch' in sys.modules)
