@@ -76,6 +76,7 @@ _EXPORTS = {
     "StateFileIO": "cadence.engine.checkpoint",
     "StepDiscarded": "cadence.core.errors",
     "StopTraining": "cadence.core.errors",
+    "StorageError": "cadence.core.errors",
     "Sum": "cadence.engine.metrics",
     "SummaryManager": "cadence.core.summary",
     "Task": "cadence.task.task",
@@ -113,6 +114,7 @@ if TYPE_CHECKING:  # `name as name`: re-exported, for type checkers
     from cadence.core.errors import Preempted as Preempted
     from cadence.core.errors import StepDiscarded as StepDiscarded
     from cadence.core.errors import StopTraining as StopTraining
+    from cadence.core.errors import StorageError as StorageError
     from cadence.core.summary import SummaryManager as SummaryManager
     from cadence.core.trainer_view import TrainerView as TrainerView
     from cadence.data.dataflow import DataFlow as DataFlow

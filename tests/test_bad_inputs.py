@@ -9,6 +9,7 @@ The front-ends' own schedules (tensorpack's ``TrainConfig`` and callbacks, tfsni
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from disks import fill, small_tmpfs
 from fakes import USER_MODELS, TinyClassifier, make_classification, make_loader
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -1039,47 +1041,85 @@ def test_the_sweep_holds_at_least_a_hundred_mistakes():
 # ------------------------------------------------------------- the environment's failures
 
 
-def test_a_full_disk_at_the_start_is_one_line_exit_1_and_leaves_nothing(capsys, workdir):
+@pytest.mark.parametrize("disk", ["fake", "tmpfs"])
+def test_a_full_disk_at_the_start_is_one_line_exit_1_and_leaves_nothing(capsys, workdir,
+                                                                        disk):
+    """The lock is the first file a training run writes: a full disk there is one line, exit
+    1, and no run directory is left behind; once there is space, the same command trains. A
+    fake write of the lock that fails, and a real tmpfs filled up."""
     from cadence.core.run_dir import RunLock
 
-    def full(self):
-        raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+    with contextlib.ExitStack() as stack:
+        patch = stack.enter_context(pytest.MonkeyPatch.context())  # (not undoing the chdir)
+        if disk == "fake":
+            root = workdir
 
-    with pytest.MonkeyPatch.context() as patch:  # (monkeypatch.undo would undo the chdir)
-        patch.setattr(RunLock, "acquire", full)
-        status = main(["train", *FAST, "-m", "run"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert status == 1 and not any("Traceback" in line for line in err), err
-    assert err[-1] == ("cadence: error: No space left on device: 'run/train.lock'. Free some "
-                       "space (or pass another --model-dir), then run the same command again: "
-                       "what was saved before is kept.")
-    assert not (workdir / "run").exists()
-    assert main(["train", *FAST, "-m", "run"]) == 0  # once there is space, the same command
-    assert (workdir / "run" / "checkpoints" / "ckpt-20").is_dir()
+            def full(self):
+                raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+
+            patch.setattr(RunLock, "_acquire", full)
+            ballast = None
+        else:
+            root = stack.enter_context(small_tmpfs(workdir / "disk", "1m"))
+            ballast = fill(root)
+        run = (root / "run").relative_to(workdir)
+        status = main(["train", *FAST, "-m", str(run)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert status == 1 and not any("Traceback" in line for line in err), err
+        assert err[-1] == (f"cadence: error: Taking the run's lock {str(run / 'train.lock')!r} "
+                           "failed: No space left on device. There is no good checkpoint yet: "
+                           "free some space, then run the same command again.")
+        assert not (workdir / run).exists()
+        patch.undo()
+        if ballast is not None:
+            ballast.unlink()
+        assert main(["train", *FAST, "-m", str(run)]) == 0  # with space, the same command
+        assert (workdir / run / "checkpoints" / "ckpt-20").is_dir()
 
 
-def test_a_denied_write_of_the_config_is_one_line_exit_1_and_the_run_is_kept(capsys, workdir,
-                                                                             monkeypatch):
+@pytest.mark.parametrize("disk", ["fake", "tmpfs"])
+def test_a_failed_write_of_the_config_is_one_line_exit_1_and_the_run_is_kept(capsys, workdir,
+                                                                            disk):
+    """A config change is written as the continued run starts (params.yaml, its old one kept
+    beside it): a denied write (faked: as root, no permission is denied) and a real full tmpfs
+    are one line, exit 1, naming the newest good checkpoint; the run is kept as it was but for
+    its timeline, which records the failed attempt."""
     import cadence.task.config_files as config_files
 
-    def denied(config, path):
-        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+    with contextlib.ExitStack() as stack:
+        if disk == "fake":
+            run = Path("runs/good")
 
-    monkeypatch.setattr(config_files, "save_config", denied)
-    before = snapshot(workdir / "runs" / "good")
-    timeline = workdir / "runs" / "good" / "timeline" / "run.jsonl"
-    recorded = timeline.read_text()
-    status = main(["train", "-m", "runs/good", "--set", "trainer.train_steps=30",
-                   "--allow-config-change"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert status == 1 and err[-1].startswith(
-        "cadence: error: Permission denied: 'runs/good/params.yaml'. Fix the permissions"), err
-    after = snapshot(workdir / "runs" / "good")
-    changed = {k for k in set(after) | set(before) if after.get(k) != before.get(k)}
-    assert {k for k in changed if not k.startswith("params.2")} == {"timeline/run.jsonl"}
-    # The timeline kept every line and added the failed attempt, which ended in an error.
-    added = timeline.read_text().removeprefix(recorded)
-    assert added != timeline.read_text() and '"outcome":"error"' in added.splitlines()[-1]
+            def denied(config, path):
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+            stack.enter_context(pytest.MonkeyPatch.context()).setattr(
+                config_files, "save_config", denied)
+            says = "Permission denied. The newest good checkpoint is {ckpt} (step 20): fix the"
+            says += " permissions, then run the same command again."
+        else:
+            disk_root = stack.enter_context(small_tmpfs(workdir / "disk", "4m"))
+            shutil.copytree(workdir / "runs" / "good", disk_root / "good")
+            run = Path("disk/good")
+            says = "No space left on device. The newest good checkpoint is {ckpt} (step 20): free "
+            says += "some space, then run the same command again."
+        before = snapshot(workdir / run)
+        timeline = workdir / run / "timeline" / "run.jsonl"
+        recorded = timeline.read_text()
+        if disk == "tmpfs":  # room for the lock (a page), not for the config and its copy
+            fill(workdir / run, leave=8192)
+        status = main(["train", "-m", str(run), "--set", "trainer.train_steps=30",
+                       "--allow-config-change"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert status == 1 and err[-1] == (
+            f"cadence: error: Saving the run's config to {str(run / 'params.yaml')!r} failed: "
+            + says.format(ckpt=run / "checkpoints" / "ckpt-20")), err
+        after = snapshot(workdir / run)
+        changed = {k for k in set(after) | set(before) if after.get(k) != before.get(k)}
+        assert {k for k in changed if not k.startswith("ballast")} == {"timeline/run.jsonl"}
+        # The timeline kept every line and added the failed attempt, which ended in an error.
+        added = timeline.read_text().removeprefix(recorded)
+        assert added != timeline.read_text() and '"outcome":"error"' in added.splitlines()[-1]
 
 
 def test_a_model_too_large_for_memory_is_one_line_exit_1(capsys, workdir):

@@ -324,7 +324,10 @@ class Controller:
         Raises:
             ValueError: without a trainer, without a target, or for a negative target.
             TypeError: for `epochs` with a trainer that does not count epochs.
-            CheckpointError: if writing a checkpoint in the background failed.
+            StorageError: if the machine fails a write of the run -- a checkpoint, the
+                summaries, an export -- (a full disk): one line naming what failed and the
+                newest good checkpoint.
+            CheckpointError: if writing a checkpoint in the background failed otherwise.
             Preempted: after SIGTERM or SIGINT, once the checkpoint is saved.
         """
         self._require("trainer")
@@ -353,7 +356,8 @@ class Controller:
 
         Raises:
             ValueError: without both a trainer and an evaluator, or on a bad interval.
-            CheckpointError: if writing a checkpoint in the background failed.
+            StorageError: if the machine fails a write of the run (see `train`).
+            CheckpointError: if writing a checkpoint in the background failed otherwise.
             Preempted: after SIGTERM or SIGINT, once the checkpoint is saved.
         """
         self._require("trainer")
@@ -432,6 +436,7 @@ class Controller:
             except BaseException as error:
                 self.state.error = error  # on_train_end's writers report it
                 self._checkpoints.wait(quiet=True, failing=True)  # keep the error
+                self._checkpoints.name_newest(error)  # a full disk: where the run resumes
                 raise
             finally:
                 self.callbacks.fire_teardown("on_train_end", self.state)

@@ -15,9 +15,11 @@ import time
 from collections.abc import Callable
 
 from cadence.core.callbacks import CallbackList, RunState
+from cadence.core.errors import StorageError
 from cadence.core.intervals import Interval, check_interval
 from cadence.core.protocols import CheckpointManagerLike, RunRecordLike, SavesInBackground
 from cadence.core.rank import world_size
+from cadence.core.storage import name_newest
 
 logger = logging.getLogger("cadence")
 
@@ -109,6 +111,13 @@ class RunCheckpoints:
             logger.info("Saved checkpoint %s.", path)
         self._callbacks.fire("on_checkpoint_saved", self._state, path)
         return path
+
+    def name_newest(self, error: BaseException) -> None:
+        """Says in a `StorageError` the run fails with (a full disk met by any writer) which
+        checkpoint it resumes from, unless it says already."""
+        if isinstance(error, StorageError) and self.manager is not None:
+            found = self.manager.checkpoints
+            name_newest(error, (str(found[-1].path), found[-1].step) if found else None)
 
     def saved_now(self) -> bool:
         """Whether the weights in memory are those of the newest save."""

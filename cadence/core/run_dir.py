@@ -50,6 +50,7 @@ from cadence.core.errors import ConfigError
 from cadence.core.files import open_append, open_regular
 from cadence.core.intervals import check_int, is_int
 from cadence.core.rank import process_rank
+from cadence.core.storage import writing
 
 try:
     import fcntl
@@ -147,6 +148,7 @@ class RunDirectory:
 
         Raises:
             ValueError: for a negative `step` or an unknown `reason`.
+            StorageError: if the machine fails the write (a full disk).
         """
         step = check_int("RunDirectory.record_resume", "step", step,
                          "Pass the restored global step, e.g. 100.", minimum=0)
@@ -157,9 +159,10 @@ class RunDirectory:
             return
         record = {"step": step, "checkpoint": None if checkpoint is None else str(checkpoint),
                   "reason": reason, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open_append(self.resumes) as handle:
-            handle.write(json.dumps(record) + "\n")
+        with writing(f"Recording the resume in {str(self.resumes)!r}"):
+            self.root.mkdir(parents=True, exist_ok=True)
+            with open_append(self.resumes) as handle:
+                handle.write(json.dumps(record) + "\n")
 
     def layout_problem(self, training: bool) -> str | None:
         """What makes this directory unfit to hold the run, in one sentence with the fix, or
@@ -342,9 +345,15 @@ class RunLock:
 
         Raises:
             RunLockedError: naming the process that holds it.
+            StorageError: if the machine fails the write (a full disk, a read-only file
+                system).
         """
         if self._fd is not None:
             return
+        with writing(f"Taking the run's lock {str(self.path)!r}"):
+            self._acquire()
+
+    def _acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if fcntl is not None:
             fd = open_regular(self.path, os.O_RDWR | os.O_CREAT)
@@ -370,8 +379,12 @@ class RunLock:
         record = {"pid": os.getpid(), "host": socket.gethostname(),
                   "command": " ".join(sys.argv)[:200],
                   "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps(record).encode("utf-8"))
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps(record).encode("utf-8"))
+        except BaseException:  # a full disk: the lock is not held, its file not left open
+            os.close(fd)
+            raise
         self._fd = fd
 
     def holder(self) -> dict[str, Any] | None:

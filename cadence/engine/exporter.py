@@ -40,6 +40,7 @@ from cadence.core.hook_checks import describe
 from cadence.core.intervals import check_int, is_int
 from cadence.core.logs import flatten, is_scalar
 from cadence.core.rank import process_rank
+from cadence.core.storage import storage_error
 from cadence.engine.sharded import read_sharded, sharded_names, sharded_reader
 
 logger = logging.getLogger("cadence")
@@ -223,12 +224,18 @@ class BestCheckpointExporter:
             os.replace(temp, final)
             _write_json(self.best_ckpt_logs_path, {"metric": self.metric_key,
                                                    "comp": self.metric_comp, "exports": kept})
-        except OSError as error:
+        except BaseException as error:
             shutil.rmtree(temp, ignore_errors=True)
+            what = f"Exporting the weights of step {entry['step']} to {str(self.export_dir)!r}"
+            # A full disk as safetensors says it (`SafetensorError`) or as the rest do
+            storage = storage_error(what, error)
+            if storage is not None:
+                raise storage from error
+            if not isinstance(error, OSError):
+                raise
             raise CheckpointError(
-                f"Exporting the weights of step {entry['step']} to {str(self.export_dir)!r} "
-                f"failed: {error}. {LEDGER_FILE} still lists the exports before it. Free space "
-                "or fix the cause, then run again."
+                f"{what} failed: {error}. {LEDGER_FILE} still lists the exports before it. "
+                "Fix the cause, then run again."
             ) from error
         for old in dropped:
             if old is not entry:

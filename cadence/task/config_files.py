@@ -30,6 +30,7 @@ cadence.core.errors.ConfigError: --set trainer.train_step=500: unknown key 'trai
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -44,6 +45,7 @@ from typing import Any
 from cadence.core.errors import ConfigError
 from cadence.core.rank import process_rank
 from cadence.core.run_dir import RunDirectory
+from cadence.core.storage import writing
 from cadence.task.config import ExperimentConfig, config_error, merge_config
 from cadence.task.module_experiments import spelled
 from cadence.task.registry import (
@@ -446,14 +448,26 @@ def save_run_config(config: ExperimentConfig, run: RunDirectory,
 
     With `differences` (an allowed config change), the old file is first copied to
     ``params.<time>.yaml``; the new one then replaces it atomically, so ``params.yaml`` is never
-    missing, and a failure leaves the old one in place.
+    missing, and a failure leaves the old one in place (and no copy of it).
+
+    Raises:
+        StorageError: if the machine fails the write (a full disk, a read-only file system).
     """
     path = run.params
     if process_rank() != 0 or (path.is_file() and not differences):
         return
-    if differences:
-        backup = path.with_name(f"params.{time.strftime('%Y%m%d-%H%M%S')}.yaml")
-        shutil.copy2(path, backup)
+    backup = (path.with_name(f"params.{time.strftime('%Y%m%d-%H%M%S')}.yaml") if differences
+              else None)
+    try:
+        with writing(f"Saving the run's config to {str(path)!r}"):
+            if backup is not None:
+                shutil.copy2(path, backup)
+            save_config(config, path)
+    except BaseException:  # params.yaml is the old one still: no (half-made) copy of it
+        if backup is not None:
+            with contextlib.suppress(OSError):
+                backup.unlink()
+        raise
+    if backup is not None:
         logger.warning("The config changed (%s); the old one is kept as %s.",
                        "; ".join(differences), backup)
-    save_config(config, path)

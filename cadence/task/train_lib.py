@@ -58,10 +58,12 @@ from torch import nn
 from cadence.callbacks.loss_guard import LossGuard
 from cadence.callbacks.progress import ProgressBar
 from cadence.core.callbacks import Callback
+from cadence.core.checkpoint_dir import CheckpointDirectory
 from cadence.core.controller import Action, Controller
-from cadence.core.errors import CheckpointError, ConfigError, DivergenceError
+from cadence.core.errors import CheckpointError, ConfigError, DivergenceError, StorageError
 from cadence.core.rank import process_rank, world_size
 from cadence.core.run_dir import RunDirectory
+from cadence.core.storage import name_newest, storage_error
 from cadence.core.summary import SummaryManager, WriterSpec, close_summaries, writer_factory
 from cadence.engine.checkpoint import CheckpointManager
 from cadence.engine.checkpoint_writer import check_shared_directory
@@ -277,6 +279,11 @@ def run_experiment(
         KeyboardInterrupt: instead of `Preempted`, after Ctrl-C in a notebook.
         DivergenceError: (a `FloatingPointError` and a `RuntimeError`) when the loss diverges
             and the recovery policy says to stop.
+        StorageError: when the machine fails a write of the run -- at the start, during
+            training or at the end, whichever writer meets it (a checkpoint, an export, the
+            summaries, the config, the lock): one line naming what failed and the newest good
+            checkpoint; nothing half-written is listed, and the same call resumes once the
+            cause is gone.
     """
     check_mode(mode)
     if isinstance(config, str):
@@ -304,10 +311,25 @@ def run_experiment(
             return _run(config, mode, run, differences, callbacks=callbacks,
                         train_actions=train_actions, eval_actions=eval_actions,
                         progress_bar=progress_bar, chosen=chosen, replicas=replicas)
-    except BaseException:
+    except BaseException as error:
         if created and trains and not run.params.exists():
             _remove_unstarted(run)  # a start that failed leaves no run directory behind
-        raise
+        storage = _storage_error(error, run)
+        if storage is None or storage is error:
+            raise
+        raise storage from error
+
+
+def _storage_error(error: BaseException, run: RunDirectory) -> StorageError | None:
+    """`error` as a `StorageError` (`cadence.core.storage`) that names the run's newest good
+    checkpoint, when the machine caused it (a full disk met by any writer); else None."""
+    storage = storage_error(f"Using the run directory {str(run.root)!r}", error)
+    if storage is not None and storage.newest is None:
+        latest = None
+        with contextlib.suppress(CheckpointError, OSError):
+            latest = CheckpointDirectory(run.checkpoints, None).latest()
+        name_newest(storage, None if latest is None else (str(latest.path), latest.step))
+    return storage
 
 
 # The engine's errors name the engine's arguments; a Task run sets them through its config.
