@@ -20,7 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 from disks import fill, small_tmpfs
-from fakes import USER_MODELS, TinyClassifier, make_classification, make_loader
+from fakes import (
+    USER_MODELS,
+    CountingTrainer,
+    TinyClassifier,
+    make_classification,
+    make_loader,
+)
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -975,6 +981,56 @@ PYTHON = [
     # The engine names its own arguments, not a Task config's keys (the Task layer does that).
     ("a device that is none", lambda: local_device("gpu0"), ValueError,
      r"^local_device: `name` \(got 'gpu0'\) is not a device: .* Use 'auto', 'cpu'"),
+    # An argument of the wrong kind at an entry point: the argument, what it must be, an example
+    # (issue 40: run_experiment(config, "train", 123) named no argument).
+    ("run_experiment into a number", lambda: run_experiment(config_with(), "train", 123),
+     TypeError, r"^run_experiment: `model_dir` \(got int 123\) must be a path \(a str or an "
+     r"os\.PathLike\), the run's directory, e\.g\. run_experiment\(config, mode, 'runs/mine'\)\.$"),
+    ("run_experiment of one callback, not a list", lambda: run_experiment(
+        config_with(), "train", "r", callbacks=cadence.ProgressBar()), TypeError,
+     r"^run_experiment: `callbacks` \(got a ProgressBar\) must be a list of cadence\.Callback "
+     r"objects, e\.g\. callbacks=\[cadence\.ProgressBar\(\)\]\.$"),
+    ("run_experiment with a progress bar 'yes'", lambda: run_experiment(
+        config_with(), "train", "r", progress_bar="yes"), TypeError,
+     r"^run_experiment: `progress_bar` \(got str 'yes'\) must be True or False or None"),
+    ("load_config of one file, not a list", lambda: load_config("digits", config_files=5),
+     TypeError, r"^load_config: `config_files` \(got int 5\) must be a list of paths of YAML "
+     r"files, e\.g\. config_files=\['my_config\.yaml'\]\.$"),
+    ("load_config of one override, not a list", lambda: load_config(
+        "digits", overrides="trainer.train_steps=5"), TypeError,
+     r"^load_config: `overrides` \(got str 'trainer\.train_steps=5'\) must be a list of "
+     r"'KEY=VALUE' strings or a mapping, e\.g\. overrides=\['trainer\.train_steps=500'\]\.$"),
+    ("a Controller writing summaries to a number", lambda: cadence.Controller(
+        trainer=CountingTrainer(), steps_per_loop=1, summary_dir=5), TypeError,
+     r"^Controller: `summary_dir` \(got int 5\) must be a path \(a str or an os\.PathLike\) or "
+     r"None, e\.g\. summary_dir='runs/mine/train'\.$"),
+    ("a Controller given a number as its checkpoint manager", lambda: cadence.Controller(
+        trainer=CountingTrainer(), steps_per_loop=1, checkpoint_manager=5), TypeError,
+     r"^Controller: `checkpoint_manager` \(got int 5\) must be a cadence\.CheckpointManager "
+     r"\(or have its methods save, restore_or_initialize\) or None\.$"),
+    ("a Controller with an action that is no function", lambda: cadence.Controller(
+        trainer=CountingTrainer(), steps_per_loop=1, train_actions=["print"]), TypeError,
+     r"^Controller: `train_actions\[0\]` \(got str 'print'\) is not what `train_actions` "
+     r"must hold: a list of functions of the logs"),
+    ("a TrainLoop checkpointing into a number", lambda: cadence.TrainLoop(
+        linear(), checkpoint_dir=5), TypeError,
+     r"^TrainLoop: `checkpoint_dir` \(got int 5\) must be a path \(a str or an os\.PathLike\) "
+     r"or None, e\.g\. checkpoint_dir='runs/loop'\.$"),
+    ("a TrainLoop printing with a number", lambda: cadence.TrainLoop(linear(), print_func=5),
+     TypeError, r"^TrainLoop: `print_func` \(got int 5\) must be a function, e\.g\. "
+     r"print_func=logging\.info\.$"),
+    ("launch_train_with_config of a dict", lambda: cadence.launch_train_with_config(
+        {"model": None}, cadence.SimpleTrainer()), TypeError,
+     r"^launch_train_with_config: `config` \(got dict \{'model': None\}\) must be a "
+     r"cadence\.tensorpack\.TrainConfig"),
+    ("a TrainConfig logging into a number", lambda: cadence.TrainConfig(data=[1], logdir=5),
+     TypeError, r"^TrainConfig: `logdir` \(got int 5\) must be a path"),
+    ("a tensorpack trainer logging into a number", lambda: cadence.SimpleTrainer(logdir=5),
+     TypeError, r"^SimpleTrainer: `logdir` \(got int 5\) must be a path"),
+    ("a tensorpack train of one callback, not a list", lambda: cadence.SimpleTrainer().train(
+        callbacks=cadence.ProgressBar(), steps_per_epoch=1, max_epoch=1), TypeError,
+     r"^SimpleTrainer: `callbacks` \(got a ProgressBar\) must be a list of "
+     r"cadence\.Callback objects"),
 ]
 
 

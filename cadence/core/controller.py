@@ -46,9 +46,11 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
+from cadence.core.arguments import check_bool, check_callable, check_items, check_path
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.clock import RunClock
 from cadence.core.evaluation import Evaluations, evaluate_new_checkpoints
+from cadence.core.hook_checks import describe
 from cadence.core.intervals import (
     Interval,
     check_count,
@@ -112,6 +114,48 @@ def _check_runners(trainer: Any, evaluator: Any,
     return check_steps_per_loop(steps_per_loop)
 
 
+def _check_kinds(*, summary_dir: Any, eval_summary_dir: Any, global_step: Any,
+                 checkpoint_manager: Any, summary_manager: Any, eval_summary_manager: Any,
+                 callbacks: Any, train_actions: Any, eval_actions: Any, handle_signals: Any,
+                 log_loops: Any) -> tuple[Any, list[Action], list[Action]]:
+    """Refuses the Controller's other arguments of the wrong kind, before anything is made,
+    naming each and what it must be (Python would fail later, naming none); returns the
+    callbacks (a list, or the `CallbackList` given) and the actions as lists.
+
+    Raises:
+        TypeError: for an argument of the wrong kind.
+    """
+    owner = "Controller"
+    check_path(owner, "summary_dir", summary_dir, "e.g. summary_dir='runs/mine/train'",
+               none_ok=True)
+    check_path(owner, "eval_summary_dir", eval_summary_dir,
+               "e.g. eval_summary_dir='runs/mine/eval'", none_ok=True)
+    check_callable(owner, "global_step", global_step,
+                   "e.g. global_step=lambda: trainer.global_step", none_ok=True)
+    for name, value, kind, methods in (
+            ("checkpoint_manager", checkpoint_manager, "cadence.CheckpointManager",
+             ("save", "restore_or_initialize")),
+            ("summary_manager", summary_manager, "cadence.SummaryManager",
+             ("write_summaries", "flush")),
+            ("eval_summary_manager", eval_summary_manager, "cadence.SummaryManager",
+             ("write_summaries", "flush"))):
+        if value is not None and not all(callable(getattr(value, m, None)) for m in methods):
+            raise TypeError(f"{owner}: `{name}` (got {describe(value)}) must be a {kind} (or "
+                            f"have its methods {', '.join(methods)}) or None.")
+    if not isinstance(callbacks, CallbackList):
+        callbacks = check_items(owner, "callbacks", callbacks,
+                                "a list of cadence.Callback objects",
+                                "e.g. callbacks=[cadence.ProgressBar()]",
+                                lambda one: isinstance(one, Callback))
+    actions = [check_items(owner, name, given, "a list of functions of the logs",
+                           f"e.g. {name}=[print]", callable)
+               for name, given in (("train_actions", train_actions),
+                                   ("eval_actions", eval_actions))]
+    check_bool(owner, "handle_signals", handle_signals, "e.g. handle_signals=False")
+    check_bool(owner, "log_loops", log_loops, "e.g. log_loops=False")
+    return callbacks, actions[0], actions[1]
+
+
 class Controller:
     """Drives a trainer and/or an evaluator: the outer loop of training.
 
@@ -159,7 +203,9 @@ class Controller:
         ValueError: if neither a trainer nor an evaluator is given, an interval or
             `steps_per_loop` is not a positive int, or a writer's name is unknown.
         TypeError: if the trainer has no ``train`` method, the evaluator no ``evaluate``
-            method, or the global step cannot be found.
+            method, the global step cannot be found, or another argument is of the wrong kind
+            (a `summary_dir` that is not a path, callbacks that are not `Callback` objects,
+            a `checkpoint_manager` without a manager's methods, ...): the message names it.
         ImportError: if a writer's library is not installed.
     """
 
@@ -186,6 +232,12 @@ class Controller:
         record: RunRecordLike | None = None,
     ) -> None:
         self._steps_per_loop = _check_runners(trainer, evaluator, steps_per_loop)
+        callbacks, train_actions, eval_actions = _check_kinds(
+            summary_dir=summary_dir, eval_summary_dir=eval_summary_dir, global_step=global_step,
+            checkpoint_manager=checkpoint_manager, summary_manager=summary_manager,
+            eval_summary_manager=eval_summary_manager, callbacks=callbacks,
+            train_actions=train_actions, eval_actions=eval_actions,
+            handle_signals=handle_signals, log_loops=log_loops)
         self.trainer = trainer
         self.evaluator = evaluator
         self._global_step = global_step or self._find_global_step()

@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cadence.core.arguments import check_items
 from cadence.core.errors import ConfigError
 from cadence.core.rank import process_rank
 from cadence.core.run_dir import RunDirectory
@@ -195,8 +196,30 @@ def load_config(
     Raises:
         ConfigError: for an unknown experiment or key, a wrong type, or an invalid value; for
             a module that cannot be imported, or a NAME it does not offer.
+        TypeError: for an argument of the wrong kind (`experiment` neither a name nor a
+            config, `config_files` not a list of paths, `overrides` a single string): the
+            message names it and what it must be.
     """
-    return _build(experiment, config_files, overrides)
+    return _build(experiment, *_check_sources("load_config", config_files, overrides))
+
+
+def _check_sources(owner: str, config_files: Any, overrides: Any,
+                   ) -> tuple[list[str | os.PathLike[str]], Sequence[str] | Mapping[str, Any]]:
+    """The config files and overrides of a config, checked for their kinds: a list of paths,
+    and a list of ``KEY=VALUE`` strings or a mapping (a single string would be read as its
+    characters).
+
+    Raises:
+        TypeError: naming the argument and what it must be.
+    """
+    files = check_items(owner, "config_files", config_files, "a list of paths of YAML files",
+                        "e.g. config_files=['my_config.yaml']",
+                        lambda one: isinstance(one, (str, os.PathLike)))
+    if not isinstance(overrides, Mapping):
+        overrides = check_items(owner, "overrides", overrides,
+                                "a list of 'KEY=VALUE' strings or a mapping",
+                                "e.g. overrides=['trainer.train_steps=500']")
+    return files, overrides
 
 
 def load_run_config(

@@ -57,6 +57,7 @@ from torch import nn
 
 from cadence.callbacks.loss_guard import LossGuard
 from cadence.callbacks.progress import ProgressBar
+from cadence.core.arguments import check_bool, check_items, check_path, check_str
 from cadence.core.callbacks import Callback
 from cadence.core.checkpoint_dir import CheckpointDirectory
 from cadence.core.controller import Action, Controller
@@ -257,6 +258,7 @@ def run_experiment(
         allow_config_change: continue a run whose saved config differs.
         checkpoint: in ``eval`` mode, the weights to evaluate: ``"latest"`` (None: the newest
             checkpoint), ``"best"`` (the best export) or a path (`cadence.task.chosen_weights`).
+            (A str or an ``os.PathLike``.)
 
     Returns:
         ``(model, eval_logs)``: the trained model and the last evaluation's logs ({} if none;
@@ -264,7 +266,9 @@ def run_experiment(
 
     Raises:
         ValueError: for an unknown mode.
-        TypeError: if `config` is neither an `ExperimentConfig` nor an experiment's name.
+        TypeError: if `config` is neither an `ExperimentConfig` nor an experiment's name, or
+            another argument is of the wrong kind (`model_dir` not a path, `callbacks` not a
+            list of `Callback` objects, ...): the message names it and what it must be.
         ConfigError: for an experiment that cannot be loaded (`cadence.load_config`); for a
             config that cannot run (``trainer.train_steps`` = 0 in a training
             mode, a device that does not exist, an optimizer argument it does not take, a best
@@ -285,7 +289,9 @@ def run_experiment(
             checkpoint; nothing half-written is listed, and the same call resumes once the
             cause is gone.
     """
-    check_mode(mode)
+    model_dir, callbacks, train_actions, eval_actions = _check_arguments(
+        mode, model_dir, callbacks, train_actions, eval_actions, progress_bar,
+        allow_config_change, checkpoint)
     if isinstance(config, str):
         config = load_config(config)
     if not isinstance(config, ExperimentConfig):
@@ -330,6 +336,39 @@ def _storage_error(error: BaseException, run: RunDirectory) -> StorageError | No
             latest = CheckpointDirectory(run.checkpoints, None).latest()
         name_newest(storage, None if latest is None else (str(latest.path), latest.step))
     return storage
+
+
+def _check_arguments(mode: Any, model_dir: Any, callbacks: Any, train_actions: Any,
+                     eval_actions: Any, progress_bar: Any, allow_config_change: Any,
+                     checkpoint: Any) -> tuple[Path, list[Callback], list[Action], list[Action]]:
+    """`run_experiment`'s arguments of the wrong kind, refused before anything is made (each
+    names the argument and what it must be); returns `model_dir` as a path, and the callbacks
+    and actions as lists (a generator is read once, here).
+
+    Raises:
+        TypeError: for an argument of the wrong kind.
+        ValueError: for an unknown mode.
+    """
+    owner = "run_experiment"
+    check_str(owner, "mode", mode, "e.g. run_experiment(config, 'train_and_eval', 'runs/mine')")
+    check_mode(mode)
+    path = check_path(owner, "model_dir", model_dir,
+                      "the run's directory, e.g. run_experiment(config, mode, 'runs/mine')")
+    checked = check_items(owner, "callbacks", callbacks, "a list of cadence.Callback objects",
+                          "e.g. callbacks=[cadence.ProgressBar()]",
+                          lambda one: isinstance(one, Callback))
+    actions = [check_items(owner, name, given, "a list of functions of the logs",
+                           f"e.g. {name}=[print]", callable)
+               for name, given in (("train_actions", train_actions),
+                                   ("eval_actions", eval_actions))]
+    check_bool(owner, "progress_bar", progress_bar,
+               "e.g. progress_bar=False (None: when stderr is a terminal)", none_ok=True)
+    check_bool(owner, "allow_config_change", allow_config_change,
+               "e.g. allow_config_change=True")
+    check_path(owner, "checkpoint", checkpoint,
+               "e.g. checkpoint='best', 'latest' or the path of a checkpoint", none_ok=True)
+    assert path is not None
+    return path, checked, actions[0], actions[1]
 
 
 # The engine's errors name the engine's arguments; a Task run sets them through its config.

@@ -44,6 +44,7 @@ from torch import nn
 
 from cadence.callbacks.logdir import resolve_directory
 from cadence.callbacks.savers import ModelSaver
+from cadence.core.arguments import check_items, check_path
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.checkpoint_dir import DEFAULT_MAX_TO_KEEP
 from cadence.core.controller import Controller
@@ -85,6 +86,9 @@ class Trainer(StandardTrainer):
             write by default (checkpoints, summaries, ``stats.jsonl``) and where training
             resumes from.
         name: the module name.
+
+    Raises:
+        TypeError: for a `logdir` that is not a path.
     """
 
     _TRACKING_IGNORED = frozenset({"logdir", "_setup_done", "_trained", "_controller",
@@ -92,7 +96,8 @@ class Trainer(StandardTrainer):
 
     def __init__(self, logdir: str | Path | None = None, name: str | None = None) -> None:
         StandardTrainer.__init__(self, None, name=name)
-        self.logdir = Path(logdir) if logdir is not None else None
+        self.logdir = check_path(type(self).__name__, "logdir", logdir,
+                                 "the run's directory, e.g. logdir='runs/mnist'", none_ok=True)
         self.max_epoch = 0
         self._setup_done = False
         self._trained = False
@@ -156,11 +161,20 @@ class Trainer(StandardTrainer):
     def setup_callbacks(self, callbacks: Iterable[Callback],
                         monitors: Iterable[Callback] = ()) -> None:
         """Registers `callbacks`, then `monitors` (last, so that they see what every other
-        callback recorded). Call once."""
+        callback recorded). Call once.
+
+        Raises:
+            RuntimeError: when called again.
+            TypeError: for `callbacks` or `monitors` that are not lists of `Callback` objects.
+        """
         if self._setup_done:
             raise RuntimeError("setup_callbacks() can be called only once.")
-        self.register_callback(list(callbacks))
-        self.register_callback(list(monitors))
+        owner = type(self).__name__
+        for name, given in (("callbacks", callbacks), ("monitors", monitors)):
+            self.register_callback(check_items(
+                owner, name, given, "a list of cadence.Callback objects",
+                f"e.g. {name}=[cadence.callbacks.ModelSaver()]",
+                lambda one: isinstance(one, Callback)))
         self._setup_done = True
 
     # ------------------------------------------------------------------ the step
@@ -283,9 +297,14 @@ class Trainer(StandardTrainer):
             ValueError: before anything runs, if `steps_per_epoch` (required), `max_epoch` or
                 `starting_epoch` is not a positive int, or `starting_epoch` is after
                 `max_epoch`: such a schedule would train nothing.
+            TypeError: before anything runs, for `callbacks` or `monitors` that are not lists
+                of `Callback` objects, or a `session_init` that is not a path.
         """
         steps_per_epoch, max_epoch, starting_epoch = self._check_schedule(
             steps_per_epoch, max_epoch, starting_epoch)
+        check_path(f"{type(self).__name__}.train", "session_init", session_init,
+                   "a .safetensors file, an export directory or a checkpoint, e.g. "
+                   "session_init='runs/pretrained/best'", none_ok=True)
         self.setup_callbacks(callbacks, monitors)
         self.resume_or_initialize(session_init)
         self.main_loop(steps_per_epoch, starting_epoch, max_epoch)

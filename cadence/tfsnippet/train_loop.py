@@ -39,10 +39,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from cadence.core.arguments import (
+    check_bool,
+    check_callable,
+    check_items,
+    check_mapping,
+    check_path,
+    check_str,
+)
 from cadence.core.best import BestTracker
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.checkpoint_dir import DEFAULT_MAX_TO_KEEP
 from cadence.core.clock import RunClock
+from cadence.core.hook_checks import describe
 from cadence.core.intervals import check_int
 from cadence.core.preemption import Preemption
 from cadence.core.progress import Progress
@@ -101,6 +110,51 @@ def _check_arguments(max_epoch: Any, max_step: Any, checkpoint_dir: Any,
     return counts
 
 
+def _check_kinds(*, var_groups: Any, show_eta: Any, print_func: Any, checkpoint_dir: Any,
+                 checkpoint_save_objects: Any, restore_checkpoint: Any, summary_dir: Any,
+                 summary_writer: Any, summary_commit_freqs: Any, valid_metric_name: Any,
+                 valid_metric_smaller_is_better: Any, callbacks: Any, clock: Any,
+                 handle_signals: Any) -> list[Callback]:
+    """Refuses `TrainLoop` arguments of the wrong kind, before anything is made, naming each
+    and what it must be; returns the callbacks as a list.
+
+    Raises:
+        TypeError: for an argument of the wrong kind.
+    """
+    owner = "TrainLoop"
+    if var_groups is not None:
+        check_items(owner, "var_groups", var_groups, "a list of name prefixes",
+                    "e.g. var_groups=['encoder', 'decoder']", lambda one: isinstance(one, str))
+    check_bool(owner, "show_eta", show_eta, "e.g. show_eta=False")
+    check_callable(owner, "print_func", print_func, "e.g. print_func=logging.info")
+    check_path(owner, "checkpoint_dir", checkpoint_dir, "e.g. checkpoint_dir='runs/loop'",
+               none_ok=True)
+    check_mapping(owner, "checkpoint_save_objects", checkpoint_save_objects,
+                  "e.g. checkpoint_save_objects={'optimizer': optimizer}", none_ok=True)
+    if not isinstance(restore_checkpoint, bool):
+        check_path(owner, "restore_checkpoint", restore_checkpoint,
+                   "True (the newest checkpoint), False, or a checkpoint's path")
+    check_path(owner, "summary_dir", summary_dir, "e.g. summary_dir='runs/loop/train'",
+               none_ok=True)
+    if summary_writer is not None and not callable(getattr(summary_writer, "write_summaries",
+                                                           None)):
+        raise TypeError(f"{owner}: `summary_writer` (got {describe(summary_writer)}) must be a "
+                        "cadence.SummaryManager or None; to write into a directory, pass "
+                        "summary_dir instead.")
+    check_mapping(owner, "summary_commit_freqs", summary_commit_freqs,
+                  "e.g. summary_commit_freqs={'loss': 10}", none_ok=True)
+    check_str(owner, "valid_metric_name", valid_metric_name, "e.g. valid_metric_name='valid_loss'")
+    check_bool(owner, "valid_metric_smaller_is_better", valid_metric_smaller_is_better,
+               "e.g. valid_metric_smaller_is_better=False (None: from the metric's name)",
+               none_ok=True)
+    checked = check_items(owner, "callbacks", callbacks, "a list of cadence.Callback objects",
+                          "e.g. callbacks=[cadence.callbacks.EarlyStopping('valid_loss')]",
+                          lambda one: isinstance(one, Callback))
+    check_callable(owner, "clock", clock, "e.g. clock=time.perf_counter")
+    check_bool(owner, "handle_signals", handle_signals, "e.g. handle_signals=False")
+    return checked
+
+
 class TrainLoop:
     """A context manager that keeps the bookkeeping of a hand-written training loop.
 
@@ -147,7 +201,9 @@ class TrainLoop:
             frequencies of `summary_commit_freqs`), a `checkpoint_max_to_keep` that is not a
             non-negative int or None, checkpoint options without a `checkpoint_dir`, or an
             unknown writer.
-        TypeError: for an `early_stopping` that is not a bool (it has no patience).
+        TypeError: for an `early_stopping` that is not a bool (it has no patience), or another
+            argument of the wrong kind (a `checkpoint_dir` that is not a path, a `print_func`
+            that cannot be called, ...): the message names it and what it must be.
         KeyError: if `checkpoint_save_objects` uses a reserved name.
     """
 
@@ -178,6 +234,14 @@ class TrainLoop:
         handle_signals: bool = True,
         writers: Sequence[WriterSpec] = DEFAULT_WRITERS,
     ) -> None:
+        callbacks = _check_kinds(
+            var_groups=var_groups, show_eta=show_eta, print_func=print_func,
+            checkpoint_dir=checkpoint_dir, checkpoint_save_objects=checkpoint_save_objects,
+            restore_checkpoint=restore_checkpoint, summary_dir=summary_dir,
+            summary_writer=summary_writer, summary_commit_freqs=summary_commit_freqs,
+            valid_metric_name=valid_metric_name,
+            valid_metric_smaller_is_better=valid_metric_smaller_is_better, callbacks=callbacks,
+            clock=clock, handle_signals=handle_signals)
         max_epoch, max_step, checkpoint_epoch_freq, checkpoint_max_to_keep = _check_arguments(
             max_epoch, max_step, checkpoint_dir, checkpoint_epoch_freq, checkpoint_max_to_keep,
             checkpoint_save_objects, summary_commit_freqs, early_stopping)
