@@ -72,8 +72,8 @@ def kill_tree(process):
 class Job:
     """The lighthouse and the replica groups of one fault-tolerant job in `root`."""
 
-    def __init__(self, root, ranks, steps, settings=()):
-        self.root, self.ranks = root, ranks
+    def __init__(self, root, ranks, steps, settings=(), mode="train"):
+        self.root, self.ranks, self.mode = root, ranks, mode
         self.run, self.prefix = root / "run", root / "final"
         self.settings = [f"trainer.train_steps={steps}",
                          f"trainer.steps_per_loop={STEPS_PER_LOOP}",
@@ -99,7 +99,8 @@ class Job:
         return self.start(
             [executable("torchrun"), "--standalone", f"--nproc_per_node={self.ranks}",
              *command], f"group-{replica}",
-            env={"REPLICA_GROUP_ID": str(replica), "TORCHFT_LIGHTHOUSE": self.address})
+            env={"REPLICA_GROUP_ID": str(replica), "TORCHFT_LIGHTHOUSE": self.address,
+                 "REPLICA_JOB_MODE": self.mode})
 
     def log(self, name):
         return (self.root / f"{name}.log").read_text()[-4000:]
@@ -131,8 +132,8 @@ class Job:
 def job_in(tmp_path):
     jobs = []
 
-    def make(ranks, steps, settings=()):
-        jobs.append(Job(tmp_path, ranks, steps, settings))
+    def make(ranks, steps, settings=(), mode="train"):
+        jobs.append(Job(tmp_path, ranks, steps, settings, mode))
         return jobs[-1]
 
     yield make
@@ -186,6 +187,42 @@ def test_a_killed_replica_group_rejoins_and_every_group_ends_with_the_same_weigh
     assert_groups_equal(job)
     checkpoints = sorted(os.listdir(job.run / "checkpoints"))
     assert checkpoints[-1] == "ckpt-600"  # written by one group, the one the others follow
+    assert_on_multiples(checkpoints, 100)
+
+
+def assert_on_multiples(checkpoints, interval):
+    """Every checkpoint is at a multiple of the interval, also after a heal (whose jump may
+    pass a multiple in the middle of a loop)."""
+    steps = [int(name.split("-")[1]) for name in checkpoints]
+    assert steps and all(step % interval == 0 for step in steps), checkpoints
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_replica_groups_train_and_evaluate_export_once_and_cadence_eval_evaluates_the_run(
+        job_in):
+    """Mode train_and_eval: every group evaluates the whole validation set with the same
+    weights; the group that writes the checkpoints writes the evaluations and the best export,
+    once each, at the interval's multiples, also across a kill and a heal. Then ``cadence eval
+    -m RUN`` of the run evaluates it as one job."""
+    job = job_in(1, 600, ["runtime.strategy=none", "trainer.validation_interval=100"],
+                 mode="train_and_eval")
+    kill_one_group_and_bring_it_back(job, seed=3)
+    assert_groups_equal(job)
+    assert_on_multiples(os.listdir(job.run / "checkpoints"), 100)
+    records = [json.loads(line) for line in
+               (job.run / "eval" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(100, 601, 100))  # one per evaluation
+    ledger = json.loads((job.run / "best" / "info.json").read_text())
+    exports = sorted(p.name for p in (job.run / "best").iterdir() if p.name != "info.json")
+    assert exports == [e["path"] for e in ledger["exports"]] and len(exports) == 1
+    best = max(records, key=lambda r: r["accuracy"])
+    assert ledger["exports"][0]["step"] == best["step"]
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "cadence", "eval", "-m", str(job.run)], cwd=job.root,
+        capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "Evaluation: accuracy=" in evaluated.stdout, evaluated.stdout
 
 
 def kill_one_group_before_the_first_checkpoint(job, seed):
@@ -356,11 +393,14 @@ def test_replica_group_settings_that_cannot_work_are_one_line_each(monkeypatch):
         config("runtime.fault_tolerance.min_live_groups=3").validate()
     monkeypatch.delenv("REPLICA_GROUP_ID", raising=False)
     monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://localhost:29510")
-    with pytest.raises(ConfigError, match=r"mode 'train' \(got 'train_and_eval'\)"):
-        replica_options(config(), "train_and_eval")
-    with pytest.raises(ConfigError, match=r"replica_id is not set and REPLICA_GROUP_ID is not "
-                       r"set: .*--set runtime\.fault_tolerance\.replica_id=0"):
-        replica_options(config(), "train")
+    # The evaluation modes of such a run evaluate it as one job (issue 42: they were refused,
+    # naming the command that had just run).
+    assert replica_options(config(), "eval") is None
+    assert replica_options(config(), "continuous_eval") is None
+    for mode in ("train", "train_and_eval", "train_and_post_eval"):
+        with pytest.raises(ConfigError, match=r"replica_id is not set and REPLICA_GROUP_ID is "
+                           r"not set: .*--set runtime\.fault_tolerance\.replica_id=0"):
+            replica_options(config(), mode)
     monkeypatch.setenv("REPLICA_GROUP_ID", "5")
     with pytest.raises(ConfigError, match=r"^runtime\.fault_tolerance\.replica_id \(got 5\) must "
                        r"be below runtime\.fault_tolerance\.replica_groups \(got 2\): groups "

@@ -423,12 +423,15 @@ class Controller:
             current = self._global_step()
             while current < train_steps and not self._stopping():
                 target = min(train_steps, interval.next_boundary(current) or train_steps)
+                jumped = self._clock.jumped
                 # A checkpoint due at the evaluation's step is saved after the evaluation, so
                 # that a restarted run knows the evaluation happened.
                 self._train_until(target, None, defer_save_at=target)
                 current = self._global_step()
                 if self._stopping() or current >= train_steps:
                     break
+                if current != target and self._clock.jumped != jumped:
+                    continue  # a heal took the step past it: the live groups evaluated there
                 output = self.evaluate(eval_steps)
                 if self._checkpoints.due(current):
                     self._checkpoints.save()
@@ -584,6 +587,8 @@ class Controller:
         elapsed = time.perf_counter() - start
         after = self._global_step()
         jump = self._clock.jumped - jumped  # a heal's: not run here, and the loop shortened
+        if jump:  # the boundaries the jump passed were trained, and saved, by the live groups
+            self._checkpoints.jumped_to(after)
         done = after - before - jump
         if done != num_steps and not jump and not self.state.stop_requested:
             logger.warning(

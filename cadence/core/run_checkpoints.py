@@ -91,6 +91,13 @@ class RunCheckpoints:
             logger.info("Restored %s (step %d).", path, step)
         return path
 
+    def jumped_to(self, step: int) -> None:
+        """The global step jumped during the loop that ended at `step` (a replica group healed
+        from a live one): the multiples it passed were trained, and saved, by the live groups,
+        so only a multiple at `step` itself is still this group's to save. Checkpoints stay on
+        the interval's multiples after a heal."""
+        self.interval.mark(max(self.interval.last, step - 1))
+
     def due(self, step: int) -> bool:
         """Whether a save is due at `step`: the interval's multiple was reached."""
         return self.manager is not None and self.interval.crossed(step)

@@ -199,6 +199,9 @@ class SummaryManager:
             both values; MLflow's latest value of the metric is the new one. Never for a
             training directory: its files are large, and a resumed run's repeats are the
             readers' to handle.
+        writes: None: a manager that is `enabled` writes. A function: whether it writes the
+            logs it is given now -- False when another job writes the same logs (replica
+            groups evaluate alike: the first of the live groups writes the evaluations).
 
     Raises:
         ValueError: for an unknown writer name.
@@ -216,8 +219,10 @@ class SummaryManager:
         enabled: bool | None = None,
         run_dir: str | os.PathLike[str] | None = None,
         replace_steps: bool = False,
+        writes: Callable[[], bool] | None = None,
     ) -> None:
         self.summary_dir = Path(summary_dir) if summary_dir is not None else None
+        self.writes = writes
         self.run_dir = Path(run_dir) if run_dir is not None else self.summary_dir
         self.replace_steps = replace_steps
         self._global_step = global_step
@@ -269,7 +274,7 @@ class SummaryManager:
                 (e.g. which checkpoint an evaluation ran on): JSON lines keep them, TensorBoard
                 does not show them.
         """
-        if not self.active:
+        if not self.active or (self.writes is not None and not self.writes()):
             return
         step = self._step(step)
         with self._writing():

@@ -20,7 +20,7 @@ import logging
 import math
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,11 @@ class BestCheckpointExporter:
         metric_name: the evaluation metric; "a/b" or "a|b" for nested logs.
         metric_comp: ``"higher"`` or ``"lower"`` is better.
         max_to_keep: how many of the best to keep.
+        writes: None: this job writes the exports (its rank 0). A function: whether this job
+            writes them now -- False when another writes them (replica groups: the first of
+            the live groups, `cadence.CheckpointManager`'s `writes` too); every job decides the
+            same, from the ledger on disk, read again before each decision (another job keeps
+            it).
 
     Raises:
         ValueError: for a bad `metric_comp`, `metric_name` or `max_to_keep`.
@@ -81,7 +86,8 @@ class BestCheckpointExporter:
     """
 
     def __init__(self, export_dir: str | os.PathLike[str], metric_name: str,
-                 metric_comp: str = "higher", max_to_keep: int = 1) -> None:
+                 metric_comp: str = "higher", max_to_keep: int = 1,
+                 writes: Callable[[], bool] | None = None) -> None:
         if metric_comp not in ("higher", "lower"):
             raise ValueError(f"`metric_comp` (got {metric_comp!r}) must be 'higher' or 'lower'.")
         if not metric_name:
@@ -95,6 +101,8 @@ class BestCheckpointExporter:
         self.mode = COMP_TO_MODE[metric_comp]
         """The direction in the engine's words (``"max"`` for ``"higher"``)."""
         self.max_to_keep = max_to_keep
+        self.writes = writes
+        """Whether this job writes the files now (None: it does); see the class."""
         self._entries: list[dict[str, Any]] = self._read_ledger()
 
     # ------------------------------------------------------------------ the ledger
@@ -168,6 +176,8 @@ class BestCheckpointExporter:
             MissingMetricError: a `KeyError`, if the metric is not in `eval_logs` (the message
                 lists those that are).
         """
+        if self.writes is not None:  # another job may have exported since: its ledger
+            self._entries = self._read_ledger()
         value = _lookup(eval_logs, self.metric_name)
         if not is_scalar(value):
             raise ValueError(f"The metric {self.metric_name!r} is not a scalar: {value!r}.")
@@ -189,7 +199,7 @@ class BestCheckpointExporter:
         # follow on rank 0 alone (in the background if asked).
         self._entries = kept
         weights = host_weights(model)  # a collective for a sharded model: on every rank
-        if process_rank() != 0:
+        if process_rank() != 0 or (self.writes is not None and not self.writes()):
             return False
         files = model_config_files(model) if isinstance(model, nn.Module) else {}
         if coordinator is not None:

@@ -6,6 +6,7 @@ directory as it was; what the config's values alone decide is `cadence.task.conf
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from cadence.task.build_checks import built_metrics
 from cadence.task.config import ExperimentConfig
 from cadence.task.config_checks import MODES, replica_id_problem
 from cadence.task.task import Task
+
+logger = logging.getLogger("cadence")
 
 
 def check_mode(mode: str) -> str:
@@ -98,20 +101,20 @@ def check_best_metric(config: ExperimentConfig, task: Task, names: set[str] | No
 
 def replica_options(config: ExperimentConfig, mode: str) -> ReplicaOptions | None:
     """Where this process's replica group stands, when ``runtime.fault_tolerance`` is enabled
-    (its id and the lighthouse from the config, else from ``REPLICA_GROUP_ID`` and
-    ``TORCHFT_LIGHTHOUSE``); None otherwise.
+    and `mode` trains (its id and the lighthouse from the config, else from
+    ``REPLICA_GROUP_ID`` and ``TORCHFT_LIGHTHOUSE``); None otherwise: the evaluation modes
+    (``eval``, ``continuous_eval``) of a run trained by replica groups evaluate it as one job.
 
     Raises:
-        ConfigError: for a mode other than ``train``, or an id or a lighthouse that is missing
-            or does not fit.
+        ConfigError: for an id or a lighthouse that is missing or does not fit.
     """
     ft = config.runtime.fault_tolerance
     if not ft.enabled:
         return None
     key = "runtime.fault_tolerance"
-    if mode != "train":
-        raise ConfigError(f"{key}.enabled trains replica groups in mode 'train' (got {mode!r}): "
-                          "pass --mode train, and evaluate the checkpoints with cadence eval.")
+    if not mode.startswith("train"):  # the mode is for training: one job evaluates the run
+        logger.info("%s.enabled is for training: %s evaluates as one job.", key, mode)
+        return None
     replica_id = ft.replica_id
     if replica_id is None:
         text = os.environ.get("REPLICA_GROUP_ID", "")

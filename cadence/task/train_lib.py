@@ -181,24 +181,26 @@ def create_writers(config: ExperimentConfig, run: RunDirectory) -> list[WriterSp
 
 
 def create_summaries(config: ExperimentConfig, run: RunDirectory,
-                     global_step: Callable[[], int], replica: int | None = None,
+                     global_step: Callable[[], int], groups: ReplicaGroups | None = None,
                      ) -> tuple[SummaryManager, SummaryManager]:
     """The train and eval summary managers of the run (one, when both write to one directory);
     a replica group of a fault-tolerant job writes its training summaries in
-    ``train/replica-<g>``.
+    ``train/replica-<g>``, and the evaluations -- the same in every group -- when it is the
+    group that writes the checkpoints.
 
     Raises:
         ConfigError: when a writer's library is not installed (on rank 0, the one that writes).
     """
     writers = create_writers(config, run)
-    train_dir = run.train if replica is None else run.train / f"replica-{replica}"
+    train_dir = (run.train if groups is None
+                 else run.train / f"replica-{groups.options.replica_id}")
     try:
         train = SummaryManager(train_dir, global_step, writers=writers, run_dir=run.root)
-        if run.eval == run.train:
+        if run.eval == run.train and groups is None:
             return train, train
         # An evaluation of a step evaluated before replaces its records (`cadence eval`).
         return train, SummaryManager(run.eval, global_step, writers=writers, run_dir=run.root,
-                                     replace_steps=True)
+                                     replace_steps=True, writes=_writer_of(groups))
     except ImportError as error:
         raise ConfigError(f"runtime.writers: {error}") from None
 
@@ -217,17 +219,27 @@ def create_trainer(config: ExperimentConfig, task: Task, train: bool, evaluate: 
                    checkpoint_exporter=checkpoint_exporter, replicas=replicas)
 
 
-def maybe_create_best_ckpt_exporter(config: ExperimentConfig,
-                                    run: RunDirectory) -> BestCheckpointExporter | None:
+def maybe_create_best_ckpt_exporter(config: ExperimentConfig, run: RunDirectory,
+                                    groups: ReplicaGroups | None = None,
+                                    ) -> BestCheckpointExporter | None:
     """The exporter that ``trainer.best_checkpoint_*`` asks for, or None when either the
-    sub-directory or the metric is empty."""
+    sub-directory or the metric is empty. With replica groups every group decides, and the
+    group that writes the checkpoints writes the exports: once."""
     trainer = config.trainer
     if not trainer.best_checkpoint_export_subdir or not trainer.best_checkpoint_eval_metric:
         return None
     return BestCheckpointExporter(
         run.best, trainer.best_checkpoint_eval_metric,
         trainer.best_checkpoint_metric_comp, trainer.best_checkpoint_max_to_keep,
+        writes=_writer_of(groups),
     )
+
+
+def _writer_of(groups: ReplicaGroups | None) -> Callable[[], bool] | None:
+    """Whether this replica group writes what every group computes alike (checkpoints,
+    evaluations, exports): the first of the live groups, asked at each write; None without
+    replica groups (the job's rank 0 writes)."""
+    return (lambda: groups.writes_checkpoints) if groups is not None else None
 
 
 def run_experiment(
@@ -472,7 +484,7 @@ class _RunParts:
         if evaluates:
             check_best_metric(config, task, names)
         check_config_callbacks(config, mode, names)
-        exporter = maybe_create_best_ckpt_exporter(config, run) if evaluates else None
+        exporter = maybe_create_best_ckpt_exporter(config, run, groups) if evaluates else None
         trainer = create_trainer(config, task, train=trains, evaluate=evaluates,
                                  checkpoint_exporter=exporter, replicas=groups)
         state: Any = trainer
@@ -486,7 +498,7 @@ class _RunParts:
             strict=trains, read_only=not trains,
             async_save=trainer_config.async_checkpoints and trains,
             on_commit=record.timeline.commit if record is not None else None,
-            writes=(lambda: groups.writes_checkpoints) if groups is not None else None,
+            writes=_writer_of(groups),
             writer=f"r{groups.options.replica_id}" if groups is not None else "")
         return cls(config, mode, run, trainer, manager, state, record, groups)
 
@@ -511,8 +523,7 @@ class _RunParts:
         trainer_config = config.trainer
         groups = self.groups
         summaries, eval_summaries = self.summaries = create_summaries(
-            config, self.run, lambda: trainer.global_step,
-            replica=groups.options.replica_id if groups is not None else None)
+            config, self.run, lambda: trainer.global_step, groups)
         builtin: list[Callback] = [ProgressBar(enabled=progress_bar)] if trains else []
         if trains:
             builtin.append(LossGuard("training_loss", trainer_config.loss_upper_bound,
