@@ -63,6 +63,7 @@ _EXPORTS = {
     "register_experiment": "cadence.task.registry",
     "register_task": "cadence.task.registry",
     "run_experiment": "cadence.task.train_lib",
+    "RunRecord": "cadence.records.run_record",
     "RunState": "cadence.core.callbacks",
     "RuntimeConfig": "cadence.task.config",
     "save_config": "cadence.task.config_files",
@@ -144,6 +145,7 @@ if TYPE_CHECKING:  # `name as name`: re-exported, for type checkers
     from cadence.engine.standard_runner import StandardEvaluatorOptions as StandardEvaluatorOptions
     from cadence.engine.standard_runner import StandardTrainer as StandardTrainer
     from cadence.engine.standard_runner import StandardTrainerOptions as StandardTrainerOptions
+    from cadence.records.run_record import RunRecord as RunRecord
     from cadence.task.config import DataConfig as DataConfig
     from cadence.task.config import EMAConfig as EMAConfig
     from cadence.task.config import ExperimentConfig as ExperimentConfig

@@ -179,7 +179,7 @@ def test_a_killed_replica_group_rejoins_and_every_group_ends_with_the_same_weigh
         job_in, ranks, strategy):
     job = job_in(ranks, 600, [f"runtime.strategy={strategy}",
                               "task.train_data.global_batch_size=32"])
-    victim, _, restarted_at = kill_one_group_and_bring_it_back(job, seed=ranks)
+    victim, killed_at, restarted_at = kill_one_group_and_bring_it_back(job, seed=ranks)
     # It joined within the join timeout of its start (the first loop it ended in step with
     # the others: its step jumped to theirs, healed from the live group).
     rejoined = [(step, t) for _, step, t in job.loops(victim) if t > restarted_at]
@@ -188,6 +188,39 @@ def test_a_killed_replica_group_rejoins_and_every_group_ends_with_the_same_weigh
     checkpoints = sorted(os.listdir(job.run / "checkpoints"))
     assert checkpoints[-1] == "ckpt-600"  # written by one group, the one the others follow
     assert_on_multiples(checkpoints, 100)
+    assert_goodput_of_groups(job, victim, killed_at, ranks)
+    # cadence says in one line each that a group left and joined (issue 42), once per group
+    survivor = (job.root / f"group-{1 - victim}.log").read_text()
+    assert survivor.count("A replica group left: 1 of 2 groups train on") == 1, survivor
+    assert survivor.count("A replica group joined: 2 of 2 groups train") == 1, survivor
+    assert (job.root / f"group-{victim}.log").read_text().count(
+        f"Replica group {victim} joined the others: it took a live group's state.") == 1
+
+
+def assert_goodput_of_groups(job, victim, killed_at, ranks):
+    """The survivor's wait for the groups to agree once the other died (the lighthouse's
+    heartbeat: 1 s here) is in its timeline, and goodput counts it as a stall, not productive
+    time; each attempt names its group; the job has an ideal step time; each group's other
+    ranks' waits are read."""
+    from cadence.records.goodput import run_goodput
+    from cadence.records.timeline import read_timeline
+
+    survivor = 1 - victim
+    timeline = read_timeline(job.run)
+    stalled = sum(e["stall_s"] for e in timeline.replicas[survivor]
+                  if e.event == "loop_end" and e.t > killed_at)
+    assert stalled >= 0.5, stalled
+    report = run_goodput(job.run)
+    group = next(r for r in report.replicas if r.replica == survivor)
+    loops = [e for e in timeline.replicas[survivor] if e.event == "loop_end"]
+    seconds = sum(e["seconds"] - e["data_wait_s"] - e["checkpoint_wait_s"] for e in loops)
+    assert group.productive_s <= seconds - stalled + 1e-6
+    assert {a.replica for a in report.attempts} == {0, 1}
+    assert [a.replica for a in report.attempts].count(victim) == 2  # killed, and started again
+    assert report.ideal_step_s is not None and report.ideal_goodput is not None
+    if ranks > 1:
+        assert {(row["replica"], row["rank"]) for row in report.ranks} == {
+            (g, r) for g in (0, 1) for r in range(ranks)}
 
 
 def assert_on_multiples(checkpoints, interval):

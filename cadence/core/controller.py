@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -60,6 +61,7 @@ from cadence.core.intervals import (
     steps_until_boundary,
 )
 from cadence.core.logs import format_logs
+from cadence.core.notebook import show_log_lines
 from cadence.core.preemption import Preemption
 from cadence.core.progress import Progress
 from cadence.core.protocols import (
@@ -72,6 +74,7 @@ from cadence.core.protocols import (
 )
 from cadence.core.rank import world_size
 from cadence.core.run_checkpoints import RunCheckpoints
+from cadence.core.run_dir import RunDirectory
 from cadence.core.summary import DEFAULT_WRITERS, RunSummaries, WriterSpec, to_host
 
 logger = logging.getLogger("cadence")
@@ -191,13 +194,20 @@ class Controller:
         log_loops: log a line after each training loop (``cadence.loop``); a front-end whose
             monitors print the loop's scalars themselves (tensorpack's `ScalarPrinter`) passes
             False.
-        run_dir: the run's directory (a `cadence.core.run_dir.RunDirectory`), where built-in
-            callbacks write by default (``RunState.run_dir``).
+        run_dir: the run's directory (a path or a `cadence.core.run_dir.RunDirectory`; by
+            default the `record`'s), where built-in callbacks write by default
+            (``RunState.run_dir``), and where a run that continues from the checkpoint restored
+            here says so (``resumes.jsonl``: ``cadence plot`` marks it).
         record: the run's record (a `cadence.records.run_record.RunRecord`, or anything with the
             methods of `cadence.core.protocols.RunRecordLike`) of a process that trains in a
             run directory: the Controller records each loop's end (its time, and how long
             it waited for input), evaluation, restore, save and signal in its timeline, and
-            adds the run's ``goodput`` so far to each loop's logs.
+            adds the run's ``goodput`` so far to each loop's logs; ``cadence goodput RUN``
+            reads it. A bare Controller's user makes it around the attempt::
+
+                with cadence.RunRecord("runs/mine") as record:
+                    controller = cadence.Controller(..., record=record)
+                    controller.train(1000)
 
     Raises:
         ValueError: if neither a trainer nor an evaluator is given, an interval or
@@ -252,6 +262,11 @@ class Controller:
         """Log a line after each training loop (``cadence.loop``); a front-end whose monitors
         print the loop's scalars themselves (tensorpack's `ScalarPrinter`) turns it off."""
         self.record = record
+        if run_dir is None and record is not None:
+            run_dir = record.run_dir
+        if isinstance(run_dir, (str, os.PathLike)):
+            run_dir = RunDirectory(run_dir)
+        show_log_lines()  # to the terminal, unless the user configured logging
         # Managers built here are closed at the end of every entry point (train,
         # train_and_evaluate, evaluate, evaluate_continuously); injected ones are flushed.
         self._summaries = RunSummaries(summary_dir, eval_summary_dir, summary_manager,
@@ -264,10 +279,11 @@ class Controller:
         self._checkpoints = RunCheckpoints(checkpoint_manager, self._global_step,
                                            self.callbacks, self.state, record)
         self._preemption = self._new_preemption(handle_signals)
+        self._resumed_from: str | None = None
         if checkpoint_manager is not None:
             checkpoint_manager.track("controller", self)
             checkpoint_manager.track("callbacks", self.callbacks)
-            self.restore_checkpoint()
+            self._resumed_from = self.restore_checkpoint()
         self._sync_state()
 
     def _state_and_clock(self, run_dir: Any) -> tuple[RunState, RunClock]:
@@ -384,6 +400,7 @@ class Controller:
         """
         self._require("trainer")
         self._check_target(steps, epochs)
+        self._record_resume(steps, epochs)
         self.state.target_step = steps if steps is not None else self._target_for(epochs)
         self.state.target_epoch = epochs
         with self._training():
@@ -417,6 +434,7 @@ class Controller:
         self._check_target(train_steps, None)
         check_eval_steps(eval_steps)
         interval = Interval(check_interval("eval_interval", eval_interval))
+        self._record_resume(train_steps, None)
         self.state.target_step = train_steps
         output = None
         with self._training():
@@ -457,6 +475,17 @@ class Controller:
                 f"{type(self.trainer).__name__}); subclass cadence.StandardTrainer, or pass "
                 "`steps`."
             )
+
+    def _record_resume(self, steps: int | None, epochs: int | None) -> None:
+        """A run that continues from the checkpoint restored when the Controller was built
+        says so once in its directory (`RunDirectory.record_resume`: ``cadence plot`` marks
+        it) -- not a finished run run again (its target of `steps` or `epochs` reached)."""
+        restored, self._resumed_from = self._resumed_from, None
+        run_dir = self.state.run_dir
+        step = self._global_step()
+        if (restored is not None and isinstance(run_dir, RunDirectory) and step > 0
+                and not self._reached(steps, epochs)):
+            run_dir.record_resume(step, restored)
 
     def _target_for(self, epochs: int | None) -> int | None:
         """The global step at which `epochs` epochs will be completed, when the trainer knows."""

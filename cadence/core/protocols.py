@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from cadence.core.checkpoint_dir import CheckpointInfo
@@ -161,6 +162,10 @@ class RunRecordLike(Protocol):
 
     @property
     def timeline(self) -> TimelineLike: ...
+
+    @property
+    def run_dir(self) -> Path:
+        """The run's directory."""
 
     def loop_logs(self) -> Mapping[str, Any]: ...
 

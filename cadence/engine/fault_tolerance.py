@@ -38,6 +38,7 @@ import datetime
 import logging
 import os
 import re
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
@@ -152,6 +153,11 @@ class ReplicaGroups:
         )
         self.discarded = 0
         """Steps this group ran that were not committed (a group died during them)."""
+        self._began = self._reducing = 0.0  # host clock of the step's beginning, its reduction
+        self._stall_s = self._discarded_s = 0.0
+        self._waiting = True  # the next committed step's reduction waited for a quorum to form
+        self._live: int | None = None  # groups in the last quorum
+        self._healed = False
 
     # ------------------------------------------------------------------ healing
 
@@ -161,8 +167,13 @@ class ReplicaGroups:
         """Makes `part` part of what a joining group takes from a live one (by `name`, the same
         on every group): its ``state_dict`` is sent, its ``load_state_dict`` takes it -- or
         `save` and `load` instead."""
-        self.manager.register_state_dict_fn(name, load or part.load_state_dict,
-                                            save or part.state_dict)
+        take = load or part.load_state_dict
+
+        def load_healing(state: dict[str, Any]) -> Any:
+            self._healed = True
+            return take(state)
+
+        self.manager.register_state_dict_fn(name, load_healing, save or part.state_dict)
 
     # ------------------------------------------------------------------ the step
 
@@ -172,6 +183,7 @@ class ReplicaGroups:
         Raises:
             ReplicaGroupFailure: when the groups cannot agree any more (see `commit`).
         """
+        self._began = time.perf_counter()
         with self._failures("starting a step's quorum"):
             self.manager.start_quorum()
 
@@ -180,6 +192,7 @@ class ReplicaGroups:
         """Averages the gradients of `parameters` (each rank's local shards) over the live
         groups, in one reduction per dtype. A parameter without a gradient counts as zeros, so
         that every group reduces the same tensors."""
+        self._reducing = time.perf_counter()
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for parameter in parameters:
             if not parameter.requires_grad:
@@ -208,20 +221,57 @@ class ReplicaGroups:
         """
         with self._failures("agreeing on the step"):
             committed = bool(self.manager.should_commit())
-        if not committed:
+        reduced = max(0.0, time.perf_counter() - self._reducing)
+        changed = self._note_membership()
+        if not committed:  # its compute is thrown away; its reduction waited on the dead group
             self.discarded += 1
+            self._discarded_s += max(0.0, self._reducing - self._began)
+            self._stall_s += reduced
+            self._waiting = True
+        elif self._waiting or changed:  # its reduction waited for a quorum to form
+            self._stall_s += reduced
+            self._waiting = False
         return committed
+
+    def waits(self) -> dict[str, float]:
+        """What the training thread lost to the groups so far (host seconds), as a run's
+        timeline records it with each loop (`cadence.records.timeline`): ``stall_s``, waiting
+        for the groups to agree -- the detection of a dead group (the discarded step's
+        reduction and the next quorum) and the wait to join a quorum at the start -- and
+        ``discarded_s``, the compute of the steps no group committed. A step's reduction
+        counts as a stall when the step was discarded, follows one, is this process's first,
+        or met a quorum of other groups than the step before."""
+        return {"stall_s": self._stall_s, "discarded_s": self._discarded_s}
+
+    def _note_membership(self) -> bool:
+        """Logs, in one line each, a group that left or joined the quorum, and this group's own
+        join (it took a live group's state); returns whether the live groups changed at this
+        step (the quorum was formed anew: the step waited for it)."""
+        with self._failures("counting the live groups"):
+            live = int(self.manager.num_participants())
+        previous, self._live = self._live, live
+        said = self.group_rank == 0  # one line a group
+        if self._healed:  # the quorum it healed in counted only the groups it joined
+            self._healed, self._live = False, None  # the next one, with it, is no news
+            if said:
+                logger.info("Replica group %d joined the others: it took a live group's state.",
+                            self.options.replica_id)
+            return True
+        if previous is None or live == previous:
+            return False
+        if said and live < previous:
+            logger.warning("A replica group left: %d of %d groups train on (this is group %d).",
+                           live, self.options.replica_groups, self.options.replica_id)
+        elif said:
+            logger.info("A replica group joined: %d of %d groups train (this is group %d).",
+                        live, self.options.replica_groups, self.options.replica_id)
+        return True
 
     @property
     def writes_checkpoints(self) -> bool:
         """Whether this group writes the job's checkpoints: the first of the live groups."""
         with self._failures("choosing the group that writes the checkpoint"):
             return int(self.manager.participating_rank() or 0) == 0
-
-    def live_groups(self) -> int:
-        """How many groups took part in the last quorum."""
-        with self._failures("counting the live groups"):
-            return int(self.manager.num_participants())
 
     def input_context(self) -> InputContext:
         """This rank's share of the data: shard ``replica_id * group_size + group_rank`` of

@@ -1,24 +1,36 @@
 """`RunRecord`: what a training process records of its run as it goes -- its timeline, and on
 rank 0 the goodput so far.
 
-The front-end that trains in a run directory under its lock (``run_experiment``, the
-``cadence`` command) makes one and hands it to the Controller, which records the loops,
-evaluations, restores and saves it drives (`cadence.records.timeline` lists the events); the
-checkpoint manager records its commits. On rank 0 the record also keeps a live
-`cadence.records.goodput.GoodputCalculator`, seeded with the earlier attempts' timeline, so that the
-Controller can write a ``goodput`` scalar with every loop's logs: the same figure ``cadence
-goodput RUN`` prints afterwards. Other ranks write only their own waits. Nothing here imports
-torch.
+Every front-end that trains in a run directory keeps one and hands it to the engine: the Task
+front-end (``run_experiment``, the ``cadence`` command, under the lock it takes first), the
+tensorpack trainers (their ``logdir``), `TrainLoop` (its ``checkpoint_dir``), and a bare
+`cadence.Controller` whose user makes one::
+
+    with RunRecord("runs/mine") as record:     # the run's lock, and the attempt's start
+        controller = cadence.Controller(..., record=record)
+        controller.train(1000)
+                                                # the attempt's end: finished, preempted, error
+
+The Controller records the loops, evaluations, restores, saves and signals it drives
+(`cadence.records.timeline` lists the events); the checkpoint manager records its commits. On
+rank 0 the record also keeps a live `cadence.records.goodput.GoodputCalculator`, seeded with the
+earlier attempts' timeline, so that the Controller can write a ``goodput`` scalar with every
+loop's logs: the same figure ``cadence goodput RUN`` prints afterwards. Other ranks write only
+their own waits. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from cadence.core.errors import Preempted
+from cadence.core.rank import process_rank, world_size
+from cadence.core.run_dir import RunDirectory
 from cadence.records.goodput import GoodputCalculator
 from cadence.records.timeline import Timeline, read_timeline
 
@@ -26,19 +38,39 @@ from cadence.records.timeline import Timeline, read_timeline
 class RunRecord:
     """A training process's record of its run (see the module docstring).
 
+    Used as a context manager, it is the attempt: entering takes the run's lock (rank 0:
+    ``train.lock``, a second trainer in the directory is refused) and records the start;
+    leaving records how the block ended -- finished, preempted (`cadence.Preempted`) or an
+    error -- and releases the lock. A front-end that takes the lock itself calls `begin` and
+    `finish` instead.
+
     Args:
         run_dir: the run's directory.
-        rank: this process's rank (0 writes the run's record and keeps the goodput).
+        rank: this process's rank (0 writes the run's record and keeps the goodput); None: the
+            job's (`cadence.core.rank.process_rank`).
         replica: its replica group in the fault-tolerant mode, else None.
         clock: the wall clock (tests pass their own).
+        waits: returns the training thread's cumulative waits that each loop's record holds
+            besides its input and checkpoint waits (a replica group's ``stall_s`` and
+            ``discarded_s``: `cadence.engine.fault_tolerance.ReplicaGroups.waits`); each
+            ``loop_end`` gets what they grew by in the loop.
 
     Attributes:
         timeline: the `Timeline` every event goes to.
+        run_dir: the run's directory.
+
+    Raises:
+        RunLockedError: on entering, if another process trains in the run.
+        StorageError: on entering, if the lock cannot be written (a full disk).
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], *, rank: int = 0,
-                 replica: int | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], *, rank: int | None = None,
+                 replica: int | None = None, clock: Callable[[], float] = time.time,
+                 waits: Callable[[], Mapping[str, float]] | None = None) -> None:
+        rank = process_rank() if rank is None else rank
+        self.run_dir = Path(run_dir)
         self._clock = clock
+        self._attempt = contextlib.ExitStack()
         self.begun = False
         self._goodput: GoodputCalculator | None = None
         if rank == 0:
@@ -48,7 +80,9 @@ class RunRecord:
             self._goodput.add_all(earlier.run if replica is None
                                   else earlier.replicas.get(replica, ()))
         self.timeline = Timeline(run_dir, rank=rank, replica=replica, clock=clock,
-                                 listener=self._goodput.add if self._goodput else None)
+                                 listener=self._goodput.add if self._goodput else None,
+                                 waits=waits)
+        self.rank = rank
 
     def begin(self, world_size: int, replicas: int | None = None) -> None:
         """The attempt begins (`Timeline.start`): the process built its parts and checked
@@ -80,6 +114,22 @@ class RunRecord:
     def close(self) -> None:
         """Closes the timeline's file."""
         self.timeline.close()
+
+    def __enter__(self) -> RunRecord:
+        if self.rank == 0:
+            self._attempt.enter_context(RunDirectory(self.run_dir).training_lock())
+        try:
+            self.begin(world_size())
+        except BaseException:
+            self._attempt.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            self.finish(exc)
+        finally:
+            self._attempt.close()
 
 
 def outcome_of(error: BaseException | None) -> tuple[str, int | None, str | None]:

@@ -62,6 +62,7 @@ from cadence.core.callbacks import Callback
 from cadence.core.checkpoint_dir import CheckpointDirectory
 from cadence.core.controller import Action, Controller
 from cadence.core.errors import CheckpointError, ConfigError, DivergenceError, StorageError
+from cadence.core.notebook import show_log_lines
 from cadence.core.rank import process_rank, world_size
 from cadence.core.run_dir import RunDirectory
 from cadence.core.storage import name_newest, storage_error
@@ -304,6 +305,7 @@ def run_experiment(
     model_dir, callbacks, train_actions, eval_actions = _check_arguments(
         mode, model_dir, callbacks, train_actions, eval_actions, progress_bar,
         allow_config_change, checkpoint)
+    show_log_lines()  # to the terminal, unless the user configured logging
     if isinstance(config, str):
         config = load_config(config)
     if not isinstance(config, ExperimentConfig):
@@ -432,7 +434,8 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
     groups = (ReplicaGroups(replicas, process_rank(), world_size())
               if replicas is not None else None)
     record = (RunRecord(run.root, rank=process_rank(),
-                        replica=replicas.replica_id if replicas is not None else None)
+                        replica=replicas.replica_id if replicas is not None else None,
+                        waits=groups.waits if groups is not None else None)
               if trains else None)
     try:
         parts = _RunParts.build(config, mode, run, record, groups)
@@ -541,14 +544,13 @@ class _RunParts:
             record=self.record)
 
     def start_run_directory(self, differences: list[str]) -> None:
-        """The run has started: its config is the directory's from now on (`params.yaml`), the
-        writers that keep hyper-parameters get them, and a continued run says from where."""
-        config, trainer = self.config, self.trainer
+        """The run has started: its config is the directory's from now on (`params.yaml`), and
+        the writers that keep hyper-parameters get them. (A continued run says from where as
+        it starts training: the Controller records it.)"""
+        config = self.config
         assert self.summaries is not None
         save_run_config(config, self.run, differences)
         self.summaries[0].write_hparams(flatten_config(config))  # MLflow params, W&B config
-        if 0 < trainer.global_step < config.trainer.train_steps:  # it continues from there
-            self.run.record_resume(trainer.global_step, self.manager.latest_checkpoint)
 
     def run_mode(self, controller: Controller, chosen: Path | None) -> dict[str, Any]:
         """Runs the mode through `controller`; returns its last evaluation's logs. However it

@@ -431,3 +431,32 @@ def test_on_cuda_steps_make_no_host_syncs():
         for _ in range(10):  # crosses passes over the data
             trainer.run_step()
     assert syncs.count == 0, syncs.calls
+
+
+def test_a_tensorpack_run_records_its_timeline_in_its_logdir_for_cadence_goodput(
+        tmp_path, capsys):
+    """Its logdir is its run's directory: the lock while it trains, and the timeline of each
+    attempt -- here one that crashed at step 12 (after ckpt-7: its epoch's loop, 8..12, never
+    ended) and one that resumed from ckpt-7."""
+    from cadence.records.goodput import run_goodput
+    from cadence.task.cli import main
+
+    def saver():
+        return PeriodicTrigger(ModelSaver(max_to_keep=None), every_k_steps=7)
+
+    class Crash(cadence.Callback):
+        def on_step_end(self, state):
+            if state.global_step == 12:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        launch_train_with_config(regression_config(tmp_path, callbacks=[saver(), Crash()]),
+                                 SimpleTrainer())
+    launch_train_with_config(regression_config(tmp_path, callbacks=[saver()]), SimpleTrainer())
+    report = run_goodput(tmp_path)
+    assert [(a.end, a.first_step, a.last_step) for a in report.attempts] == [
+        ("error", 0, 7), ("finished", 7, 21)]
+    assert report.steps == 21 and report.attempts[0].error == "KeyboardInterrupt"
+    assert [a.committed_step for a in report.attempts] == [7, 21]
+    assert main(["goodput", str(tmp_path)]) == 0
+    assert "2 attempt(s), 21 steps kept" in capsys.readouterr().out
