@@ -48,7 +48,7 @@ from torch import nn
 from cadence.core.errors import JobFailure
 from cadence.core.intervals import check_int
 from cadence.core.rank import local_rank, process_rank, world_size
-from cadence.engine.parallelize import ParallelOptions, parallelize_model, plain_name
+from cadence.engine.parallelize import ParallelOptions, parallelize_model, unwrapped_name
 from cadence.engine.strategies import STRATEGIES
 
 logger = logging.getLogger("cadence")
@@ -464,9 +464,9 @@ def prepare_model(model: nn.Module, strategy: str, device: torch.device,
     if strategy != "none":
         ensure_process_group(device)
         mesh = device_mesh(device)
-    names = {id(param): plain_name(name) for name, param in model.named_parameters()}
+    names = {id(param): unwrapped_name(name) for name, param in model.named_parameters()}
     trained = (parallelize or parallelize_model)(model, mesh, options)
-    now = {plain_name(name): param for name, param in model.named_parameters()}
+    now = {unwrapped_name(name): param for name, param in model.named_parameters()}
     live = {id(param) for param in trained.parameters()}
     for optimizer in optimizers:
         for group in optimizer.param_groups:

@@ -43,7 +43,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -65,27 +65,32 @@ class ReplicaGroupFailure(JobFailure):
     than the minimum are alive)."""
 
 
+class ReplicaSettings(Protocol):
+    """The settings every replica group of a job shares: ``runtime.fault_tolerance``
+    (`cadence.task.config.FaultToleranceConfig`, where they are defined, with their defaults
+    and what each means)."""
+
+    replica_groups: int
+    min_live_groups: int
+    timeout: float
+    quorum_timeout: float
+    connect_timeout: float
+
+
 @dataclass(frozen=True)
 class ReplicaOptions:
-    """Where this group stands among the replica groups, and how long to wait for the others.
+    """Where this process's group stands among the replica groups: what is resolved for it
+    (the config's, else the environment's), beside the job's settings.
 
     Attributes:
         replica_id: this group's number, from 0.
-        replica_groups: how many groups the job has (its data is sharded over all of them).
-        min_live_groups: the fewest groups that may train on.
         lighthouse: the lighthouse's address, ``http://host:port``.
-        timeout: seconds a cross-group reduction, a commit or a heal may take.
-        quorum_timeout: seconds a step waits for its quorum.
-        connect_timeout: seconds to reach the lighthouse and the other groups.
+        settings: the settings every group shares.
     """
 
     replica_id: int
-    replica_groups: int
-    min_live_groups: int = 1
-    lighthouse: str = ""
-    timeout: float = 60.0
-    quorum_timeout: float = 60.0
-    connect_timeout: float = 10.0
+    lighthouse: str
+    settings: ReplicaSettings
 
 
 def reach_lighthouse(address: str, timeout: float) -> None:
@@ -135,18 +140,19 @@ class ReplicaGroups:
                               "torchrun (torchrun --standalone --nproc_per_node=N -m cadence "
                               "train ...), also a group of one rank: torchft's Manager joins "
                               "the launcher's store.")
-        reach_lighthouse(options.lighthouse, options.connect_timeout)
+        settings = options.settings
+        reach_lighthouse(options.lighthouse, settings.connect_timeout)
         self.options = options
         self.group_rank, self.group_size = group_rank, group_size
         seconds = datetime.timedelta
         self.manager = torchft.Manager(
-            pg=torchft.ProcessGroupGloo(timeout=seconds(seconds=options.timeout)),
+            pg=torchft.ProcessGroupGloo(timeout=seconds(seconds=settings.timeout)),
             load_state_dict=None, state_dict=None,
-            min_replica_size=options.min_live_groups,
+            min_replica_size=settings.min_live_groups,
             use_async_quorum=True,
-            timeout=seconds(seconds=options.timeout),
-            quorum_timeout=seconds(seconds=options.quorum_timeout),
-            connect_timeout=seconds(seconds=options.connect_timeout),
+            timeout=seconds(seconds=settings.timeout),
+            quorum_timeout=seconds(seconds=settings.quorum_timeout),
+            connect_timeout=seconds(seconds=settings.connect_timeout),
             replica_id=f"cadence_{options.replica_id}",
             lighthouse_addr=options.lighthouse,
             init_sync=False,  # every group starts from the same seed or checkpoint
@@ -261,10 +267,10 @@ class ReplicaGroups:
             return False
         if said and live < previous:
             logger.warning("A replica group left: %d of %d groups train on (this is group %d).",
-                           live, self.options.replica_groups, self.options.replica_id)
+                           live, self.options.settings.replica_groups, self.options.replica_id)
         elif said:
             logger.info("A replica group joined: %d of %d groups train (this is group %d).",
-                        live, self.options.replica_groups, self.options.replica_id)
+                        live, self.options.settings.replica_groups, self.options.replica_id)
         return True
 
     @property
@@ -277,7 +283,7 @@ class ReplicaGroups:
         """This rank's share of the data: shard ``replica_id * group_size + group_rank`` of
         ``replica_groups * group_size``."""
         options = self.options
-        shards = options.replica_groups * self.group_size
+        shards = options.settings.replica_groups * self.group_size
         return InputContext(shards, options.replica_id * self.group_size + self.group_rank,
                             shards)
 
@@ -294,7 +300,8 @@ class ReplicaGroups:
                 f"Replica group {self.options.replica_id} failed {what} ({type(error).__name__}"
                 f"{': ' + said if said else ''}): the lighthouse at {self.options.lighthouse} is "
                 "probably gone, or too few groups are alive "
-                f"(runtime.fault_tolerance.min_live_groups = {self.options.min_live_groups}). "
+                f"(runtime.fault_tolerance.min_live_groups = "
+                f"{self.options.settings.min_live_groups}). "
                 "The run's checkpoints are kept: start the lighthouse again and run the same "
                 "commands (or train without runtime.fault_tolerance: the checkpoints restore "
                 "either way)."

@@ -34,7 +34,7 @@ logger = logging.getLogger("cadence")
 
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "module.")
 """What wrappers insert into parameter names (activation checkpointing, ``torch.compile`` of a
-module, DDP); `plain_name` removes them."""
+module, DDP); `unwrapped_name` removes them."""
 
 
 @dataclass(frozen=True)
@@ -71,10 +71,10 @@ class ParallelOptions:
                 or self.compile_blocks)
 
 
-def plain_name(name: str) -> str:
+def unwrapped_name(name: str) -> str:
     """A parameter's name without what wrappers insert (`WRAPPER_PREFIXES`).
 
-    >>> plain_name("blocks.0._checkpoint_wrapped_module.attn.weight")
+    >>> unwrapped_name("blocks.0._checkpoint_wrapped_module.attn.weight")
     'blocks.0.attn.weight'
     """
     for prefix in WRAPPER_PREFIXES:

@@ -59,12 +59,16 @@ rank's own ``data_wait_s`` (``rank-<r>.jsonl``) in ``ranks``, whose largest is t
 the slowest rank (in synchronous training it stalls every rank; rank 0 counts that stall as
 compute).
 
-**Replica groups** (the fault-tolerant mode, to come). Each group's record
-(``run-replica-<g>.jsonl``) is its own run, reported on its own in ``replicas``. The job's
-figures are then in group-seconds: capacity = groups x the job's wall time, productive = the sum
-of the groups' productive time, and a group's absence -- its ``between_attempts``, and the time
-before its first attempt or after its last while others trained -- is lost capacity, not
-stopped time. Not combined yet: no run writes replica records today.
+**Replica groups** (the fault-tolerant mode, `cadence.engine.fault_tolerance`). Each group's
+record (``run-replica-<g>.jsonl``) is its own run, reported on its own in ``replicas`` (with its
+ranks' waits, ``replica-<g>-rank-<r>.jsonl``). The job's figures are in group-seconds
+(`capacity_report`): capacity = groups x the job's wall time, productive = the sum of the
+groups' productive time, and a group's absence -- its ``between_attempts``, and the time before
+its first attempt or after its last while others trained -- is lost capacity, not stopped time.
+Within a group's loop, its wait for the groups to agree after one died (``stall_s``: the
+detection) is other time, and the compute of a step no group committed (``discarded_s``) lost
+progress. Each attempt names its group; the job's ideal step time is that of every group's
+surviving loops.
 """
 
 from __future__ import annotations

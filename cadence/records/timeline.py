@@ -94,6 +94,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import IO, Any
 
+from cadence.core.checkpoint_dir import fsync_path
 from cadence.core.errors import ConfigError
 from cadence.core.files import open_append, open_regular, plain_name
 from cadence.core.intervals import is_int
@@ -541,7 +542,7 @@ class Timeline:
             self._handle = open_append(self.path)
             if created:  # the new directory's entry survives a power loss too
                 with contextlib.suppress(OSError):
-                    _fsync_directory(directory.parent)
+                    fsync_path(directory.parent)
         except FileExistsError:
             raise ConfigError(f"{str(directory)!r} is a file where cadence keeps its timeline "
                               "directory: move it away, or use another run directory.") from None
@@ -574,14 +575,6 @@ def _checkpoint_name(checkpoint: str | os.PathLike[str] | None) -> str | None:
     name with spaces, of a checkpoint a user passed)."""
     name = None if checkpoint is None else Path(checkpoint).name
     return name if plain_name(name) and len(str(name)) <= 255 else None
-
-
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------------- the reader

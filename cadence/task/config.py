@@ -419,6 +419,9 @@ class FaultToleranceConfig(Config):
     back takes a live group's state and trains on in step. ``docs/reliability.md`` says how to
     launch it and what it does to the data.
 
+    These are the settings' one definition: the engine reads them
+    (`cadence.engine.fault_tolerance.ReplicaSettings`).
+
     Attributes:
         enabled: train as one of several replica groups (the training modes; ``eval`` and
             ``continuous_eval`` of such a run evaluate it as one job).

@@ -130,5 +130,4 @@ def replica_options(config: ExperimentConfig, mode: str) -> ReplicaOptions | Non
     if not lighthouse:
         raise ConfigError(f"{key}.lighthouse is not set and TORCHFT_LIGHTHOUSE is not set: "
                           f"{LIGHTHOUSE_HINT}.")
-    return ReplicaOptions(replica_id, ft.replica_groups, ft.min_live_groups, lighthouse,
-                          ft.timeout, ft.quorum_timeout, ft.connect_timeout)
+    return ReplicaOptions(replica_id, lighthouse, ft)

@@ -440,7 +440,8 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
     try:
         parts = _RunParts.build(config, mode, run, record, groups)
         if record is not None:
-            record.begin(world_size(), replicas.replica_groups if replicas is not None else None)
+            record.begin(world_size(),
+                         replicas.settings.replica_groups if replicas is not None else None)
             record.timeline.setup_end()
         parts.restore(chosen)
         controller = parts.controller(progress_bar, [*callbacks], train_actions, eval_actions,

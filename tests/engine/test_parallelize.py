@@ -19,9 +19,9 @@ from cadence.engine.parallelize import (
     find_repeated_blocks,
     name_pattern,
     parallelize_model,
-    plain_name,
     repeated_blocks,
     unwrap_model,
+    unwrapped_name,
 )
 from cadence.task.experiments.char_lm import CharLMModelConfig, CharTransformer
 from cadence.task.experiments.gpt import GPT, GPTModelConfig
@@ -45,7 +45,7 @@ def loss_and_grads(model, trained=None):
     x = tokens()
     loss = nn.functional.cross_entropy(trained(x).flatten(0, 1), x.roll(-1, 1).flatten())
     loss.backward()
-    grads = {plain_name(name): p.grad.clone() for name, p in model.named_parameters()}
+    grads = {unwrapped_name(name): p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
     return loss.detach(), grads
 
