@@ -312,6 +312,7 @@ def test_a_resume_is_recorded_in_the_logdir_and_a_finished_run_adds_none(tmp_pat
 
 
 def test_session_init_loads_weights_for_a_fresh_run_only(tmp_path):
+    torch.manual_seed(1234)  # not the seed the run's model is built under: other weights
     source = Regression()
     cadence.BestCheckpointExporter(tmp_path / "pretrained", "x").maybe_export_checkpoint(
         source, {"x": 1.0}, 1)
@@ -321,11 +322,24 @@ def test_session_init_loads_weights_for_a_fresh_run_only(tmp_path):
         def on_train_begin(self, state):
             initial.extend(p.detach().clone() for p in state.trainer.model.parameters())
 
-    config = regression_config(tmp_path / "run", max_epoch=1, callbacks=[Initial()],
+    config = regression_config(tmp_path / "run", max_epoch=1, callbacks=[ModelSaver(), Initial()],
                                session_init=tmp_path / "pretrained")
+    assert not any(torch.equal(a, b) for a, b in zip(source.parameters(),
+                                                     config.model.parameters(), strict=True))
     launch_train_with_config(config, SimpleTrainer())
     for a, b in zip(source.parameters(), initial, strict=True):
         assert torch.equal(a, b)
+    # a run that resumes keeps its trained weights: session_init is not loaded again
+    resumed = []
+
+    class Resumed(cadence.Callback):
+        def on_train_begin(self, state):
+            resumed.extend(p.detach().clone() for p in state.trainer.model.parameters())
+
+    more = regression_config(tmp_path / "run", max_epoch=2, callbacks=[ModelSaver(), Resumed()],
+                             session_init=tmp_path / "pretrained")
+    launch_train_with_config(more, SimpleTrainer())
+    assert not all(torch.equal(a, b) for a, b in zip(source.parameters(), resumed, strict=True))
 
 
 def test_config_and_launch_misuse_is_refused():
