@@ -314,51 +314,45 @@ starting Python, torch and torchft takes up to ~20 s on a loaded 2-core machine)
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_a_group_killed_before_the_first_checkpoint_comes_back_with_its_same_command(job_in):
+@pytest.mark.parametrize("join", [kill_one_group_before_the_first_checkpoint,
+                                  start_one_group_late], ids=["killed early", "started late"])
+def test_a_group_dead_before_the_first_checkpoint_or_started_late_joins_with_its_same_command(
+        job_in, join):
+    """A group killed before the run's first checkpoint, started again, and a group started
+    after the other: each joins with its same command and heals."""
     job = job_in(1, LONG_ENOUGH, NO_CHECKPOINT_YET)
-    victim, restarted_at = kill_one_group_before_the_first_checkpoint(job, seed=7)
-    assert_healed(job, victim, restarted_at)
+    group, since = join(job, seed=7)
+    assert_healed(job, group, since)
     assert sorted(os.listdir(job.run / "checkpoints")) == [f"ckpt-{LONG_ENOUGH}"]
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_a_group_started_after_the_others_joins_with_its_same_command_and_heals(job_in):
-    job = job_in(1, LONG_ENOUGH, NO_CHECKPOINT_YET)
-    late, started_at = start_one_group_late(job, seed=8)
-    assert_healed(job, late, started_at)
-    assert sorted(os.listdir(job.run / "checkpoints")) == [f"ckpt-{LONG_ENOUGH}"]
+def ten_in_a_row(tmp_path, steps, settings, trial_of):
+    """Ten jobs one after the other, each put through `trial_of(trial)` (with its job and a
+    seed of its own), each ending with every group's weights equal."""
+    for trial in range(10):
+        (tmp_path / f"trial-{trial}").mkdir()
+        job = Job(tmp_path / f"trial-{trial}", 1, steps, settings)
+        try:
+            trial_of(trial)(job, seed=100 + trial)
+            assert_groups_equal(job)
+        finally:
+            job.close()
 
 
 @pytest.mark.soak
 @pytest.mark.distributed
 @pytest.mark.timeout(2400)  # ten jobs of 1000 paced steps, each up to 240 s
 def test_ten_early_kills_and_late_starts_in_a_row_each_end_with_equal_weights(tmp_path):
-    for trial in range(10):
-        (tmp_path / f"trial-{trial}").mkdir()
-        job = Job(tmp_path / f"trial-{trial}", 1, LONG_ENOUGH, NO_CHECKPOINT_YET)
-        try:
-            if trial % 2:
-                start_one_group_late(job, seed=200 + trial)
-            else:
-                kill_one_group_before_the_first_checkpoint(job, seed=200 + trial)
-            assert_groups_equal(job)
-        finally:
-            job.close()
+    ten_in_a_row(tmp_path, LONG_ENOUGH, NO_CHECKPOINT_YET, lambda trial: (
+        start_one_group_late if trial % 2 else kill_one_group_before_the_first_checkpoint))
 
 
 @pytest.mark.soak
 @pytest.mark.distributed
 @pytest.mark.timeout(2400)  # ten jobs of 400 paced steps, each up to 240 s
 def test_ten_kills_in_a_row_each_end_with_equal_weights(tmp_path):
-    for trial in range(10):
-        (tmp_path / f"trial-{trial}").mkdir()
-        job = Job(tmp_path / f"trial-{trial}", 1, 400, ["runtime.strategy=none"])
-        try:
-            kill_one_group_and_bring_it_back(job, seed=100 + trial)
-            assert_groups_equal(job)
-        finally:
-            job.close()
+    ten_in_a_row(tmp_path, 400, ["runtime.strategy=none"],
+                 lambda trial: kill_one_group_and_bring_it_back)
 
 
 @pytest.mark.slow

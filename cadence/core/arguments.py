@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from cadence.core.callbacks import Callback
 from cadence.core.hook_checks import describe
 
 
@@ -45,6 +46,18 @@ def check_path(owner: str, name: str, value: Any, example: str, *,
     raise _refuse(owner, name, value, must, example)
 
 
+def _of_kind(owner: str, name: str, value: Any, example: str, none_ok: bool, must: str,
+             holds: Callable[[Any], bool]) -> Any:
+    """`value` if `holds` says it is of its kind (or it is None where `none_ok`).
+
+    Raises:
+        TypeError: for anything else, naming `owner` and `name` and what it `must` be.
+    """
+    if holds(value) or (value is None and none_ok):
+        return value
+    raise _refuse(owner, name, value, must + (" or None" if none_ok else ""), example)
+
+
 def check_bool(owner: str, name: str, value: Any, example: str, *,
                none_ok: bool = False) -> bool | None:
     """`value` if it is True or False (or None where `none_ok`): a string such as ``"no"``
@@ -53,10 +66,8 @@ def check_bool(owner: str, name: str, value: Any, example: str, *,
     Raises:
         TypeError: for anything else, naming `owner` and `name`.
     """
-    if isinstance(value, bool) or (value is None and none_ok):
-        return value
-    raise _refuse(owner, name, value, "True or False" + (" or None" if none_ok else ""),
-                  example)
+    return _of_kind(owner, name, value, example, none_ok, "True or False",
+                    lambda given: isinstance(given, bool))
 
 
 def check_str(owner: str, name: str, value: Any, example: str, *,
@@ -66,9 +77,8 @@ def check_str(owner: str, name: str, value: Any, example: str, *,
     Raises:
         TypeError: for anything else, naming `owner` and `name`.
     """
-    if isinstance(value, str) or (value is None and none_ok):
-        return value
-    raise _refuse(owner, name, value, "a str" + (" or None" if none_ok else ""), example)
+    return _of_kind(owner, name, value, example, none_ok, "a str",
+                    lambda given: isinstance(given, str))
 
 
 def check_callable(owner: str, name: str, value: Any, example: str, *,
@@ -78,9 +88,7 @@ def check_callable(owner: str, name: str, value: Any, example: str, *,
     Raises:
         TypeError: for anything else, naming `owner` and `name`.
     """
-    if callable(value) or (value is None and none_ok):
-        return value
-    raise _refuse(owner, name, value, "a function" + (" or None" if none_ok else ""), example)
+    return _of_kind(owner, name, value, example, none_ok, "a function", callable)
 
 
 def check_items(owner: str, name: str, value: Any, must: str, example: str,
@@ -115,7 +123,23 @@ def check_mapping(owner: str, name: str, value: Any, example: str, *,
     Raises:
         TypeError: for anything else, naming `owner` and `name`.
     """
-    if isinstance(value, Mapping) or (value is None and none_ok):
-        return value
-    raise _refuse(owner, name, value, "a mapping (a dict)" + (" or None" if none_ok else ""),
-                  example)
+    return _of_kind(owner, name, value, example, none_ok, "a mapping (a dict)",
+                    lambda given: isinstance(given, Mapping))
+
+
+def check_run_hooks(owner: str, callbacks: Any, train_actions: Any, eval_actions: Any,
+                    ) -> tuple[list[Callback], list[Any], list[Any]]:
+    """The callbacks (`cadence.Callback` objects) and the Orbit actions (functions of the
+    logs) of a run's driver, as lists (a generator is read once, here).
+
+    Raises:
+        TypeError: for one of them that is not a list of its kind, naming it.
+    """
+    checked = check_items(owner, "callbacks", callbacks, "a list of cadence.Callback objects",
+                          "e.g. callbacks=[cadence.ProgressBar()]",
+                          lambda one: isinstance(one, Callback))
+    actions = [check_items(owner, name, given, "a list of functions of the logs",
+                           f"e.g. {name}=[print]", callable)
+               for name, given in (("train_actions", train_actions),
+                                   ("eval_actions", eval_actions))]
+    return checked, actions[0], actions[1]

@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
-from cadence.core.arguments import check_bool, check_callable, check_items, check_path
+from cadence.core.arguments import check_bool, check_callable, check_path, check_run_hooks
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.clock import RunClock
 from cadence.core.evaluation import Evaluations, evaluate_new_checkpoints
@@ -145,18 +145,12 @@ def _check_kinds(*, summary_dir: Any, eval_summary_dir: Any, global_step: Any,
         if value is not None and not all(callable(getattr(value, m, None)) for m in methods):
             raise TypeError(f"{owner}: `{name}` (got {describe(value)}) must be a {kind} (or "
                             f"have its methods {', '.join(methods)}) or None.")
-    if not isinstance(callbacks, CallbackList):
-        callbacks = check_items(owner, "callbacks", callbacks,
-                                "a list of cadence.Callback objects",
-                                "e.g. callbacks=[cadence.ProgressBar()]",
-                                lambda one: isinstance(one, Callback))
-    actions = [check_items(owner, name, given, "a list of functions of the logs",
-                           f"e.g. {name}=[print]", callable)
-               for name, given in (("train_actions", train_actions),
-                                   ("eval_actions", eval_actions))]
+    given = callbacks
+    checked, train, evaluation = check_run_hooks(
+        owner, [] if isinstance(given, CallbackList) else given, train_actions, eval_actions)
     check_bool(owner, "handle_signals", handle_signals, "e.g. handle_signals=False")
     check_bool(owner, "log_loops", log_loops, "e.g. log_loops=False")
-    return callbacks, actions[0], actions[1]
+    return given if isinstance(given, CallbackList) else checked, train, evaluation
 
 
 class Controller:

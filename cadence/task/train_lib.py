@@ -57,7 +57,7 @@ from torch import nn
 
 from cadence.callbacks.loss_guard import LossGuard
 from cadence.callbacks.progress import ProgressBar
-from cadence.core.arguments import check_bool, check_items, check_path, check_str
+from cadence.core.arguments import check_bool, check_path, check_run_hooks, check_str
 from cadence.core.callbacks import Callback
 from cadence.core.checkpoint_dir import CheckpointDirectory
 from cadence.core.controller import Action, Controller
@@ -368,13 +368,8 @@ def _check_arguments(mode: Any, model_dir: Any, callbacks: Any, train_actions: A
     check_mode(mode)
     path = check_path(owner, "model_dir", model_dir,
                       "the run's directory, e.g. run_experiment(config, mode, 'runs/mine')")
-    checked = check_items(owner, "callbacks", callbacks, "a list of cadence.Callback objects",
-                          "e.g. callbacks=[cadence.ProgressBar()]",
-                          lambda one: isinstance(one, Callback))
-    actions = [check_items(owner, name, given, "a list of functions of the logs",
-                           f"e.g. {name}=[print]", callable)
-               for name, given in (("train_actions", train_actions),
-                                   ("eval_actions", eval_actions))]
+    checked, train, evaluation = check_run_hooks(owner, callbacks, train_actions,
+                                                 eval_actions)
     check_bool(owner, "progress_bar", progress_bar,
                "e.g. progress_bar=False (None: when stderr is a terminal)", none_ok=True)
     check_bool(owner, "allow_config_change", allow_config_change,
@@ -382,7 +377,7 @@ def _check_arguments(mode: Any, model_dir: Any, callbacks: Any, train_actions: A
     check_path(owner, "checkpoint", checkpoint,
                "e.g. checkpoint='best', 'latest' or the path of a checkpoint", none_ok=True)
     assert path is not None
-    return path, checked, actions[0], actions[1]
+    return path, checked, train, evaluation
 
 
 # The engine's errors name the engine's arguments; a Task run sets them through its config.

@@ -12,14 +12,12 @@ import json
 import math
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch_blocker import BLOCK_TORCH
+from torch_blocker import assert_passes_without_torch
 
 from cadence.core.errors import ConfigError
 from cadence.core.run_dir import RunDirectory
@@ -665,16 +663,4 @@ def test_a_report_reads_the_timeline_the_writer_wrote(tmp_path):
 
 
 def test_goodput_works_with_torch_blocked():
-    code = BLOCK_TORCH + f"""
-import pytest
-sys.path.insert(0, {str(Path(__file__).parents[1])!r})  # tests/: torch_blocker, without conftest
-code = pytest.main([{__file__!r}, '-q', '-p', 'no:cacheprovider', '--noconftest',
-                    '-k', 'not torch_blocked', '-o', 'addopts='])
-print('torch' in sys.modules)
-sys.exit(code)
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=Path(__file__).parents[2], timeout=240)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.split()[-1] == "False"
-    assert " passed" in out.stdout and "failed" not in out.stdout
+    assert_passes_without_torch(__file__)

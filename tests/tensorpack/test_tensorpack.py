@@ -287,23 +287,27 @@ def test_a_resumed_run_continues_mid_epoch_and_ends_bitwise_equal(tmp_path):
         assert torch.equal(a, b)
 
 
+def epoch_saver():
+    return PeriodicTrigger(ModelSaver(max_to_keep=None), every_k_steps=7)  # at each epoch's end
+
+
+class CrashAt12(cadence.Callback):
+    """Ctrl-C at step 12: after ckpt-7, in the middle of the second epoch."""
+
+    def on_step_end(self, state):
+        if state.global_step == 12:
+            raise KeyboardInterrupt
+
+
 def test_a_resume_is_recorded_in_the_logdir_and_a_finished_run_adds_none(tmp_path):
     from cadence.writers.reading import Resume, read_run
 
-    def saver():
-        return PeriodicTrigger(ModelSaver(max_to_keep=None), every_k_steps=7)  # at each epoch's end
-
-    class Crash(cadence.Callback):
-        def on_step_end(self, state):
-            if state.global_step == 12:
-                raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        launch_train_with_config(regression_config(tmp_path, callbacks=[saver(), Crash()]),
-                                 SimpleTrainer())
+        launch_train_with_config(regression_config(
+            tmp_path, callbacks=[epoch_saver(), CrashAt12()]), SimpleTrainer())
     assert not (tmp_path / "resumes.jsonl").exists()
     for _ in range(2):  # resumes from ckpt-7; then finds the run finished
-        launch_train_with_config(regression_config(tmp_path, callbacks=[saver()]),
+        launch_train_with_config(regression_config(tmp_path, callbacks=[epoch_saver()]),
                                  SimpleTrainer())
     run = read_run(tmp_path)
     assert run.resumes == (Resume(7, "resume", str(tmp_path / "checkpoints" / "ckpt-7")),)
@@ -311,35 +315,35 @@ def test_a_resume_is_recorded_in_the_logdir_and_a_finished_run_adds_none(tmp_pat
     assert cost.split == "train" and cost.steps == (7, 14, 21)
 
 
+class InitialWeights(cadence.Callback):
+    """Keeps the model's weights as training begins."""
+
+    def __init__(self):
+        self.weights = []
+
+    def on_train_begin(self, state):
+        self.weights = [p.detach().clone() for p in state.trainer.model.parameters()]
+
+
 def test_session_init_loads_weights_for_a_fresh_run_only(tmp_path):
     torch.manual_seed(1234)  # not the seed the run's model is built under: other weights
     source = Regression()
     cadence.BestCheckpointExporter(tmp_path / "pretrained", "x").maybe_export_checkpoint(
         source, {"x": 1.0}, 1)
-    initial = []
-
-    class Initial(cadence.Callback):
-        def on_train_begin(self, state):
-            initial.extend(p.detach().clone() for p in state.trainer.model.parameters())
-
-    config = regression_config(tmp_path / "run", max_epoch=1, callbacks=[ModelSaver(), Initial()],
+    fresh, resumed = InitialWeights(), InitialWeights()
+    config = regression_config(tmp_path / "run", max_epoch=1, callbacks=[ModelSaver(), fresh],
                                session_init=tmp_path / "pretrained")
     assert not any(torch.equal(a, b) for a, b in zip(source.parameters(),
                                                      config.model.parameters(), strict=True))
     launch_train_with_config(config, SimpleTrainer())
-    for a, b in zip(source.parameters(), initial, strict=True):
+    for a, b in zip(source.parameters(), fresh.weights, strict=True):
         assert torch.equal(a, b)
     # a run that resumes keeps its trained weights: session_init is not loaded again
-    resumed = []
-
-    class Resumed(cadence.Callback):
-        def on_train_begin(self, state):
-            resumed.extend(p.detach().clone() for p in state.trainer.model.parameters())
-
-    more = regression_config(tmp_path / "run", max_epoch=2, callbacks=[ModelSaver(), Resumed()],
+    more = regression_config(tmp_path / "run", max_epoch=2, callbacks=[ModelSaver(), resumed],
                              session_init=tmp_path / "pretrained")
     launch_train_with_config(more, SimpleTrainer())
-    assert not all(torch.equal(a, b) for a, b in zip(source.parameters(), resumed, strict=True))
+    assert not all(torch.equal(a, b)
+                   for a, b in zip(source.parameters(), resumed.weights, strict=True))
 
 
 def test_config_and_launch_misuse_is_refused():
@@ -455,18 +459,11 @@ def test_a_tensorpack_run_records_its_timeline_in_its_logdir_for_cadence_goodput
     from cadence.records.goodput import run_goodput
     from cadence.task.cli import main
 
-    def saver():
-        return PeriodicTrigger(ModelSaver(max_to_keep=None), every_k_steps=7)
-
-    class Crash(cadence.Callback):
-        def on_step_end(self, state):
-            if state.global_step == 12:
-                raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        launch_train_with_config(regression_config(tmp_path, callbacks=[saver(), Crash()]),
-                                 SimpleTrainer())
-    launch_train_with_config(regression_config(tmp_path, callbacks=[saver()]), SimpleTrainer())
+        launch_train_with_config(regression_config(
+            tmp_path, callbacks=[epoch_saver(), CrashAt12()]), SimpleTrainer())
+    launch_train_with_config(regression_config(tmp_path, callbacks=[epoch_saver()]),
+                             SimpleTrainer())
     report = run_goodput(tmp_path)
     assert [(a.end, a.first_step, a.last_step) for a in report.attempts] == [
         ("error", 0, 7), ("finished", 7, 21)]
