@@ -8,6 +8,7 @@ its own fix; anything else passes through as it is."""
 import contextlib
 import errno
 import logging
+import os
 import warnings
 
 import pytest
@@ -33,6 +34,17 @@ def disk(tmp_path):
 def full(disk):
     fill(disk)
     return disk
+
+
+def open_files_under(directory):
+    """The files under `directory` this process holds open."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(directory)):
+                held.append(target)
+    return held
 
 
 def mapped(call):
@@ -72,6 +84,7 @@ def test_each_metric_writer_on_a_full_disk_is_one_storage_error(disk, writer):
     manager = SummaryManager(disk / "run" / "train", lambda: 0, writers=[writer],
                              run_dir=disk / "run")
     manager.write_summaries({"loss": 1.0}, step=0)
+    manager.write_hparams({"lr": 0.1})  # tensorboard's session file too
     manager.flush()
     full(disk)
     with pytest.raises(StorageError) as raised:
@@ -83,7 +96,8 @@ def test_each_metric_writer_on_a_full_disk_is_one_storage_error(disk, writer):
         f"Writing the summaries to {str(disk / 'run' / 'train')!r} failed: No space left on "
         "device")
     with contextlib.suppress(StorageError):  # a writer with lines left to flush says so
-        manager.close()  # every file is released (an open one would warn: an error here)
+        manager.close()
+    assert open_files_under(disk) == []  # every file is released, also after the failure
 
 
 class Net(cadence.Module):
