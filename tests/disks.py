@@ -71,3 +71,14 @@ def read_only(path: Path) -> Iterator[Path]:
         yield path
     finally:
         _mount("-o", "remount,rw", str(path))
+
+
+def open_files_under(directory: Path) -> list[str]:
+    """The files under `directory` this process holds open (from ``/proc/self/fd``)."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(directory)):
+                held.append(target)
+    return held

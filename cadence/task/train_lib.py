@@ -580,9 +580,22 @@ class _RunParts:
                 raise
             raise error from raised
         finally:
-            self.trainer.join()
-            controller.close()
-            assert self.summaries is not None
-            close_summaries(error, close=list(self.summaries))
+            self._end(controller, error)
             del error  # its traceback holds the trainer's frames
         return dict(eval_logs or {})
+
+    def _end(self, controller: Controller, error: BaseException | None) -> None:
+        """Joins the background work, closes the Controller and closes the writers with the
+        run's outcome -- each, whatever the others do, so that no file is left open (a full
+        disk fails them all). A failure there is raised when the run went well; when it ends
+        on its own error, that one is reported and this one logged."""
+        assert self.summaries is not None
+        try:
+            with contextlib.ExitStack() as ending:  # runs the last first
+                ending.callback(close_summaries, error, close=list(self.summaries))
+                ending.callback(controller.close)
+                ending.callback(self.trainer.join)
+        except Exception as failed:
+            if error is None:
+                raise
+            logger.warning("Ending the run failed too: %s", failed)

@@ -8,12 +8,11 @@ its own fix; anything else passes through as it is."""
 import contextlib
 import errno
 import logging
-import os
 import warnings
 
 import pytest
 import torch
-from disks import fill, read_only, small_tmpfs
+from disks import fill, open_files_under, read_only, small_tmpfs
 from torch import nn
 
 import cadence
@@ -34,17 +33,6 @@ def disk(tmp_path):
 def full(disk):
     fill(disk)
     return disk
-
-
-def open_files_under(directory):
-    """The files under `directory` this process holds open."""
-    held = []
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            if target.startswith(str(directory)):
-                held.append(target)
-    return held
 
 
 def mapped(call):

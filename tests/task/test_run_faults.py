@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from disks import fill, read_only, small_tmpfs
+from disks import fill, open_files_under, read_only, small_tmpfs
 from torch import nn
 
 import cadence
@@ -433,6 +433,7 @@ def test_a_real_full_disk_during_a_run_is_one_storage_error_and_the_same_call_re
             rf"{WHAT[where]} failed: No space left on device\. {said}: free some space, then run "
             r"the same command again\.", message), message
         assert caplog.text.count("Could not write the run's timeline") <= 1  # silent after
+        assert open_files_under(disk) == []  # every writer closed, also on the full disk
         # Nothing half-written is listed: every checkpoint directory is a complete one, and the
         # best exports' ledger lists exports that are whole.
         manager = cadence.CheckpointManager({}, run / "checkpoints", read_only=True)
