@@ -1,5 +1,5 @@
-"""What is checked of a run before anything is written: its mode, its directory, its device and
-the weights it starts from, its best metric against what its task reports, and its place among
+"""What is checked of a run before anything is written: the kinds of `run_experiment`'s arguments,
+its mode, its directory, its device and the weights it starts from, its best metric against what its task reports, and its place among
 replica groups. A mistake here is one `ConfigError` (or `CheckpointError`) and leaves the run
 directory as it was; what the config's values alone decide is `cadence.task.config_checks`'.
 """
@@ -9,8 +9,12 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
+from cadence.core.arguments import check_bool, check_path, check_run_hooks, check_str
+from cadence.core.callbacks import Callback
 from cadence.core.checkpoint_dir import CheckpointDirectory
+from cadence.core.controller import Action
 from cadence.core.errors import CheckpointError, ConfigError
 from cadence.core.run_dir import PARAMS_FILE, RunDirectory
 from cadence.engine.distributed import local_device
@@ -32,6 +36,34 @@ def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"Unknown mode {mode!r}; valid: {', '.join(MODES)}.")
     return mode
+
+
+def check_arguments(mode: Any, model_dir: Any, callbacks: Any, train_actions: Any,
+                    eval_actions: Any, progress_bar: Any, allow_config_change: Any,
+                    checkpoint: Any) -> tuple[Path, list[Callback], list[Action], list[Action]]:
+    """`run_experiment`'s arguments of the wrong kind, refused before anything is made (each
+    names the argument and what it must be); returns `model_dir` as a path, and the callbacks
+    and actions as lists (a generator is read once, here).
+
+    Raises:
+        TypeError: for an argument of the wrong kind.
+        ValueError: for an unknown mode.
+    """
+    owner = "run_experiment"
+    check_str(owner, "mode", mode, "e.g. run_experiment(config, 'train_and_eval', 'runs/mine')")
+    check_mode(mode)
+    path = check_path(owner, "model_dir", model_dir,
+                      "the run's directory, e.g. run_experiment(config, mode, 'runs/mine')")
+    checked, train, evaluation = check_run_hooks(owner, callbacks, train_actions,
+                                                 eval_actions)
+    check_bool(owner, "progress_bar", progress_bar,
+               "e.g. progress_bar=False (None: when stderr is a terminal)", none_ok=True)
+    check_bool(owner, "allow_config_change", allow_config_change,
+               "e.g. allow_config_change=True")
+    check_path(owner, "checkpoint", checkpoint,
+               "e.g. checkpoint='best', 'latest' or the path of a checkpoint", none_ok=True)
+    assert path is not None
+    return path, checked, train, evaluation
 
 
 def check_before_writing(config: ExperimentConfig, mode: str, run: RunDirectory,

@@ -57,7 +57,6 @@ from torch import nn
 
 from cadence.callbacks.loss_guard import LossGuard
 from cadence.callbacks.progress import ProgressBar
-from cadence.core.arguments import check_bool, check_path, check_run_hooks, check_str
 from cadence.core.callbacks import Callback
 from cadence.core.checkpoint_dir import CheckpointDirectory
 from cadence.core.controller import Action, Controller
@@ -92,9 +91,9 @@ from cadence.task.config_files import (
 from cadence.task.optimization import create_optimizer
 from cadence.task.registry import get_task
 from cadence.task.run_checks import (
+    check_arguments,
     check_before_writing,
     check_best_metric,
-    check_mode,
     evaluation_metric_names,
     replica_options,
 )
@@ -302,7 +301,7 @@ def run_experiment(
             checkpoint; nothing half-written is listed, and the same call resumes once the
             cause is gone.
     """
-    model_dir, callbacks, train_actions, eval_actions = _check_arguments(
+    model_dir, callbacks, train_actions, eval_actions = check_arguments(
         mode, model_dir, callbacks, train_actions, eval_actions, progress_bar,
         allow_config_change, checkpoint)
     show_log_lines()  # to the terminal, unless the user configured logging
@@ -350,34 +349,6 @@ def _storage_error(error: BaseException, run: RunDirectory) -> StorageError | No
             latest = CheckpointDirectory(run.checkpoints, None).latest()
         name_newest(storage, None if latest is None else (str(latest.path), latest.step))
     return storage
-
-
-def _check_arguments(mode: Any, model_dir: Any, callbacks: Any, train_actions: Any,
-                     eval_actions: Any, progress_bar: Any, allow_config_change: Any,
-                     checkpoint: Any) -> tuple[Path, list[Callback], list[Action], list[Action]]:
-    """`run_experiment`'s arguments of the wrong kind, refused before anything is made (each
-    names the argument and what it must be); returns `model_dir` as a path, and the callbacks
-    and actions as lists (a generator is read once, here).
-
-    Raises:
-        TypeError: for an argument of the wrong kind.
-        ValueError: for an unknown mode.
-    """
-    owner = "run_experiment"
-    check_str(owner, "mode", mode, "e.g. run_experiment(config, 'train_and_eval', 'runs/mine')")
-    check_mode(mode)
-    path = check_path(owner, "model_dir", model_dir,
-                      "the run's directory, e.g. run_experiment(config, mode, 'runs/mine')")
-    checked, train, evaluation = check_run_hooks(owner, callbacks, train_actions,
-                                                 eval_actions)
-    check_bool(owner, "progress_bar", progress_bar,
-               "e.g. progress_bar=False (None: when stderr is a terminal)", none_ok=True)
-    check_bool(owner, "allow_config_change", allow_config_change,
-               "e.g. allow_config_change=True")
-    check_path(owner, "checkpoint", checkpoint,
-               "e.g. checkpoint='best', 'latest' or the path of a checkpoint", none_ok=True)
-    assert path is not None
-    return path, checked, train, evaluation
 
 
 # The engine's errors name the engine's arguments; a Task run sets them through its config.
