@@ -1,7 +1,9 @@
-"""What is checked of a run before anything is written: the kinds of `run_experiment`'s arguments,
-its mode, its directory, its device and the weights it starts from, its best metric against what its task reports, and its place among
-replica groups. A mistake here is one `ConfigError` (or `CheckpointError`) and leaves the run
-directory as it was; what the config's values alone decide is `cadence.task.config_checks`'.
+"""What is checked of a run before anything is written: the kinds of `run_experiment`'s
+arguments, its mode, its directory, its device and the weights it starts from, its best metric
+against what its task reports, and its place among replica groups. A mistake here is one
+`ConfigError` (or `CheckpointError`, or a `TypeError` for an argument of the wrong kind) and
+leaves the run directory as it was; what the config's values alone decide is
+`cadence.task.config_checks`'.
 """
 
 from __future__ import annotations
