@@ -67,6 +67,7 @@ _EXPORTS = {
     "register_experiment": "cadence.task.registry",
     "register_task": "cadence.task.registry",
     "run_experiment": "cadence.task.train_lib",
+    "RunRecord": "cadence.records.run_record",
     "RunState": "cadence.core.callbacks",
     "Runtime": "cadence.engine.runtime",
     "RuntimeConfig": "cadence.task.config",
@@ -82,6 +83,7 @@ _EXPORTS = {
     "StateFileIO": "cadence.engine.checkpoint",
     "StepDiscarded": "cadence.core.errors",
     "StopTraining": "cadence.core.errors",
+    "StorageError": "cadence.core.errors",
     "StreamLoader": "cadence.data.streaming",
     "Sum": "cadence.engine.metrics",
     "SummaryManager": "cadence.core.summary",
@@ -123,6 +125,7 @@ if TYPE_CHECKING:  # `name as name`: re-exported, for type checkers
     from cadence.core.errors import Preempted as Preempted
     from cadence.core.errors import StepDiscarded as StepDiscarded
     from cadence.core.errors import StopTraining as StopTraining
+    from cadence.core.errors import StorageError as StorageError
     from cadence.core.summary import SummaryManager as SummaryManager
     from cadence.core.trainer_view import TrainerView as TrainerView
     from cadence.data.dataflow import DataFlow as DataFlow
@@ -160,6 +163,7 @@ if TYPE_CHECKING:  # `name as name`: re-exported, for type checkers
     from cadence.engine.standard_runner import StandardEvaluatorOptions as StandardEvaluatorOptions
     from cadence.engine.standard_runner import StandardTrainer as StandardTrainer
     from cadence.engine.standard_runner import StandardTrainerOptions as StandardTrainerOptions
+    from cadence.records.run_record import RunRecord as RunRecord
     from cadence.task.config import DataConfig as DataConfig
     from cadence.task.config import EMAConfig as EMAConfig
     from cadence.task.config import ExperimentConfig as ExperimentConfig

@@ -4,6 +4,8 @@ holds when training ends.
 
 usage: replica_job.py RUN_DIR OUT_PREFIX SECONDS_PER_STEP [OVERRIDE ...]
 
+The mode is ``train``, or the environment's ``REPLICA_JOB_MODE`` (``train_and_eval``).
+
 Writes OUT_PREFIX-g<group>-r<rank>.pt: {"step", "model"} with each tensor of the model's state
 as this rank holds it (its local shard under FSDP2), so that the groups compare bit for bit.
 """
@@ -49,7 +51,7 @@ def main() -> None:
     run, prefix, seconds, *overrides = sys.argv[1:]
     config = cadence.load_config("digits", overrides=[
         "runtime.device=cpu", "runtime.fault_tolerance.enabled=true", *overrides])
-    cadence.run_experiment(config, "train", Path(run),
+    cadence.run_experiment(config, os.environ.get("REPLICA_JOB_MODE", "train"), Path(run),
                            callbacks=[Pace(float(seconds)), Final(prefix)])
 
 

@@ -9,6 +9,7 @@ The front-ends' own schedules (tensorpack's ``TrainConfig`` and callbacks, tfsni
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -18,7 +19,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from fakes import USER_MODELS, TinyClassifier, make_classification, make_loader
+from disks import fill, small_tmpfs
+from fakes import (
+    USER_MODELS,
+    CountingTrainer,
+    TinyClassifier,
+    make_classification,
+    make_loader,
+)
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -979,6 +987,56 @@ PYTHON = [
     # The engine names its own arguments, not a Task config's keys (the Task layer does that).
     ("a device that is none", lambda: local_device("gpu0"), ValueError,
      r"^local_device: `name` \(got 'gpu0'\) is not a device: .* Use 'auto', 'cpu'"),
+    # An argument of the wrong kind at an entry point: the argument, what it must be, an example
+    # (issue 40: run_experiment(config, "train", 123) named no argument).
+    ("run_experiment into a number", lambda: run_experiment(config_with(), "train", 123),
+     TypeError, r"^run_experiment: `model_dir` \(got int 123\) must be a path \(a str or an "
+     r"os\.PathLike\), the run's directory, e\.g\. run_experiment\(config, mode, 'runs/mine'\)\.$"),
+    ("run_experiment of one callback, not a list", lambda: run_experiment(
+        config_with(), "train", "r", callbacks=cadence.ProgressBar()), TypeError,
+     r"^run_experiment: `callbacks` \(got a ProgressBar\) must be a list of cadence\.Callback "
+     r"objects, e\.g\. callbacks=\[cadence\.ProgressBar\(\)\]\.$"),
+    ("run_experiment with a progress bar 'yes'", lambda: run_experiment(
+        config_with(), "train", "r", progress_bar="yes"), TypeError,
+     r"^run_experiment: `progress_bar` \(got str 'yes'\) must be True or False or None"),
+    ("load_config of one file, not a list", lambda: load_config("digits", config_files=5),
+     TypeError, r"^load_config: `config_files` \(got int 5\) must be a list of paths of YAML "
+     r"files, e\.g\. config_files=\['my_config\.yaml'\]\.$"),
+    ("load_config of one override, not a list", lambda: load_config(
+        "digits", overrides="trainer.train_steps=5"), TypeError,
+     r"^load_config: `overrides` \(got str 'trainer\.train_steps=5'\) must be a list of "
+     r"'KEY=VALUE' strings or a mapping, e\.g\. overrides=\['trainer\.train_steps=500'\]\.$"),
+    ("a Controller writing summaries to a number", lambda: cadence.Controller(
+        trainer=CountingTrainer(), steps_per_loop=1, summary_dir=5), TypeError,
+     r"^Controller: `summary_dir` \(got int 5\) must be a path \(a str or an os\.PathLike\) or "
+     r"None, e\.g\. summary_dir='runs/mine/train'\.$"),
+    ("a Controller given a number as its checkpoint manager", lambda: cadence.Controller(
+        trainer=CountingTrainer(), steps_per_loop=1, checkpoint_manager=5), TypeError,
+     r"^Controller: `checkpoint_manager` \(got int 5\) must be a cadence\.CheckpointManager "
+     r"\(or have its methods save, restore_or_initialize\) or None\.$"),
+    ("a Controller with an action that is no function", lambda: cadence.Controller(
+        trainer=CountingTrainer(), steps_per_loop=1, train_actions=["print"]), TypeError,
+     r"^Controller: `train_actions\[0\]` \(got str 'print'\) is not what `train_actions` "
+     r"must hold: a list of functions of the logs"),
+    ("a TrainLoop checkpointing into a number", lambda: cadence.TrainLoop(
+        linear(), checkpoint_dir=5), TypeError,
+     r"^TrainLoop: `checkpoint_dir` \(got int 5\) must be a path \(a str or an os\.PathLike\) "
+     r"or None, e\.g\. checkpoint_dir='runs/loop'\.$"),
+    ("a TrainLoop printing with a number", lambda: cadence.TrainLoop(linear(), print_func=5),
+     TypeError, r"^TrainLoop: `print_func` \(got int 5\) must be a function, e\.g\. "
+     r"print_func=logging\.info\.$"),
+    ("launch_train_with_config of a dict", lambda: cadence.launch_train_with_config(
+        {"model": None}, cadence.SimpleTrainer()), TypeError,
+     r"^launch_train_with_config: `config` \(got dict \{'model': None\}\) must be a "
+     r"cadence\.tensorpack\.TrainConfig"),
+    ("a TrainConfig logging into a number", lambda: cadence.TrainConfig(data=[1], logdir=5),
+     TypeError, r"^TrainConfig: `logdir` \(got int 5\) must be a path"),
+    ("a tensorpack trainer logging into a number", lambda: cadence.SimpleTrainer(logdir=5),
+     TypeError, r"^SimpleTrainer: `logdir` \(got int 5\) must be a path"),
+    ("a tensorpack train of one callback, not a list", lambda: cadence.SimpleTrainer().train(
+        callbacks=cadence.ProgressBar(), steps_per_epoch=1, max_epoch=1), TypeError,
+     r"^SimpleTrainer: `callbacks` \(got a ProgressBar\) must be a list of "
+     r"cadence\.Callback objects"),
 ]
 
 
@@ -1045,47 +1103,85 @@ def test_the_sweep_holds_at_least_a_hundred_mistakes():
 # ------------------------------------------------------------- the environment's failures
 
 
-def test_a_full_disk_at_the_start_is_one_line_exit_1_and_leaves_nothing(capsys, workdir):
+@pytest.mark.parametrize("disk", ["fake", "tmpfs"])
+def test_a_full_disk_at_the_start_is_one_line_exit_1_and_leaves_nothing(capsys, workdir,
+                                                                        disk):
+    """The lock is the first file a training run writes: a full disk there is one line, exit
+    1, and no run directory is left behind; once there is space, the same command trains. A
+    fake write of the lock that fails, and a real tmpfs filled up."""
     from cadence.core.run_dir import RunLock
 
-    def full(self):
-        raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+    with contextlib.ExitStack() as stack:
+        patch = stack.enter_context(pytest.MonkeyPatch.context())  # (not undoing the chdir)
+        if disk == "fake":
+            root = workdir
 
-    with pytest.MonkeyPatch.context() as patch:  # (monkeypatch.undo would undo the chdir)
-        patch.setattr(RunLock, "acquire", full)
-        status = main(["train", *FAST, "-m", "run"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert status == 1 and not any("Traceback" in line for line in err), err
-    assert err[-1] == ("cadence: error: No space left on device: 'run/train.lock'. Free some "
-                       "space (or pass another --model-dir), then run the same command again: "
-                       "what was saved before is kept.")
-    assert not (workdir / "run").exists()
-    assert main(["train", *FAST, "-m", "run"]) == 0  # once there is space, the same command
-    assert (workdir / "run" / "checkpoints" / "ckpt-20").is_dir()
+            def full(self):
+                raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+
+            patch.setattr(RunLock, "_acquire", full)
+            ballast = None
+        else:
+            root = stack.enter_context(small_tmpfs(workdir / "disk", "1m"))
+            ballast = fill(root)
+        run = (root / "run").relative_to(workdir)
+        status = main(["train", *FAST, "-m", str(run)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert status == 1 and not any("Traceback" in line for line in err), err
+        assert err[-1] == (f"cadence: error: Taking the run's lock {str(run / 'train.lock')!r} "
+                           "failed: No space left on device. There is no good checkpoint yet: "
+                           "free some space, then run the same command again.")
+        assert not (workdir / run).exists()
+        patch.undo()
+        if ballast is not None:
+            ballast.unlink()
+        assert main(["train", *FAST, "-m", str(run)]) == 0  # with space, the same command
+        assert (workdir / run / "checkpoints" / "ckpt-20").is_dir()
 
 
-def test_a_denied_write_of_the_config_is_one_line_exit_1_and_the_run_is_kept(capsys, workdir,
-                                                                             monkeypatch):
+@pytest.mark.parametrize("disk", ["fake", "tmpfs"])
+def test_a_failed_write_of_the_config_is_one_line_exit_1_and_the_run_is_kept(capsys, workdir,
+                                                                            disk):
+    """A config change is written as the continued run starts (params.yaml, its old one kept
+    beside it): a denied write (faked: as root, no permission is denied) and a real full tmpfs
+    are one line, exit 1, naming the newest good checkpoint; the run is kept as it was but for
+    its timeline, which records the failed attempt."""
     import cadence.task.config_files as config_files
 
-    def denied(config, path):
-        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+    with contextlib.ExitStack() as stack:
+        if disk == "fake":
+            run = Path("runs/good")
 
-    monkeypatch.setattr(config_files, "save_config", denied)
-    before = snapshot(workdir / "runs" / "good")
-    timeline = workdir / "runs" / "good" / "timeline" / "run.jsonl"
-    recorded = timeline.read_text()
-    status = main(["train", "-m", "runs/good", "--set", "trainer.train_steps=30",
-                   "--allow-config-change"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert status == 1 and err[-1].startswith(
-        "cadence: error: Permission denied: 'runs/good/params.yaml'. Fix the permissions"), err
-    after = snapshot(workdir / "runs" / "good")
-    changed = {k for k in set(after) | set(before) if after.get(k) != before.get(k)}
-    assert {k for k in changed if not k.startswith("params.2")} == {"timeline/run.jsonl"}
-    # The timeline kept every line and added the failed attempt, which ended in an error.
-    added = timeline.read_text().removeprefix(recorded)
-    assert added != timeline.read_text() and '"outcome":"error"' in added.splitlines()[-1]
+            def denied(config, path):
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+            stack.enter_context(pytest.MonkeyPatch.context()).setattr(
+                config_files, "save_config", denied)
+            says = "Permission denied. The newest good checkpoint is {ckpt} (step 20): fix the"
+            says += " permissions, then run the same command again."
+        else:
+            disk_root = stack.enter_context(small_tmpfs(workdir / "disk", "4m"))
+            shutil.copytree(workdir / "runs" / "good", disk_root / "good")
+            run = Path("disk/good")
+            says = "No space left on device. The newest good checkpoint is {ckpt} (step 20): free "
+            says += "some space, then run the same command again."
+        before = snapshot(workdir / run)
+        timeline = workdir / run / "timeline" / "run.jsonl"
+        recorded = timeline.read_text()
+        if disk == "tmpfs":  # room for the lock (a page), not for the config and its copy
+            fill(workdir / run, leave=8192)
+        status = main(["train", "-m", str(run), "--set", "trainer.train_steps=30",
+                       "--allow-config-change"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert status == 1 and err[-1] == (
+            f"cadence: error: Saving the run's config to {str(run / 'params.yaml')!r} failed: "
+            + says.format(ckpt=run / "checkpoints" / "ckpt-20")), err
+        after = snapshot(workdir / run)
+        changed = {k for k in set(after) | set(before) if after.get(k) != before.get(k)}
+        assert {k for k in changed if not k.startswith("ballast")} == {"timeline/run.jsonl"}
+        # The timeline kept every line and added the failed attempt, which ended in an error.
+        added = timeline.read_text().removeprefix(recorded)
+        assert added != timeline.read_text() and '"outcome":"error"' in added.splitlines()[-1]
 
 
 def test_a_model_too_large_for_memory_is_one_line_exit_1(capsys, workdir):

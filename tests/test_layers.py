@@ -1,6 +1,10 @@
 """The layout shows the layers, and the arrows between them point one way.
 
-    core  <-  writers  <-  data  <-  engine  <-  callbacks  <-  task, tensorpack, tfsnippet
+    core  <-  records  <-  writers  <-  data  <-  engine  <-  callbacks  <-  front-ends
+
+(the front-ends: task, tensorpack, tfsnippet). `core` is the loop's engine; `records` holds the
+run's records -- the timeline's file format, the goodput report, the record a training process
+keeps -- which the engine sees only through `cadence.core.protocols.RunRecordLike`.
 
 A layer imports only the layers to its left (and itself); the front-ends import no other
 front-end; ``cadence/__init__.py`` re-exports from all. Checked from the source, imports inside
@@ -21,7 +25,7 @@ import pytest
 import cadence
 
 PACKAGE = Path(cadence.__file__).parent
-ORDER = ["core", "writers", "data", "engine", "callbacks"]
+ORDER = ["core", "records", "writers", "data", "engine", "callbacks"]
 FRONT_ENDS = ["task", "tensorpack", "tfsnippet"]
 
 
@@ -84,8 +88,8 @@ LONG_MODULES = {
     "cadence.core.controller": "Orbit's Controller: the outer loop of training and evaluation",
     "cadence.task.trainer": "seed 002's Trainer: a Task's steps, its updates and evaluations",
     "cadence.tfsnippet.train_loop": "tfsnippet's TrainLoop: the seed's whole API on one class",
-    "cadence.core.goodput": "goodput and badput by cause from a run's timeline, and its report",
-    "cadence.core.timeline": "the run timeline's file format: its schema, writer and reader",
+    "cadence.records.goodput": "goodput and badput by cause from a run's timeline, and its report",
+    "cadence.records.timeline": "the run timeline's file format: its schema, writer and reader",
     "cadence.task.cli": "the cadence command: its parser and one small handler per subcommand",
     "cadence.task.config": "the experiment config: one typed tree of dataclasses, documented",
     "cadence.engine.runtime": "where a process sits: its device, its group and mesh, its data "
@@ -112,7 +116,7 @@ def test_every_long_module_named_is_long():
 
 def test_the_torch_free_layers_never_import_torch():
     for name, path in modules():
-        if layer_of(name) in ("core", "writers"):
+        if layer_of(name) in ("core", "records", "writers"):
             assert not [m for m in imports(path) if m.split(".")[0] == "torch"], name
 
 

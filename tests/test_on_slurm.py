@@ -112,7 +112,7 @@ def assert_same_weights(run, reference, step):
 
 def goodput(run):
     """What ``cadence goodput RUN --json`` prints (its report, here without a process)."""
-    from cadence.core.goodput import run_goodput
+    from cadence.records.goodput import run_goodput
 
     return run_goodput(run).to_json()
 

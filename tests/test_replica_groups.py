@@ -27,6 +27,7 @@ JOB = Path(__file__).parent / "replica_job.py"
 STEP_S = 0.05
 """Each step is paced to this many seconds (a real model's step, not the digits MLP's 1 ms)."""
 JOIN_TIMEOUT_S = 5.0
+STEPS_PER_LOOP = 20
 
 
 def executable(name):
@@ -71,10 +72,11 @@ def kill_tree(process):
 class Job:
     """The lighthouse and the replica groups of one fault-tolerant job in `root`."""
 
-    def __init__(self, root, ranks, steps, settings=()):
-        self.root, self.ranks = root, ranks
+    def __init__(self, root, ranks, steps, settings=(), mode="train"):
+        self.root, self.ranks, self.mode = root, ranks, mode
         self.run, self.prefix = root / "run", root / "final"
-        self.settings = [f"trainer.train_steps={steps}", "trainer.steps_per_loop=20",
+        self.settings = [f"trainer.train_steps={steps}",
+                         f"trainer.steps_per_loop={STEPS_PER_LOOP}",
                          "trainer.checkpoint_interval=100", *settings]
         self.address = f"http://localhost:{free_port()}"
         self.processes = []
@@ -97,7 +99,8 @@ class Job:
         return self.start(
             [executable("torchrun"), "--standalone", f"--nproc_per_node={self.ranks}",
              *command], f"group-{replica}",
-            env={"REPLICA_GROUP_ID": str(replica), "TORCHFT_LIGHTHOUSE": self.address})
+            env={"REPLICA_GROUP_ID": str(replica), "TORCHFT_LIGHTHOUSE": self.address,
+                 "REPLICA_JOB_MODE": self.mode})
 
     def log(self, name):
         return (self.root / f"{name}.log").read_text()[-4000:]
@@ -129,8 +132,8 @@ class Job:
 def job_in(tmp_path):
     jobs = []
 
-    def make(ranks, steps, settings=()):
-        jobs.append(Job(tmp_path, ranks, steps, settings))
+    def make(ranks, steps, settings=(), mode="train"):
+        jobs.append(Job(tmp_path, ranks, steps, settings, mode))
         return jobs[-1]
 
     yield make
@@ -176,7 +179,7 @@ def test_a_killed_replica_group_rejoins_and_every_group_ends_with_the_same_weigh
         job_in, ranks, strategy):
     job = job_in(ranks, 600, [f"runtime.strategy={strategy}",
                               "task.train_data.global_batch_size=32"])
-    victim, _, restarted_at = kill_one_group_and_bring_it_back(job, seed=ranks)
+    victim, killed_at, restarted_at = kill_one_group_and_bring_it_back(job, seed=ranks)
     # It joined within the join timeout of its start (the first loop it ended in step with
     # the others: its step jumped to theirs, healed from the live group).
     rejoined = [(step, t) for _, step, t in job.loops(victim) if t > restarted_at]
@@ -184,20 +187,172 @@ def test_a_killed_replica_group_rejoins_and_every_group_ends_with_the_same_weigh
     assert_groups_equal(job)
     checkpoints = sorted(os.listdir(job.run / "checkpoints"))
     assert checkpoints[-1] == "ckpt-600"  # written by one group, the one the others follow
+    assert_on_multiples(checkpoints, 100)
+    assert_goodput_of_groups(job, victim, killed_at, ranks)
+    # cadence says in one line each that a group left and joined (issue 42), once per group
+    survivor = (job.root / f"group-{1 - victim}.log").read_text()
+    assert survivor.count("A replica group left: 1 of 2 groups train on") == 1, survivor
+    assert survivor.count("A replica group joined: 2 of 2 groups train") == 1, survivor
+    assert (job.root / f"group-{victim}.log").read_text().count(
+        f"Replica group {victim} joined the others: it took a live group's state.") == 1
+
+
+def assert_goodput_of_groups(job, victim, killed_at, ranks):
+    """The survivor's wait for the groups to agree once the other died (the lighthouse's
+    heartbeat: 1 s here) is in its timeline, and goodput counts it as a stall, not productive
+    time; each attempt names its group; the job has an ideal step time; each group's other
+    ranks' waits are read."""
+    from cadence.records.goodput import run_goodput
+    from cadence.records.timeline import read_timeline
+
+    survivor = 1 - victim
+    timeline = read_timeline(job.run)
+    stalled = sum(e["stall_s"] for e in timeline.replicas[survivor]
+                  if e.event == "loop_end" and e.t > killed_at)
+    assert stalled >= 0.5, stalled
+    report = run_goodput(job.run)
+    group = next(r for r in report.replicas if r.replica == survivor)
+    loops = [e for e in timeline.replicas[survivor] if e.event == "loop_end"]
+    seconds = sum(e["seconds"] - e["data_wait_s"] - e["checkpoint_wait_s"] for e in loops)
+    assert group.productive_s <= seconds - stalled + 1e-6
+    assert {a.replica for a in report.attempts} == {0, 1}
+    assert [a.replica for a in report.attempts].count(victim) == 2  # killed, and started again
+    assert report.ideal_step_s is not None and report.ideal_goodput is not None
+    if ranks > 1:
+        assert {(row["replica"], row["rank"]) for row in report.ranks} == {
+            (g, r) for g in (0, 1) for r in range(ranks)}
+
+
+def assert_on_multiples(checkpoints, interval):
+    """Every checkpoint is at a multiple of the interval, also after a heal (whose jump may
+    pass a multiple in the middle of a loop)."""
+    steps = [int(name.split("-")[1]) for name in checkpoints]
+    assert steps and all(step % interval == 0 for step in steps), checkpoints
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_replica_groups_train_and_evaluate_export_once_and_cadence_eval_evaluates_the_run(
+        job_in):
+    """Mode train_and_eval: every group evaluates the whole validation set with the same
+    weights; the group that writes the checkpoints writes the evaluations and the best export,
+    once each, at the interval's multiples, also across a kill and a heal. Then ``cadence eval
+    -m RUN`` of the run evaluates it as one job."""
+    job = job_in(1, 600, ["runtime.strategy=none", "trainer.validation_interval=100"],
+                 mode="train_and_eval")
+    kill_one_group_and_bring_it_back(job, seed=3)
+    assert_groups_equal(job)
+    assert_on_multiples(os.listdir(job.run / "checkpoints"), 100)
+    records = [json.loads(line) for line in
+               (job.run / "eval" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(100, 601, 100))  # one per evaluation
+    ledger = json.loads((job.run / "best" / "info.json").read_text())
+    exports = sorted(p.name for p in (job.run / "best").iterdir() if p.name != "info.json")
+    assert exports == [e["path"] for e in ledger["exports"]] and len(exports) == 1
+    best = max(records, key=lambda r: r["accuracy"])
+    assert ledger["exports"][0]["step"] == best["step"]
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "cadence", "eval", "-m", str(job.run)], cwd=job.root,
+        capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "Evaluation: accuracy=" in evaluated.stdout, evaluated.stdout
+
+
+def kill_one_group_before_the_first_checkpoint(job, seed):
+    """Kills one of two groups -- launcher and workers, SIGKILL -- at a random step before the
+    run's first checkpoint (there is no ``checkpoints/`` yet, and no ``train.lock``: each group
+    has its own), and starts it again with its same command while the other trains on."""
+    rng = random.Random(seed)
+    victim, kill_at = rng.choice([0, 1]), rng.randrange(20, 80)
+    groups = {0: job.group(0), 1: job.group(1)}
+    job.wait_for(lambda: any(step >= kill_at for _, step, _ in job.loops(victim)),
+                 alive=list(groups.items()))
+    kill_tree(groups[victim])
+    assert not (job.run / "checkpoints").exists() or not os.listdir(job.run / "checkpoints")
+    survivor = 1 - victim
+    _, step_at_kill, _ = job.loops(survivor)[-1]
+    job.wait_for(lambda: job.loops(survivor)[-1][1] >= step_at_kill + 20,
+                 alive=[(survivor, groups[survivor])])
+    restarted_at = time.time()
+    groups[victim] = job.group(victim)
+    for replica, process in groups.items():
+        assert process.wait(timeout=240) == 0, job.log(f"group-{replica}")
+    return victim, restarted_at
+
+
+def start_one_group_late(job, seed):
+    """Starts one group alone; the other, with the same command, once the first has trained a
+    random number of steps (and saved no checkpoint yet)."""
+    rng = random.Random(seed)
+    first, late_at = rng.choice([0, 1]), rng.randrange(20, 80)
+    groups = {first: job.group(first)}
+    job.wait_for(lambda: any(step >= late_at for _, step, _ in job.loops(first)),
+                 alive=list(groups.items()))
+    late = 1 - first
+    started_at = time.time()
+    groups[late] = job.group(late)
+    for replica, process in groups.items():
+        assert process.wait(timeout=240) == 0, job.log(f"group-{replica}")
+    return late, started_at
+
+
+def assert_healed(job, replica, since):
+    """Group `replica`, started from step 0 at `since` (no checkpoint to restore), healed: its
+    first loop ended above the step one loop of its own reaches (it took a live group's step),
+    and it ended with the others' weights."""
+    loops = [step for _, step, t in job.loops(replica) if t > since]
+    assert loops and loops[0] > STEPS_PER_LOOP, (loops, job.log(f"group-{replica}"))
+    assert_groups_equal(job)
+
+
+NO_CHECKPOINT_YET = ["runtime.strategy=none", "trainer.checkpoint_interval=5000"]
+"""A job whose first checkpoint is its last (at completion)."""
+LONG_ENOUGH = 1000
+"""Paced steps of a job in which a group started again is in time to join the other (50 s:
+starting Python, torch and torchft takes up to ~20 s on a loaded 2-core machine)."""
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("join", [kill_one_group_before_the_first_checkpoint,
+                                  start_one_group_late], ids=["killed early", "started late"])
+def test_a_group_dead_before_the_first_checkpoint_or_started_late_joins_with_its_same_command(
+        job_in, join):
+    """A group killed before the run's first checkpoint, started again, and a group started
+    after the other: each joins with its same command and heals."""
+    job = job_in(1, LONG_ENOUGH, NO_CHECKPOINT_YET)
+    group, since = join(job, seed=7)
+    assert_healed(job, group, since)
+    assert sorted(os.listdir(job.run / "checkpoints")) == [f"ckpt-{LONG_ENOUGH}"]
+
+
+def ten_in_a_row(tmp_path, steps, settings, trial_of):
+    """Ten jobs one after the other, each put through `trial_of(trial)` (with its job and a
+    seed of its own), each ending with every group's weights equal."""
+    for trial in range(10):
+        (tmp_path / f"trial-{trial}").mkdir()
+        job = Job(tmp_path / f"trial-{trial}", 1, steps, settings)
+        try:
+            trial_of(trial)(job, seed=100 + trial)
+            assert_groups_equal(job)
+        finally:
+            job.close()
+
+
+@pytest.mark.soak
+@pytest.mark.distributed
+@pytest.mark.timeout(2400)  # ten jobs of 1000 paced steps, each up to 240 s
+def test_ten_early_kills_and_late_starts_in_a_row_each_end_with_equal_weights(tmp_path):
+    ten_in_a_row(tmp_path, LONG_ENOUGH, NO_CHECKPOINT_YET, lambda trial: (
+        start_one_group_late if trial % 2 else kill_one_group_before_the_first_checkpoint))
 
 
 @pytest.mark.soak
 @pytest.mark.distributed
 @pytest.mark.timeout(2400)  # ten jobs of 400 paced steps, each up to 240 s
 def test_ten_kills_in_a_row_each_end_with_equal_weights(tmp_path):
-    for trial in range(10):
-        (tmp_path / f"trial-{trial}").mkdir()
-        job = Job(tmp_path / f"trial-{trial}", 1, 400, ["runtime.strategy=none"])
-        try:
-            kill_one_group_and_bring_it_back(job, seed=100 + trial)
-            assert_groups_equal(job)
-        finally:
-            job.close()
+    ten_in_a_row(tmp_path, 400, ["runtime.strategy=none"],
+                 lambda trial: kill_one_group_and_bring_it_back)
 
 
 @pytest.mark.slow
@@ -265,11 +420,14 @@ def test_replica_group_settings_that_cannot_work_are_one_line_each(monkeypatch):
         config("runtime.fault_tolerance.min_live_groups=3").validate()
     monkeypatch.delenv("REPLICA_GROUP_ID", raising=False)
     monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://localhost:29510")
-    with pytest.raises(ConfigError, match=r"mode 'train' \(got 'train_and_eval'\)"):
-        replica_options(config(), "train_and_eval")
-    with pytest.raises(ConfigError, match=r"replica_id is not set and REPLICA_GROUP_ID is not "
-                       r"set: .*--set runtime\.fault_tolerance\.replica_id=0"):
-        replica_options(config(), "train")
+    # The evaluation modes of such a run evaluate it as one job (issue 42: they were refused,
+    # naming the command that had just run).
+    assert replica_options(config(), "eval") is None
+    assert replica_options(config(), "continuous_eval") is None
+    for mode in ("train", "train_and_eval", "train_and_post_eval"):
+        with pytest.raises(ConfigError, match=r"replica_id is not set and REPLICA_GROUP_ID is "
+                           r"not set: .*--set runtime\.fault_tolerance\.replica_id=0"):
+            replica_options(config(), mode)
     monkeypatch.setenv("REPLICA_GROUP_ID", "5")
     with pytest.raises(ConfigError, match=r"^runtime\.fault_tolerance\.replica_id \(got 5\) must "
                        r"be below runtime\.fault_tolerance\.replica_groups \(got 2\): groups "

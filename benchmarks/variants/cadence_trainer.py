@@ -16,7 +16,7 @@ def build(x, y, workdir, metrics=None, without=()):
     from workload import TOTAL_STEPS, full_loss, make_loader, make_model, make_sgd
 
     import cadence
-    from cadence.core.run_record import RunRecord
+    from cadence.records.run_record import RunRecord
 
     class Task(cadence.Task):
         def build_inputs(self, params, input_context=None):

@@ -186,10 +186,18 @@ class Callback:
         """Runs when training ends: target reached, stop requested, or data exhausted."""
 
     def on_epoch_begin(self, state: RunState) -> None:
-        """Runs when a pass over the training data starts (``state.epoch`` passes are done)."""
+        """Runs when an epoch opens, before its first step: ``state.epoch`` is its number,
+        from 1. An epoch is a pass over the training data, or ``steps_per_epoch`` steps; one
+        that a stop ended early opens again with the same number (also in a resumed process).
+        The epoch rules are `cadence.core.clock`'s, the counters' meaning
+        `cadence.core.progress`'s."""
 
     def on_epoch_end(self, state: RunState) -> None:
-        """Runs when a pass over the training data ends (``state.epoch`` is already advanced)."""
+        """Runs when an epoch closes: ``state.epoch`` is its number still, the one its begin
+        saw. It closes when it finished -- its pass ended, or it made ``steps_per_epoch`` steps
+        -- in the middle of a loop, or after the loop whose last step finished it, once that
+        loop's logs are on the host (``state.metrics``); and when a stop ends it early as the
+        epoch rules say (``state.progress.epoch_finished`` tells which)."""
 
     def on_loop_begin(self, state: RunState) -> None:
         """Runs before each inner loop of ``trainer.train(num_steps)``."""

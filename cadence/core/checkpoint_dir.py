@@ -86,15 +86,21 @@ def file_sha256(path: str | os.PathLike[str], chunk_size: int = 8 << 20) -> str:
 
 def write_atomically(path: Path, text: str, errors: str = "strict") -> Path:
     """Writes `text` to `path` so that readers see the old file or the whole new one: a hidden
-    temporary file in the same directory, flushed to disk, then renamed over `path`. `errors`
-    is the UTF-8 encoding's (``surrogateescape`` writes back bytes read that way)."""
+    temporary file in the same directory, flushed to disk, then renamed over `path` (removed
+    when the write fails). `errors` is the UTF-8 encoding's (``surrogateescape`` writes back
+    bytes read that way)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(temp, "w", encoding="utf-8", errors=errors) as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
+    try:
+        with open(temp, "w", encoding="utf-8", errors=errors) as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:  # a full disk: no half-written file is left beside `path`
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise
     return path
 
 

@@ -41,14 +41,17 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
+from cadence.core.arguments import check_bool, check_callable, check_path, check_run_hooks
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.clock import RunClock
 from cadence.core.evaluation import Evaluations, evaluate_new_checkpoints
+from cadence.core.hook_checks import describe
 from cadence.core.intervals import (
     Interval,
     check_count,
@@ -58,18 +61,20 @@ from cadence.core.intervals import (
     steps_until_boundary,
 )
 from cadence.core.logs import format_logs, summary_logs
+from cadence.core.notebook import show_log_lines
 from cadence.core.preemption import Preemption
 from cadence.core.progress import Progress
 from cadence.core.protocols import (
     CheckpointManagerLike,
     ClockedTrainer,
     Evaluable,
+    RunRecordLike,
     SummaryManagerLike,
     Trainable,
 )
 from cadence.core.rank import data_size
 from cadence.core.run_checkpoints import RunCheckpoints
-from cadence.core.run_record import RunRecord
+from cadence.core.run_dir import RunDirectory
 from cadence.core.slurm import SlurmOptions
 from cadence.core.summary import DEFAULT_WRITERS, RunSummaries, WriterSpec, to_host
 
@@ -113,6 +118,42 @@ def _check_runners(trainer: Any, evaluator: Any,
     return check_steps_per_loop(steps_per_loop)
 
 
+def _check_kinds(*, summary_dir: Any, eval_summary_dir: Any, global_step: Any,
+                 checkpoint_manager: Any, summary_manager: Any, eval_summary_manager: Any,
+                 callbacks: Any, train_actions: Any, eval_actions: Any, handle_signals: Any,
+                 log_loops: Any) -> tuple[Any, list[Action], list[Action]]:
+    """Refuses the Controller's other arguments of the wrong kind, before anything is made,
+    naming each and what it must be (Python would fail later, naming none); returns the
+    callbacks (a list, or the `CallbackList` given) and the actions as lists.
+
+    Raises:
+        TypeError: for an argument of the wrong kind.
+    """
+    owner = "Controller"
+    check_path(owner, "summary_dir", summary_dir, "e.g. summary_dir='runs/mine/train'",
+               none_ok=True)
+    check_path(owner, "eval_summary_dir", eval_summary_dir,
+               "e.g. eval_summary_dir='runs/mine/eval'", none_ok=True)
+    check_callable(owner, "global_step", global_step,
+                   "e.g. global_step=lambda: trainer.global_step", none_ok=True)
+    for name, value, kind, methods in (
+            ("checkpoint_manager", checkpoint_manager, "cadence.CheckpointManager",
+             ("save", "restore_or_initialize")),
+            ("summary_manager", summary_manager, "cadence.SummaryManager",
+             ("write_summaries", "flush")),
+            ("eval_summary_manager", eval_summary_manager, "cadence.SummaryManager",
+             ("write_summaries", "flush"))):
+        if value is not None and not all(callable(getattr(value, m, None)) for m in methods):
+            raise TypeError(f"{owner}: `{name}` (got {describe(value)}) must be a {kind} (or "
+                            f"have its methods {', '.join(methods)}) or None.")
+    given = callbacks
+    checked, train, evaluation = check_run_hooks(
+        owner, [] if isinstance(given, CallbackList) else given, train_actions, eval_actions)
+    check_bool(owner, "handle_signals", handle_signals, "e.g. handle_signals=False")
+    check_bool(owner, "log_loops", log_loops, "e.g. log_loops=False")
+    return given if isinstance(given, CallbackList) else checked, train, evaluation
+
+
 class Controller:
     """Drives a trainer and/or an evaluator: the outer loop of training.
 
@@ -149,12 +190,20 @@ class Controller:
         log_loops: log a line after each training loop (``cadence.loop``); a front-end whose
             monitors print the loop's scalars themselves (tensorpack's `ScalarPrinter`) passes
             False.
-        run_dir: the run's directory (a `cadence.core.run_dir.RunDirectory`), where built-in
-            callbacks write by default (``RunState.run_dir``).
-        record: the run's record (`cadence.core.run_record.RunRecord`) of a process that trains
-            in a run directory: the Controller records each loop's end (its time, and how long
+        run_dir: the run's directory (a path or a `cadence.core.run_dir.RunDirectory`; by
+            default the `record`'s), where built-in callbacks write by default
+            (``RunState.run_dir``), and where a run that continues from the checkpoint restored
+            here says so (``resumes.jsonl``: ``cadence plot`` marks it).
+        record: the run's record (a `cadence.records.run_record.RunRecord`, or anything with the
+            methods of `cadence.core.protocols.RunRecordLike`) of a process that trains in a
+            run directory: the Controller records each loop's end (its time, and how long
             it waited for input), evaluation, restore, save and signal in its timeline, and
-            adds the run's ``goodput`` so far to each loop's logs.
+            adds the run's ``goodput`` so far to each loop's logs; ``cadence goodput RUN``
+            reads it. A bare Controller's user makes it around the attempt::
+
+                with cadence.RunRecord("runs/mine") as record:
+                    controller = cadence.Controller(..., record=record)
+                    controller.train(1000)
         slurm: what a Slurm job does on its stop signal (`cadence.core.slurm.SlurmOptions`;
             default: SIGUSR1 stops like SIGTERM, and the job requeues itself after the save).
 
@@ -162,7 +211,9 @@ class Controller:
         ValueError: if neither a trainer nor an evaluator is given, an interval or
             `steps_per_loop` is not a positive int, or a writer's name is unknown.
         TypeError: if the trainer has no ``train`` method, the evaluator no ``evaluate``
-            method, or the global step cannot be found.
+            method, the global step cannot be found, or another argument is of the wrong kind
+            (a `summary_dir` that is not a path, callbacks that are not `Callback` objects,
+            a `checkpoint_manager` without a manager's methods, ...): the message names it.
         ImportError: if a writer's library is not installed.
     """
 
@@ -186,10 +237,16 @@ class Controller:
         handle_signals: bool = True,
         log_loops: bool = True,
         run_dir: Any = None,
-        record: RunRecord | None = None,
+        record: RunRecordLike | None = None,
         slurm: SlurmOptions | None = None,
     ) -> None:
         self._steps_per_loop = _check_runners(trainer, evaluator, steps_per_loop)
+        callbacks, train_actions, eval_actions = _check_kinds(
+            summary_dir=summary_dir, eval_summary_dir=eval_summary_dir, global_step=global_step,
+            checkpoint_manager=checkpoint_manager, summary_manager=summary_manager,
+            eval_summary_manager=eval_summary_manager, callbacks=callbacks,
+            train_actions=train_actions, eval_actions=eval_actions,
+            handle_signals=handle_signals, log_loops=log_loops)
         self.trainer = trainer
         self.evaluator = evaluator
         self._global_step = global_step or self._find_global_step()
@@ -205,6 +262,11 @@ class Controller:
         print the loop's scalars themselves (tensorpack's `ScalarPrinter`) turns it off."""
         self.record = record
         self.slurm = slurm
+        if run_dir is None and record is not None:
+            run_dir = record.run_dir
+        if isinstance(run_dir, (str, os.PathLike)):
+            run_dir = RunDirectory(run_dir)
+        show_log_lines()  # to the terminal, unless the user configured logging
         # Managers built here are closed at the end of every entry point (train,
         # train_and_evaluate, evaluate, evaluate_continuously); injected ones are flushed.
         self._summaries = RunSummaries(summary_dir, eval_summary_dir, summary_manager,
@@ -218,10 +280,11 @@ class Controller:
         self._checkpoints = RunCheckpoints(checkpoint_manager, self._global_step,
                                            self.callbacks, self.state, record)
         self._preemption = self._new_preemption(handle_signals)
+        self._resumed_from: str | None = None
         if checkpoint_manager is not None:
             checkpoint_manager.track("controller", self)
             checkpoint_manager.track("callbacks", self.callbacks)
-            self.restore_checkpoint()
+            self._resumed_from = self.restore_checkpoint()
         self._sync_state()
 
     def _state_and_clock(self, run_dir: Any) -> tuple[RunState, RunClock]:
@@ -330,11 +393,15 @@ class Controller:
         Raises:
             ValueError: without a trainer, without a target, or for a negative target.
             TypeError: for `epochs` with a trainer that does not count epochs.
-            CheckpointError: if writing a checkpoint in the background failed.
+            StorageError: if the machine fails a write of the run -- a checkpoint, the
+                summaries, an export -- (a full disk): one line naming what failed and the
+                newest good checkpoint.
+            CheckpointError: if writing a checkpoint in the background failed otherwise.
             Preempted: after SIGTERM or SIGINT, once the checkpoint is saved.
         """
         self._require("trainer")
         self._check_target(steps, epochs)
+        self._record_resume(steps, epochs)
         self.state.target_step = steps if steps is not None else self._target_for(epochs)
         self.state.target_epoch = epochs
         with self._training():
@@ -359,7 +426,8 @@ class Controller:
 
         Raises:
             ValueError: without both a trainer and an evaluator, or on a bad interval.
-            CheckpointError: if writing a checkpoint in the background failed.
+            StorageError: if the machine fails a write of the run (see `train`).
+            CheckpointError: if writing a checkpoint in the background failed otherwise.
             Preempted: after SIGTERM or SIGINT, once the checkpoint is saved.
         """
         self._require("trainer")
@@ -367,18 +435,22 @@ class Controller:
         self._check_target(train_steps, None)
         check_eval_steps(eval_steps)
         interval = Interval(check_interval("eval_interval", eval_interval))
+        self._record_resume(train_steps, None)
         self.state.target_step = train_steps
         output = None
         with self._training():
             current = self._global_step()
             while current < train_steps and not self._stopping():
                 target = min(train_steps, interval.next_boundary(current) or train_steps)
+                jumped = self._clock.jumped
                 # A checkpoint due at the evaluation's step is saved after the evaluation, so
                 # that a restarted run knows the evaluation happened.
                 self._train_until(target, None, defer_save_at=target)
                 current = self._global_step()
                 if self._stopping() or current >= train_steps:
                     break
+                if current != target and self._clock.jumped != jumped:
+                    continue  # a heal took the step past it: the live groups evaluated there
                 output = self.evaluate(eval_steps)
                 if self._checkpoints.due(current):
                     self._checkpoints.save()
@@ -404,6 +476,17 @@ class Controller:
                 f"{type(self.trainer).__name__}); subclass cadence.StandardTrainer, or pass "
                 "`steps`."
             )
+
+    def _record_resume(self, steps: int | None, epochs: int | None) -> None:
+        """A run that continues from the checkpoint restored when the Controller was built
+        says so once in its directory (`RunDirectory.record_resume`: ``cadence plot`` marks
+        it) -- not a finished run run again (its target of `steps` or `epochs` reached)."""
+        restored, self._resumed_from = self._resumed_from, None
+        run_dir = self.state.run_dir
+        step = self._global_step()
+        if (restored is not None and isinstance(run_dir, RunDirectory) and step > 0
+                and not self._reached(steps, epochs)):
+            run_dir.record_resume(step, restored)
 
     def _target_for(self, epochs: int | None) -> int | None:
         """The global step at which `epochs` epochs will be completed, when the trainer knows."""
@@ -438,6 +521,7 @@ class Controller:
             except BaseException as error:
                 self.state.error = error  # on_train_end's writers report it
                 self._checkpoints.wait(quiet=True, failing=True)  # keep the error
+                self._checkpoints.name_newest(error)  # a full disk: where the run resumes
                 raise
             finally:
                 self.callbacks.fire_teardown("on_train_end", self.state)
@@ -536,6 +620,8 @@ class Controller:
         elapsed = time.perf_counter() - start
         after = self._global_step()
         jump = self._clock.jumped - jumped  # a heal's: not run here, and the loop shortened
+        if jump:  # the boundaries the jump passed were trained, and saved, by the live groups
+            self._checkpoints.jumped_to(after)
         done = after - before - jump
         if done != num_steps and not jump and not self.state.stop_requested:
             logger.warning(

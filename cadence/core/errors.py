@@ -124,3 +124,40 @@ class JobFailure(RuntimeError):
     """The job cannot go on because of the machines, not of the code or the config: another
     rank died or is stuck, or the ranks could not meet. The message says which and what to do;
     the ``cadence`` command prints it as one line (exit status 1)."""
+
+
+class StorageError(JobFailure):
+    """Writing the run's files failed for a reason of the machine -- a full disk or quota, a
+    read-only or failing file system, a denied write -- whichever writer met it: a checkpoint
+    (synchronous or in the background, sharded too), a best export, the summaries, the config,
+    the lock. Every writer's own error type (an `OSError`, safetensors' ``SafetensorError``,
+    ``torch.distributed.checkpoint``'s ``CheckpointException``, TensorBoard's and MLflow's
+    ``OSError``) becomes this one (`cadence.core.storage`).
+
+    The message is one line: what failed, why, the newest good checkpoint (when the run's
+    checkpoints are known) and the fix. What was committed before is kept and nothing
+    half-written is listed, so the same command resumes once the cause is gone. The ``cadence``
+    command prints it as one line, exit status 1 (the environment's, not the user's mistake).
+
+    Attributes:
+        what: what failed (``"Saving checkpoint ckpt-20"``).
+        reason: the machine's error (``"No space left on device"``, with the file when known).
+        fix: what to do about it (``"free some space"``).
+        errno: the error's number (``errno.ENOSPC``).
+        newest: the sentence about the checkpoint a run resumes from, once known (None: not
+            known where the error was raised).
+    """
+
+    def __init__(self, what: str, reason: str, fix: str, errno: int | None = None,
+                 newest: str | None = None) -> None:
+        super().__init__(what, reason, fix)
+        self.what, self.reason, self.fix, self.errno = what, reason, fix, errno
+        self.newest = newest
+
+    def __str__(self) -> str:
+        if self.newest is None:
+            tail = (f"{self.fix[:1].upper()}{self.fix[1:]}, then run the same command again: "
+                    "what was committed before is kept.")
+        else:
+            tail = f"{self.newest}: {self.fix}, then run the same command again."
+        return f"{self.what} failed: {self.reason}. {tail}"

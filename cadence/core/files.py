@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import stat
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -161,3 +162,21 @@ def relative_name(name: Any) -> bool:
         return False
     return all(plain_name(part) for part in PurePosixPath(name).parts) and not (
         name.startswith("/"))
+
+
+def close_all(closables: Iterable[Any]) -> None:
+    """Closes each of `closables` (files, writers), also after one of them failed -- a full
+    disk fails the flush of every file's close -- and raises the first failure then, so that
+    no file is left open.
+
+    Raises:
+        OSError: the first failure to close.
+    """
+    failure: OSError | None = None
+    for closable in closables:
+        try:
+            closable.close()
+        except OSError as error:
+            failure = failure or error
+    if failure is not None:
+        raise failure

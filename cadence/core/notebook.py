@@ -1,11 +1,14 @@
-"""Running inside a Jupyter notebook: how to tell, and the loop lines a notebook shows.
+"""Running inside a Jupyter notebook: how to tell; and cadence's log lines where nothing would
+show them -- a notebook, or a Python script without any logging setup.
 
 A notebook's kernel has no terminal (so a progress bar keyed on ``stderr.isatty()`` never
 shows) and, unless the user configured logging, no handler on any logger (so the INFO loop lines
-go nowhere). `in_notebook` tells the progress bar and the preemption handling where they run;
-`show_log_lines` gives the ``cadence`` logger a handler of its own there -- one that writes only
-while no other handler would, so a user who configures logging (now or later, on the root
-logger or on ``cadence``) never sees a line twice.
+go nowhere); the same holds for a plain Python script that calls ``run_experiment``, a
+`Controller`, a `TrainLoop` or a tensorpack trainer. `in_notebook` tells the progress bar and the
+preemption handling where they run; `show_log_lines` gives the ``cadence`` logger a handler of
+its own -- as the ``cadence`` command shows them: the time and the message, on stderr (the
+message alone in a notebook) -- one that writes only while no other handler would, so a user who
+configures logging (now or later, on the root logger or on ``cadence``) never sees a line twice.
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ def in_notebook() -> bool:
 
 
 class _FallbackHandler(logging.StreamHandler):
-    """Writes ``cadence``'s records to the current ``sys.stderr`` (the kernel's, which it
+    """Writes ``cadence``'s records to the current ``sys.stderr`` (a kernel's, which it
     replaces per cell) while no other handler on the record's way up the logger tree would."""
 
-    def __init__(self) -> None:
+    def __init__(self, notebook: bool) -> None:
         super().__init__()
         self.setLevel(logging.INFO)
-        self.setFormatter(logging.Formatter("%(message)s"))
+        self.setFormatter(logging.Formatter("%(message)s") if notebook else logging.Formatter(
+            "%(asctime)s  %(message)s", datefmt="%H:%M:%S"))  # the cadence command's lines
 
     @property
     def stream(self) -> TextIO:  # StreamHandler's attribute, read at every emit
@@ -51,14 +55,14 @@ class _FallbackHandler(logging.StreamHandler):
 
 
 def show_log_lines() -> None:
-    """In a notebook whose ``cadence`` logger shows nothing at INFO -- no handler of the user's
-    and no level set -- adds a handler that shows cadence's lines (once; idempotent)."""
-    if not in_notebook():
-        return
+    """Where the ``cadence`` logger shows nothing at INFO -- no handler of the user's on it or
+    the root logger, and no level set -- adds a handler that shows cadence's lines (once;
+    idempotent). Every front-end calls it as it starts: the Python ones log to the terminal
+    as the command line does, and a user's own logging configuration wins."""
     logger = logging.getLogger("cadence")
     if any(isinstance(handler, _FallbackHandler) for handler in logger.handlers):
         return
     if logger.hasHandlers() or logger.level != logging.NOTSET:
         return  # the user configured logging: theirs decides
     logger.setLevel(logging.INFO)
-    logger.addHandler(_FallbackHandler())
+    logger.addHandler(_FallbackHandler(in_notebook()))

@@ -17,8 +17,9 @@ in the middle of closing its files. SIGKILL, after Slurm's ``KillWait``, still e
 
 In a notebook (an IPython kernel), Ctrl-C -- the kernel's interrupt -- ends the cell with a
 `KeyboardInterrupt` once the checkpoint is saved: a `SystemExit` there would be IPython's "To
-exit: use 'exit'" warning, and there is no scheduler to requeue. `watch` also makes the loop
-lines show there without any logging setup (`cadence.core.notebook.show_log_lines`).
+exit: use 'exit'" warning, and there is no scheduler to requeue. (The loop lines show there
+without any logging setup: every front-end calls `cadence.core.notebook.show_log_lines` as it
+starts.)
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 
 from cadence.core.callbacks import RunState
 from cadence.core.errors import Preempted
-from cadence.core.notebook import in_notebook, show_log_lines
+from cadence.core.notebook import in_notebook
 from cadence.core.rank import process_rank
 from cadence.core.slurm import SlurmJob, SlurmOptions, requeue
 
@@ -77,7 +78,6 @@ class Preemption:
         """While inside, a signal requests a stop through `state`."""
         self.received = None
         self._job = SlurmJob.from_environ()
-        show_log_lines()  # in a notebook without logging setup; nothing elsewhere
         if not self.enabled or threading.current_thread() is not threading.main_thread():
             yield self
             return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from cadence.core.checkpoint_dir import CheckpointInfo
@@ -141,6 +142,43 @@ class SavesInBackground(Protocol):
     def abandon(self) -> None:
         """Drops saves still running without committing them: a rank failing among several
         must not enter a commit's collectives alone."""
+
+
+class TimelineLike(Protocol):
+    """The events the engine records in a run's timeline as it drives the run (the run record's
+    `cadence.records.timeline.Timeline`; that module's docstring is the format)."""
+
+    def restore_begin(self) -> None: ...
+
+    def restore_end(self, step: int, checkpoint: str | None) -> None: ...
+
+    def loop_end(self, step: int, steps: int, seconds: float, data_wait_s: float = 0.0,
+                 checkpoint_wait_s: float = 0.0) -> None: ...
+
+    def eval_begin(self, step: int) -> None: ...
+
+    def eval_end(self, step: int) -> None: ...
+
+    def save(self, step: int, stall_s: float) -> None: ...
+
+    def signal(self, name: str) -> None: ...
+
+
+class RunRecordLike(Protocol):
+    """What the Controller needs of the record a training process keeps of its run
+    (`cadence.records.run_record.RunRecord`): the timeline it records each loop, evaluation,
+    restore, save and signal in, and what it adds to a loop's logs (the goodput so far). The
+    record lives in its own layer (`cadence.records`) and is handed to the engine, as the
+    summary manager is."""
+
+    @property
+    def timeline(self) -> TimelineLike: ...
+
+    @property
+    def run_dir(self) -> Path:
+        """The run's directory."""
+
+    def loop_logs(self) -> Mapping[str, Any]: ...
 
 
 class RunDriver(Protocol):

@@ -3,9 +3,9 @@
 It saves at exact multiples of the manager's ``checkpoint_interval`` (`due`), restores, knows
 which checkpoint the weights in memory came from (`weights`: what an evaluation records), counts
 restores (a callback that restores during a loop rewinds training), and waits for saves that
-finish in the background before an entry point returns. With a
-`cadence.core.run_record.RunRecord`, the run's timeline gets each restore and how long each save
-and wait kept the training thread. Nothing here imports torch.
+finish in the background before an entry point returns. With the run's record (a
+`cadence.core.protocols.RunRecordLike`), the run's timeline gets each restore and how long
+each save and wait kept the training thread. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable
 
 from cadence.core.callbacks import CallbackList, RunState
+from cadence.core.errors import StorageError
 from cadence.core.intervals import Interval, check_interval
-from cadence.core.protocols import CheckpointManagerLike, SavesInBackground
+from cadence.core.protocols import CheckpointManagerLike, RunRecordLike, SavesInBackground
 from cadence.core.rank import world_size
-from cadence.core.run_record import RunRecord
+from cadence.core.storage import name_newest
 
 logger = logging.getLogger("cadence")
 
@@ -44,7 +45,7 @@ class RunCheckpoints:
 
     def __init__(self, manager: CheckpointManagerLike | None, global_step: Callable[[], int],
                  callbacks: CallbackList, state: RunState,
-                 record: RunRecord | None = None) -> None:
+                 record: RunRecordLike | None = None) -> None:
         self.manager = manager
         self.record = record
         self._global_step = global_step
@@ -90,6 +91,13 @@ class RunCheckpoints:
             logger.info("Restored %s (step %d).", path, step)
         return path
 
+    def jumped_to(self, step: int) -> None:
+        """The global step jumped during the loop that ended at `step` (a replica group healed
+        from a live one): the multiples it passed were trained, and saved, by the live groups,
+        so only a multiple at `step` itself is still this group's to save. Checkpoints stay on
+        the interval's multiples after a heal."""
+        self.interval.mark(max(self.interval.last, step - 1))
+
     def due(self, step: int) -> bool:
         """Whether a save is due at `step`: the interval's multiple was reached."""
         return self.manager is not None and self.interval.crossed(step)
@@ -110,6 +118,13 @@ class RunCheckpoints:
             logger.info("Saved checkpoint %s.", path)
         self._callbacks.fire("on_checkpoint_saved", self._state, path)
         return path
+
+    def name_newest(self, error: BaseException) -> None:
+        """Says in a `StorageError` the run fails with (a full disk met by any writer) which
+        checkpoint it resumes from, unless it says already."""
+        if isinstance(error, StorageError) and self.manager is not None:
+            found = self.manager.checkpoints
+            name_newest(error, (str(found[-1].path), found[-1].step) if found else None)
 
     def saved_now(self) -> bool:
         """Whether the weights in memory are those of the newest save."""

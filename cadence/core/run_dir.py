@@ -4,7 +4,8 @@ Every front-end and built-in callback that writes into a run's directory finds i
 
     <root>/
       params.yaml        the final config of a Task run (reloads exactly)
-      train.lock         held while a process trains here (`RunLock`)
+      train.lock         held while a process trains here (`RunLock`); in the fault-tolerant
+                         mode each replica group holds its own, train-replica-<g>.lock
       checkpoints/       ckpt-<step>/ (atomic; a run resumes from the newest)
       train/             training summaries: TensorBoard event files, metrics.jsonl (or the
                          run's metric writers': metrics.csv, ...)
@@ -15,8 +16,11 @@ Every front-end and built-in callback that writes into a run's directory finds i
                          the folder's runs, is its default store); wandb_run.json and wandb/
                          the same for W&B
       resumes.jsonl      one line each time training continued from a checkpoint
+      events.out.tfevents.*.hparams
+                         the run's hyper-parameters for TensorBoard's HPARAMS tab (the
+                         tensorboard writer's)
       timeline/          what each attempt of the run lived through, as JSON lines
-                         (`cadence.core.timeline`); ``cadence goodput`` reads it
+                         (`cadence.records.timeline`); ``cadence goodput`` reads it
 
 The Task front-end (``run_experiment``, the ``cadence`` command) calls the root its model
 directory, the tensorpack front-end its ``logdir``. Callbacks read the run directory of the run
@@ -47,6 +51,7 @@ from cadence.core.files import open_append, open_regular
 from cadence.core.intervals import check_int, is_int
 from cadence.core.rank import process_rank
 from cadence.core.slurm import SlurmJob
+from cadence.core.storage import writing
 
 try:
     import fcntl
@@ -59,7 +64,7 @@ PARAMS_FILE = "params.yaml"
 LOCK_FILE = "train.lock"
 RESUMES_FILE = "resumes.jsonl"
 TIMELINE_DIR = "timeline"
-"""Where the run's timeline files are (`cadence.core.timeline`)."""
+"""Where the run's timeline files are (`cadence.records.timeline`)."""
 RESUME_REASONS = ("resume", "recovery")
 """Why training continued from a checkpoint: a new process resumed the run, or the loss guard
 restored the newest checkpoint after a blow-up."""
@@ -120,7 +125,7 @@ class RunDirectory:
 
     @property
     def timeline(self) -> Path:
-        """The run's timeline files (`cadence.core.timeline`)."""
+        """The run's timeline files (`cadence.records.timeline`)."""
         return self.root / TIMELINE_DIR
 
     @property
@@ -144,6 +149,7 @@ class RunDirectory:
 
         Raises:
             ValueError: for a negative `step` or an unknown `reason`.
+            StorageError: if the machine fails the write (a full disk).
         """
         step = check_int("RunDirectory.record_resume", "step", step,
                          "Pass the restored global step, e.g. 100.", minimum=0)
@@ -154,9 +160,10 @@ class RunDirectory:
             return
         record = {"step": step, "checkpoint": None if checkpoint is None else str(checkpoint),
                   "reason": reason, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open_append(self.resumes) as handle:
-            handle.write(json.dumps(record) + "\n")
+        with writing(f"Recording the resume in {str(self.resumes)!r}"):
+            self.root.mkdir(parents=True, exist_ok=True)
+            with open_append(self.resumes) as handle:
+                handle.write(json.dumps(record) + "\n")
 
     def layout_problem(self, training: bool) -> str | None:
         """What makes this directory unfit to hold the run, in one sentence with the fix, or
@@ -199,15 +206,16 @@ class RunDirectory:
                "wandb_run.json",
                self.eval_subdir.split("/")[0], self.best_subdir.split("/")[0]}
         others = [p.name for p in root.iterdir() if p.name not in own
-                  and not _PARAMS_BACKUP.match(p.name) and not _REPLICA_LOCK.match(p.name)]
+                  and not any(pattern.match(p.name) for pattern in _OWN_PATTERNS)]
         if training and others and not is_run(root):
             named = ", ".join(sorted(others)[:3]) + (", ..." if len(others) > 3 else "")
             if any(is_run(root / name) for name in others):
                 return (f"{str(root)!r} holds other runs ({named}): pass one of them to "
                         "continue it, or a new directory for a new run.")
             return (f"{str(root)!r} holds files that are not a run's ({named}) and no run "
-                    f"({PARAMS_FILE} with checkpoints/): cadence will not train among someone "
-                    "else's files; pass a new or empty directory, or a run's.")
+                    f"({PARAMS_FILE} with checkpoints/ or a trainer's lock): cadence will not "
+                    "train among someone else's files; pass a new or empty directory, or a "
+                    "run's.")
         return None
 
     def subdir(self, name: str) -> Path:
@@ -237,15 +245,29 @@ class RunDirectory:
 
 
 _PARAMS_BACKUP = re.compile(r"^params\.[0-9-]+\.yaml$")
-_REPLICA_LOCK = re.compile(r"^train-replica-[0-9]+\.lock$")
 """The name of a replaced config (``params.<time>.yaml``)."""
+_REPLICA_LOCK = re.compile(r"^train-replica-[0-9]+\.lock$")
+"""The lock of a replica group in the fault-tolerant mode (`RunDirectory.replica_lock_file`)."""
+_HPARAMS = re.compile(r"^events\.out\.tfevents\.[^/]*\.hparams$")
+"""The tensorboard writer's hyper-parameters session, in the run's root."""
+_OWN_PATTERNS = (_PARAMS_BACKUP, _REPLICA_LOCK, _HPARAMS)
+"""The names of the run's own files that vary (besides the fixed names of `layout_problem`)."""
 
 
 def is_run(path: Path) -> bool:
     """Whether `path` is the directory of a run that started: it holds ``params.yaml`` and
-    ``train.lock`` or ``checkpoints/`` (a ``params.yaml`` alone may be another tool's)."""
-    return (path / PARAMS_FILE).is_file() and (
-        (path / LOCK_FILE).exists() or (path / "checkpoints").is_dir())
+    ``checkpoints/`` or a trainer's lock -- ``train.lock``, or in the fault-tolerant mode a
+    replica group's ``train-replica-<g>.lock``, which is all a run has before its first
+    checkpoint -- (a ``params.yaml`` alone may be another tool's)."""
+    if not (path / PARAMS_FILE).is_file():
+        return False
+    if (path / LOCK_FILE).exists() or (path / "checkpoints").is_dir():
+        return True
+    try:
+        with os.scandir(path) as entries:
+            return any(_REPLICA_LOCK.match(entry.name) for entry in entries)
+    except OSError:
+        return False
 
 
 def enclosing_run(path: str | os.PathLike[str]) -> Path | None:
@@ -327,9 +349,15 @@ class RunLock:
 
         Raises:
             RunLockedError: naming the process that holds it.
+            StorageError: if the machine fails the write (a full disk, a read-only file
+                system).
         """
         if self._fd is not None:
             return
+        with writing(f"Taking the run's lock {str(self.path)!r}"):
+            self._acquire()
+
+    def _acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if fcntl is not None:
             fd = open_regular(self.path, os.O_RDWR | os.O_CREAT)
@@ -357,8 +385,12 @@ class RunLock:
                   "command": " ".join(sys.argv)[:200],
                   "since": time.strftime("%Y-%m-%d %H:%M:%S"),
                   **(job.record() if job is not None else {})}
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps(record).encode("utf-8"))
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps(record).encode("utf-8"))
+        except BaseException:  # a full disk: the lock is not held, its file not left open
+            os.close(fd)
+            raise
         self._fd = fd
 
     def holder(self) -> dict[str, Any] | None:

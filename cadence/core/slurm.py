@@ -26,7 +26,7 @@ of ``sbatch -n 8`` sees ``SLURM_NTASKS=8`` but is one process (it is warned that
 
 **The job.** `SlurmJob` is the job and step a process runs in, and its restart count
 (``SLURM_RESTART_COUNT``, which Slurm sets only from the first requeue on): the run's lock and
-timeline name them (`cadence.core.run_dir`, `cadence.core.timeline`).
+timeline name them (`cadence.core.run_dir`, `cadence.records.timeline`).
 
 **Preemption and time limits.** `SlurmOptions` (a Task config's ``runtime.slurm``) names the
 signal that Slurm sends before the time limit (``--signal=USR1@120``), which stops, saves and

@@ -25,6 +25,7 @@ import contextlib
 import contextvars
 import functools
 import importlib
+import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -40,6 +41,9 @@ from cadence.core.protocols import (
 )
 from cadence.core.rank import process_rank
 from cadence.core.scope import scoped
+from cadence.core.storage import writing
+
+logger = logging.getLogger("cadence")
 
 WRITERS: dict[str, str] = {
     "tensorboard": "cadence.writers.tensorboard:TensorBoardWriter",
@@ -195,6 +199,9 @@ class SummaryManager:
             both values; MLflow's latest value of the metric is the new one. Never for a
             training directory: its files are large, and a resumed run's repeats are the
             readers' to handle.
+        writes: None: a manager that is `enabled` writes. A function: whether it writes the
+            logs it is given now -- False when another job writes the same logs (replica
+            groups evaluate alike: the first of the live groups writes the evaluations).
 
     Raises:
         ValueError: for an unknown writer name.
@@ -212,8 +219,10 @@ class SummaryManager:
         enabled: bool | None = None,
         run_dir: str | os.PathLike[str] | None = None,
         replace_steps: bool = False,
+        writes: Callable[[], bool] | None = None,
     ) -> None:
         self.summary_dir = Path(summary_dir) if summary_dir is not None else None
+        self.writes = writes
         self.run_dir = Path(run_dir) if run_dir is not None else self.summary_dir
         self.replace_steps = replace_steps
         self._global_step = global_step
@@ -265,15 +274,21 @@ class SummaryManager:
                 (e.g. which checkpoint an evaluation ran on): JSON lines keep them, TensorBoard
                 does not show them.
         """
-        if not self.active:
+        if not self.active or (self.writes is not None and not self.writes()):
             return
         step = self._step(step)
-        writers = self.writers
-        for group, leaves in iter_groups(logs):
-            for writer in writers:
-                if self.replace_steps and isinstance(writer, StepReplacingWriter):
-                    writer.forget_step(step, group)
-                writer.write(step, leaves, group, extra if not group else None)
+        with self._writing():
+            writers = self.writers
+            for group, leaves in iter_groups(logs):
+                for writer in writers:
+                    if self.replace_steps and isinstance(writer, StepReplacingWriter):
+                        writer.forget_step(step, group)
+                    writer.write(step, leaves, group, extra if not group else None)
+
+    def _writing(self) -> contextlib.AbstractContextManager[None]:
+        """The writers' failures of the machine (a full disk), whichever writer met them, as
+        one `cadence.StorageError` naming this directory (`cadence.core.storage`)."""
+        return writing(f"Writing the summaries to {str(self.summary_dir)!r}")
 
     def write_hparams(self, params: Mapping[str, Any]) -> None:
         """Records the run's hyper-parameters with every writer that can (`HParamsWriter`:
@@ -285,9 +300,10 @@ class SummaryManager:
         if not self.active:
             return
         flat = flatten(params, sep=".")
-        for writer in self.writers:
-            if isinstance(writer, HParamsWriter):
-                writer.write_hparams(flat)
+        with self._writing():
+            for writer in self.writers:
+                if isinstance(writer, HParamsWriter):
+                    writer.write_hparams(flat)
 
     def add_pending(self, tag: str, value: Any, step: int) -> None:
         """Queues one in-step summary; it is converted and written at the next `flush`."""
@@ -296,16 +312,18 @@ class SummaryManager:
 
     def flush(self) -> None:
         """Writes queued in-step summaries, then flushes every writer."""
-        if self._pending and self.active:
-            by_step: dict[int, dict[str, Any]] = {}
-            for tag, value, step in self._pending:
-                by_step.setdefault(step, {})[tag] = to_host(value)
-            for step, values in sorted(by_step.items()):
-                for writer in self.writers:
-                    writer.write(step, values, (), None)
-        self._pending.clear()
-        for writer in self._writers or ():
-            writer.flush()
+        with self._writing():
+            if self._pending and self.active:
+                by_step: dict[int, dict[str, Any]] = {}
+                for tag, value, step in self._pending:
+                    by_step.setdefault(step, {})[tag] = to_host(value)
+                self._pending.clear()
+                for step, values in sorted(by_step.items()):
+                    for writer in self.writers:
+                        writer.write(step, values, (), None)
+            self._pending.clear()
+            for writer in self._writers or ():
+                writer.flush()
 
     def close(self, error: BaseException | None = None) -> None:
         """Flushes and closes every writer; a later write opens them again.
@@ -315,12 +333,23 @@ class SummaryManager:
                 record outcomes (`OutcomeWriter`) get it, e.g. MLflow's run status is
                 ``FAILED`` after a crash or a divergence, ``KILLED`` after `cadence.Preempted`.
         """
-        self.flush()
-        for writer in self._writers or ():
-            if isinstance(writer, OutcomeWriter):
-                writer.set_outcome(error)
-            writer.close()
-        self._writers = None
+        writers, failure = self._writers or [], None
+        try:
+            with self._writing():
+                try:
+                    self.flush()
+                finally:  # every writer is closed (its file released), also after a failure
+                    for writer in writers:
+                        try:
+                            if isinstance(writer, OutcomeWriter):
+                                writer.set_outcome(error)
+                            writer.close()
+                        except Exception as failed:
+                            failure = failure or failed
+                if failure is not None:
+                    raise failure
+        finally:
+            self._writers = None
 
     @contextlib.contextmanager
     def as_default(self, record_if: Callable[[int], bool] | None = None) -> Iterator[None]:
@@ -345,7 +374,9 @@ def close_summaries(error: BaseException | None, *, close: Iterable[SummaryManag
     so that the writers that record outcomes get it: MLflow's run status, W&B's exit code,
     TensorBoard's session status. The managers it was given (`flush`) are its owner's to close:
     they are only flushed. A manager listed twice (the train and eval managers of one
-    directory) is handled once, the first way it is listed.
+    directory) is handled once, the first way it is listed. When the run ends with an error, a
+    failure to close or flush (the full disk that ended the run) is logged, not raised: the
+    run's own error is the one to report.
 
     Args:
         error: the exception the run ends with; None when it completed.
@@ -356,11 +387,25 @@ def close_summaries(error: BaseException | None, *, close: Iterable[SummaryManag
     for manager in close:
         if id(manager) not in done:
             done.add(id(manager))
-            manager.close(error)
+            with _failing_already(error):
+                manager.close(error)
     for injected in flush:
         if id(injected) not in done:
             done.add(id(injected))
-            injected.flush()
+            with _failing_already(error):
+                injected.flush()
+
+
+@contextlib.contextmanager
+def _failing_already(error: BaseException | None) -> Iterator[None]:
+    """A failure to close summaries while the run ends with `error` (the full disk that ended
+    it) is logged, not raised: the run's own error is the one to report."""
+    try:
+        yield
+    except Exception as failed:
+        if error is None:
+            raise
+        logger.warning("Closing the summaries failed too: %s", failed)
 
 
 @contextlib.contextmanager

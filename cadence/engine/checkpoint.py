@@ -228,10 +228,12 @@ class CheckpointManager:
         is committed at the next `wait` -- the next save, a restore, or the end of training.
 
         Raises:
-            CheckpointError: if the manager is read-only, a previous background write failed,
-                writing fails (a full disk: the message says what failed and which checkpoint
-                is still the newest good one; nothing is committed then), or (distributed) the
-                ranks do not all see the checkpoint directory.
+            StorageError: if the machine fails the write -- a full disk, a read-only file
+                system -- now or in a previous background write: the message says what failed
+                and which checkpoint is still the newest good one; nothing is committed then.
+            CheckpointError: if the manager is read-only, a write fails otherwise (the
+                message says the same), or (distributed) the ranks do not all see the
+                checkpoint directory.
         """
         if self.read_only:
             raise CheckpointError(
@@ -299,8 +301,9 @@ class CheckpointManager:
                 The next save or `wait()` joins it; a run ends with retention applied.
 
         Raises:
-            CheckpointError: if the background write failed (the message names the newest
-                good checkpoint, which is still the newest complete one).
+            StorageError: if the machine failed the background write (a full disk).
+            CheckpointError: if it failed otherwise. Either message names the newest good
+                checkpoint, which is still the newest complete one.
         """
         self.writer.wait(retention)
 

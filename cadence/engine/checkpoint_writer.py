@@ -28,7 +28,6 @@ will all write into.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import shutil
@@ -44,8 +43,9 @@ from typing import Any
 import torch.distributed as dist
 
 from cadence.core.checkpoint_dir import CheckpointDirectory, fsync_path
-from cadence.core.errors import CheckpointError
+from cadence.core.errors import CheckpointError, StorageError
 from cadence.core.rank import process_rank, world_size
+from cadence.core.storage import name_newest, storage_cause, storage_error
 from cadence.engine.background import in_background, yield_cpu_to_training
 from cadence.engine.checkpoint_io import CheckpointIO, StateFileIO, save_with_digests
 from cadence.engine.distributed import any_rank, broadcast_object, gather_on_rank_zero
@@ -99,7 +99,10 @@ class CheckpointWriter:
         for. Every rank of a distributed job calls it.
 
         Raises:
-            CheckpointError: if writing fails, or the ranks do not all see the directory.
+            StorageError: if the machine fails the write (a full disk): the message names the
+                newest good checkpoint.
+            CheckpointError: if writing fails otherwise, or the ranks do not all see the
+                directory.
         """
         rank, world = distributed()
         if world == 1 and self.async_save and not sharded:
@@ -225,8 +228,8 @@ class CheckpointWriter:
         if any_rank(error is not None, "finishing a background checkpoint write"):
             if distributed()[0] == 0:
                 shutil.rmtree(staging, ignore_errors=True)
-            reason = str(error) if error is not None else "another rank's write failed"
-            raise CheckpointError(self._failure(step, RuntimeError(reason), background=True))
+            raise self._failure(step, error if error is not None else RuntimeError(
+                "another rank's write failed"), background=True)
         self._commit_distributed(staging, step, world, checksums)
 
     def write_now(self, payload: dict[str, Any] | PackedState,
@@ -243,29 +246,33 @@ class CheckpointWriter:
             final = self.directory.commit(staging, step, checksums=checksums)
         except BaseException as error:
             shutil.rmtree(staging, ignore_errors=True)
-            if isinstance(error, (OSError, RuntimeError, TypeError, ValueError)):
-                raise CheckpointError(self._failure(step, error, background)) from error
+            if storage_cause(error) is not None or isinstance(
+                    error, (OSError, RuntimeError, TypeError, ValueError)):
+                raise self._failure(step, error, background) from error
             raise
         logger.info("Saved checkpoint %s.", final)
         if self.on_commit is not None:
             self.on_commit(step, final)
         self._prune()
 
-    def _failure(self, step: int, error: BaseException, background: bool) -> str:
-        """What a failed write says: what failed, why, and what is still good."""
-        what = "Writing a checkpoint in the background" if background else "Saving a checkpoint"
-        reason = str(error).strip() or type(error).__name__
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            hint = (f"Free space on the disk of {str(self.directory.directory)!r} (or lower "
-                    "max_to_keep), then run again: training resumes from the newest good "
-                    "checkpoint.")
-        else:
-            hint = "Fix the cause, then run again: training resumes from the newest good one."
+    def _failure(self, step: int, error: BaseException, background: bool) -> Exception:
+        """What a failed write raises: a `StorageError` when the machine failed it (a full
+        disk: `cadence.core.storage`), else a `CheckpointError`; either says what failed, why,
+        and which checkpoint is still the newest good one."""
+        name = self.directory.path_for(step).name
+        what = (f"Writing checkpoint {name} in the background" if background
+                else f"Saving checkpoint {name}")
         latest = self.directory.latest()
+        storage = storage_error(what, error)
+        if storage is not None:
+            return name_newest(storage, None if latest is None else (str(latest.path),
+                                                                     latest.step))
+        reason = str(error).strip() or type(error).__name__
         good = (f"the newest good checkpoint is still {latest.path} (step {latest.step})"
                 if latest is not None else "there is no good checkpoint yet")
-        return (f"{what} failed: {reason}. {self.directory.path_for(step).name} was not "
-                f"committed; {good}. {hint}")
+        return CheckpointError(
+            f"{what} failed: {reason}. {name} was not committed; {good}. Fix the cause, then "
+            "run again: training resumes from the newest good one.")
 
     def _prune(self) -> None:
         for deleted in self.directory.prune():
@@ -311,8 +318,9 @@ class CheckpointWriter:
                 The next save or `wait()` joins it; a run ends with retention applied.
 
         Raises:
-            CheckpointError: if the background write failed (the message names the newest
-                good checkpoint, which is still the newest complete one).
+            StorageError: if the machine failed the background write (a full disk).
+            CheckpointError: if it failed otherwise. Either message names the newest good
+                checkpoint, which is still the newest complete one.
         """
         self._wait_for_the_ranks_writes()
         pending, self._pending = self._pending, None
@@ -321,7 +329,7 @@ class CheckpointWriter:
         if retention:
             self._join_pruning()
         error, self._pending_error = self._pending_error, None
-        if isinstance(error, CheckpointError):
+        if isinstance(error, (CheckpointError, StorageError)):
             raise error
         if error is not None:
             raise CheckpointError(

@@ -20,7 +20,7 @@ import logging
 import math
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from cadence.core.hook_checks import describe
 from cadence.core.intervals import check_int, is_int
 from cadence.core.logs import flatten, is_scalar
 from cadence.core.rank import process_rank
+from cadence.core.storage import storage_error
 from cadence.engine.sharded import (
     load_full_model_state,
     read_sharded,
@@ -79,6 +80,11 @@ class BestCheckpointExporter:
         metric_name: the evaluation metric; "a/b" or "a|b" for nested logs.
         metric_comp: ``"higher"`` or ``"lower"`` is better.
         max_to_keep: how many of the best to keep.
+        writes: None: this job writes the exports (its rank 0). A function: whether this job
+            writes them now -- False when another writes them (replica groups: the first of
+            the live groups, `cadence.CheckpointManager`'s `writes` too); every job decides the
+            same, from the ledger on disk, read again before each decision (another job keeps
+            it).
 
     Raises:
         ValueError: for a bad `metric_comp`, `metric_name` or `max_to_keep`.
@@ -86,7 +92,8 @@ class BestCheckpointExporter:
     """
 
     def __init__(self, export_dir: str | os.PathLike[str], metric_name: str,
-                 metric_comp: str = "higher", max_to_keep: int = 1) -> None:
+                 metric_comp: str = "higher", max_to_keep: int = 1,
+                 writes: Callable[[], bool] | None = None) -> None:
         if metric_comp not in ("higher", "lower"):
             raise ValueError(f"`metric_comp` (got {metric_comp!r}) must be 'higher' or 'lower'.")
         if not metric_name:
@@ -100,6 +107,8 @@ class BestCheckpointExporter:
         self.mode = COMP_TO_MODE[metric_comp]
         """The direction in the engine's words (``"max"`` for ``"higher"``)."""
         self.max_to_keep = max_to_keep
+        self.writes = writes
+        """Whether this job writes the files now (None: it does); see the class."""
         self._entries: list[dict[str, Any]] = self._read_ledger()
 
     # ------------------------------------------------------------------ the ledger
@@ -176,6 +185,8 @@ class BestCheckpointExporter:
             MissingMetricError: a `KeyError`, if the metric is not in `eval_logs` (the message
                 lists those that are).
         """
+        if self.writes is not None:  # another job may have exported since: its ledger
+            self._entries = self._read_ledger()
         value = _lookup(eval_logs, self.metric_name)
         if not is_scalar(value):
             raise ValueError(f"The metric {self.metric_name!r} is not a scalar: {value!r}.")
@@ -197,7 +208,7 @@ class BestCheckpointExporter:
         # follow on rank 0 alone (in the background if asked).
         self._entries = kept
         weights = host_weights(model)  # a collective for a sharded model: on every rank
-        if process_rank() != 0:
+        if process_rank() != 0 or (self.writes is not None and not self.writes()):
             return False
         files = model_config_files(model) if isinstance(model, nn.Module) else {}
         if coordinator is not None:
@@ -232,12 +243,18 @@ class BestCheckpointExporter:
             os.replace(temp, final)
             _write_json(self.best_ckpt_logs_path, {"metric": self.metric_key,
                                                    "comp": self.metric_comp, "exports": kept})
-        except OSError as error:
+        except BaseException as error:
             shutil.rmtree(temp, ignore_errors=True)
+            what = f"Exporting the weights of step {entry['step']} to {str(self.export_dir)!r}"
+            # A full disk as safetensors says it (`SafetensorError`) or as the rest do
+            storage = storage_error(what, error)
+            if storage is not None:
+                raise storage from error
+            if not isinstance(error, OSError):
+                raise
             raise CheckpointError(
-                f"Exporting the weights of step {entry['step']} to {str(self.export_dir)!r} "
-                f"failed: {error}. {LEDGER_FILE} still lists the exports before it. Free space "
-                "or fix the cause, then run again."
+                f"{what} failed: {error}. {LEDGER_FILE} still lists the exports before it. "
+                "Fix the cause, then run again."
             ) from error
         for old in dropped:
             if old is not entry:

@@ -38,11 +38,12 @@ import datetime
 import logging
 import os
 import re
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -64,27 +65,32 @@ class ReplicaGroupFailure(JobFailure):
     than the minimum are alive)."""
 
 
+class ReplicaSettings(Protocol):
+    """The settings every replica group of a job shares: ``runtime.fault_tolerance``
+    (`cadence.task.config.FaultToleranceConfig`, where they are defined, with their defaults
+    and what each means)."""
+
+    replica_groups: int
+    min_live_groups: int
+    timeout: float
+    quorum_timeout: float
+    connect_timeout: float
+
+
 @dataclass(frozen=True)
 class ReplicaOptions:
-    """Where this group stands among the replica groups, and how long to wait for the others.
+    """Where this process's group stands among the replica groups: what is resolved for it
+    (the config's, else the environment's), beside the job's settings.
 
     Attributes:
         replica_id: this group's number, from 0.
-        replica_groups: how many groups the job has (its data is sharded over all of them).
-        min_live_groups: the fewest groups that may train on.
         lighthouse: the lighthouse's address, ``http://host:port``.
-        timeout: seconds a cross-group reduction, a commit or a heal may take.
-        quorum_timeout: seconds a step waits for its quorum.
-        connect_timeout: seconds to reach the lighthouse and the other groups.
+        settings: the settings every group shares.
     """
 
     replica_id: int
-    replica_groups: int
-    min_live_groups: int = 1
-    lighthouse: str = ""
-    timeout: float = 60.0
-    quorum_timeout: float = 60.0
-    connect_timeout: float = 10.0
+    lighthouse: str
+    settings: ReplicaSettings
 
 
 def reach_lighthouse(address: str, timeout: float) -> None:
@@ -134,24 +140,30 @@ class ReplicaGroups:
                               "torchrun (torchrun --standalone --nproc_per_node=N -m cadence "
                               "train ...), also a group of one rank: torchft's Manager joins "
                               "the launcher's store.")
-        reach_lighthouse(options.lighthouse, options.connect_timeout)
+        settings = options.settings
+        reach_lighthouse(options.lighthouse, settings.connect_timeout)
         self.options = options
         self.group_rank, self.group_size = group_rank, group_size
         seconds = datetime.timedelta
         self.manager = torchft.Manager(
-            pg=torchft.ProcessGroupGloo(timeout=seconds(seconds=options.timeout)),
+            pg=torchft.ProcessGroupGloo(timeout=seconds(seconds=settings.timeout)),
             load_state_dict=None, state_dict=None,
-            min_replica_size=options.min_live_groups,
+            min_replica_size=settings.min_live_groups,
             use_async_quorum=True,
-            timeout=seconds(seconds=options.timeout),
-            quorum_timeout=seconds(seconds=options.quorum_timeout),
-            connect_timeout=seconds(seconds=options.connect_timeout),
+            timeout=seconds(seconds=settings.timeout),
+            quorum_timeout=seconds(seconds=settings.quorum_timeout),
+            connect_timeout=seconds(seconds=settings.connect_timeout),
             replica_id=f"cadence_{options.replica_id}",
             lighthouse_addr=options.lighthouse,
             init_sync=False,  # every group starts from the same seed or checkpoint
         )
         self.discarded = 0
         """Steps this group ran that were not committed (a group died during them)."""
+        self._began = self._reducing = 0.0  # host clock of the step's beginning, its reduction
+        self._stall_s = self._discarded_s = 0.0
+        self._waiting = True  # the next committed step's reduction waited for a quorum to form
+        self._live: int | None = None  # groups in the last quorum
+        self._healed = False
 
     # ------------------------------------------------------------------ healing
 
@@ -161,8 +173,13 @@ class ReplicaGroups:
         """Makes `part` part of what a joining group takes from a live one (by `name`, the same
         on every group): its ``state_dict`` is sent, its ``load_state_dict`` takes it -- or
         `save` and `load` instead."""
-        self.manager.register_state_dict_fn(name, load or part.load_state_dict,
-                                            save or part.state_dict)
+        take = load or part.load_state_dict
+
+        def load_healing(state: dict[str, Any]) -> Any:
+            self._healed = True
+            return take(state)
+
+        self.manager.register_state_dict_fn(name, load_healing, save or part.state_dict)
 
     # ------------------------------------------------------------------ the step
 
@@ -172,6 +189,7 @@ class ReplicaGroups:
         Raises:
             ReplicaGroupFailure: when the groups cannot agree any more (see `commit`).
         """
+        self._began = time.perf_counter()
         with self._failures("starting a step's quorum"):
             self.manager.start_quorum()
 
@@ -180,6 +198,7 @@ class ReplicaGroups:
         """Averages the gradients of `parameters` (each rank's local shards) over the live
         groups, in one reduction per dtype. A parameter without a gradient counts as zeros, so
         that every group reduces the same tensors."""
+        self._reducing = time.perf_counter()
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for parameter in parameters:
             if not parameter.requires_grad:
@@ -208,9 +227,51 @@ class ReplicaGroups:
         """
         with self._failures("agreeing on the step"):
             committed = bool(self.manager.should_commit())
-        if not committed:
+        reduced = max(0.0, time.perf_counter() - self._reducing)
+        changed = self._note_membership()
+        if not committed:  # its compute is thrown away; its reduction waited on the dead group
             self.discarded += 1
+            self._discarded_s += max(0.0, self._reducing - self._began)
+            self._stall_s += reduced
+            self._waiting = True
+        elif self._waiting or changed:  # its reduction waited for a quorum to form
+            self._stall_s += reduced
+            self._waiting = False
         return committed
+
+    def waits(self) -> dict[str, float]:
+        """What the training thread lost to the groups so far (host seconds), as a run's
+        timeline records it with each loop (`cadence.records.timeline`): ``stall_s``, waiting
+        for the groups to agree -- the detection of a dead group (the discarded step's
+        reduction and the next quorum) and the wait to join a quorum at the start -- and
+        ``discarded_s``, the compute of the steps no group committed. A step's reduction
+        counts as a stall when the step was discarded, follows one, is this process's first,
+        or met a quorum of other groups than the step before."""
+        return {"stall_s": self._stall_s, "discarded_s": self._discarded_s}
+
+    def _note_membership(self) -> bool:
+        """Logs, in one line each, a group that left or joined the quorum, and this group's own
+        join (it took a live group's state); returns whether the live groups changed at this
+        step (the quorum was formed anew: the step waited for it)."""
+        with self._failures("counting the live groups"):
+            live = int(self.manager.num_participants())
+        previous, self._live = self._live, live
+        said = self.group_rank == 0  # one line a group
+        if self._healed:  # the quorum it healed in counted only the groups it joined
+            self._healed, self._live = False, None  # the next one, with it, is no news
+            if said:
+                logger.info("Replica group %d joined the others: it took a live group's state.",
+                            self.options.replica_id)
+            return True
+        if previous is None or live == previous:
+            return False
+        if said and live < previous:
+            logger.warning("A replica group left: %d of %d groups train on (this is group %d).",
+                           live, self.options.settings.replica_groups, self.options.replica_id)
+        elif said:
+            logger.info("A replica group joined: %d of %d groups train (this is group %d).",
+                        live, self.options.settings.replica_groups, self.options.replica_id)
+        return True
 
     @property
     def writes_checkpoints(self) -> bool:
@@ -218,16 +279,11 @@ class ReplicaGroups:
         with self._failures("choosing the group that writes the checkpoint"):
             return int(self.manager.participating_rank() or 0) == 0
 
-    def live_groups(self) -> int:
-        """How many groups took part in the last quorum."""
-        with self._failures("counting the live groups"):
-            return int(self.manager.num_participants())
-
     def input_context(self) -> InputContext:
         """This rank's share of the data: shard ``replica_id * group_size + group_rank`` of
         ``replica_groups * group_size``."""
         options = self.options
-        shards = options.replica_groups * self.group_size
+        shards = options.settings.replica_groups * self.group_size
         return InputContext(shards, options.replica_id * self.group_size + self.group_rank,
                             shards)
 
@@ -244,7 +300,8 @@ class ReplicaGroups:
                 f"Replica group {self.options.replica_id} failed {what} ({type(error).__name__}"
                 f"{': ' + said if said else ''}): the lighthouse at {self.options.lighthouse} is "
                 "probably gone, or too few groups are alive "
-                f"(runtime.fault_tolerance.min_live_groups = {self.options.min_live_groups}). "
+                f"(runtime.fault_tolerance.min_live_groups = "
+                f"{self.options.settings.min_live_groups}). "
                 "The run's checkpoints are kept: start the lighthouse again and run the same "
                 "commands (or train without runtime.fault_tolerance: the checkpoints restore "
                 "either way)."

@@ -36,7 +36,7 @@ logger = logging.getLogger("cadence")
 
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "module.")
 """What wrappers insert into parameter names (activation checkpointing, ``torch.compile`` of a
-module, DDP); `plain_name` removes them."""
+module, DDP); `unwrapped_name` removes them."""
 
 
 @dataclass(frozen=True)
@@ -73,10 +73,10 @@ class ParallelOptions:
                 or self.compile_blocks)
 
 
-def plain_name(name: str) -> str:
+def unwrapped_name(name: str) -> str:
     """A parameter's name without what wrappers insert (`WRAPPER_PREFIXES`).
 
-    >>> plain_name("blocks.0._checkpoint_wrapped_module.attn.weight")
+    >>> unwrapped_name("blocks.0._checkpoint_wrapped_module.attn.weight")
     'blocks.0.attn.weight'
     """
     for prefix in WRAPPER_PREFIXES:
@@ -483,9 +483,9 @@ def prepare_model(model: nn.Module, strategy: str, device: torch.device,
     options = dataclasses.replace(options or ParallelOptions(), strategy=strategy)
     if not options.wraps and parallelize is None and runtime.dims.tp == 1:
         return model
-    names = {id(param): plain_name(name) for name, param in model.named_parameters()}
+    names = {id(param): unwrapped_name(name) for name, param in model.named_parameters()}
     trained = (parallelize or parallelize_model)(model, runtime, options)
-    now = {plain_name(name): param for name, param in model.named_parameters()}
+    now = {unwrapped_name(name): param for name, param in model.named_parameters()}
     live = {id(param) for param in trained.parameters()}
     for optimizer in optimizers:
         for group in optimizer.param_groups:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import logging
 import os
 import sys
@@ -57,6 +56,7 @@ from cadence.core.errors import (
 from cadence.core.rank import process_rank
 from cadence.core.run_dir import RunDirectory, RunLockedError
 from cadence.core.slurm import adopt_launch_environment
+from cadence.core.storage import FIXES, storage_cause
 
 logger = logging.getLogger("cadence")
 
@@ -321,7 +321,7 @@ def _export(args: argparse.Namespace) -> int:
 def _goodput(args: argparse.Namespace) -> int:
     import json
 
-    from cadence.core.goodput import format_report, run_goodput
+    from cadence.records.goodput import format_report, run_goodput
 
     report = run_goodput(args.run)
     text = (json.dumps(report.to_json(), allow_nan=False) if args.json
@@ -688,7 +688,7 @@ def _run_command(args: argparse.Namespace) -> int:
         one_line = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
         print(f"cadence: error: {one_line}", file=sys.stderr)
         return 1
-    except (OSError, MemoryError, RuntimeError) as error:
+    except Exception as error:
         problem = environment_problem(error)
         if problem is None:
             raise  # a bug: its traceback is what to report
@@ -696,21 +696,19 @@ def _run_command(args: argparse.Namespace) -> int:
         return 1
 
 
-_ENVIRONMENT = {errno.ENOSPC: "Free some space", errno.EDQUOT: "Free some space",
-                errno.EACCES: "Fix the permissions", errno.EPERM: "Fix the permissions",
-                errno.EROFS: "Use a writable file system", errno.EMFILE: "Raise `ulimit -n`",
-                errno.EIO: "Check the disk"}
-"""The errors of the machine rather than of cadence or the user, and what to do about each."""
-
-
 def environment_problem(error: BaseException) -> str | None:
     """One line for a failure of the environment (a full disk, a permission, out of memory)
     with what to do, or None for anything else. What was saved before it stays: checkpoints
-    are committed atomically."""
+    are committed atomically. A training run says its own (`cadence.StorageError`, which names
+    what failed and the newest good checkpoint); this line is for the rest (an export's
+    ``--out`` on a full disk), whichever writer's error type says it
+    (`cadence.core.storage.storage_cause`)."""
     fix = "then run the same command again: what was saved before is kept"
-    if isinstance(error, OSError) and error.errno in _ENVIRONMENT:
-        where = f": {error.filename!r}" if error.filename else ""
-        return (f"{error.strerror or error}{where}. {_ENVIRONMENT[error.errno]} (or pass "
+    cause = storage_cause(error)
+    if cause is not None:
+        where = f": {cause.filename!r}" if cause.filename else ""
+        advice = FIXES[cause.errno]  # type: ignore[index]
+        return (f"{cause.strerror or cause}{where}. {advice[:1].upper()}{advice[1:]} (or pass "
                 f"another --model-dir), {fix}.")
     text = str(error).splitlines()[0] if str(error) else type(error).__name__
     if isinstance(error, MemoryError) or "out of memory" in text.lower() or (

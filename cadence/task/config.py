@@ -470,8 +470,12 @@ class FaultToleranceConfig(Config):
     back takes a live group's state and trains on in step. ``docs/reliability.md`` says how to
     launch it and what it does to the data.
 
+    These are the settings' one definition: the engine reads them
+    (`cadence.engine.fault_tolerance.ReplicaSettings`).
+
     Attributes:
-        enabled: train as one of several replica groups (mode ``train``).
+        enabled: train as one of several replica groups (the training modes; ``eval`` and
+            ``continuous_eval`` of such a run evaluate it as one job).
         replica_id: this group's number, from 0; null: the environment's ``REPLICA_GROUP_ID``.
         replica_groups: how many groups the job has (the data is sharded over all of them).
         min_live_groups: the fewest groups that may train on (torchft's ``min_replica_size``).

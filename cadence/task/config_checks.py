@@ -53,13 +53,9 @@ class Rule(NamedTuple):
     phrase: str
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-POSITIVE_INT = Rule(lambda v: _is_int(v) and v > 0, "a positive integer")
-NON_NEGATIVE_INT = Rule(lambda v: _is_int(v) and v >= 0, "an integer >= 0")
-SEED = Rule(lambda v: _is_int(v) and 0 <= v < 2**32, "an integer in [0, 2**32)")
+POSITIVE_INT = Rule(lambda v: is_int(v) and v > 0, "a positive integer")
+NON_NEGATIVE_INT = Rule(lambda v: is_int(v) and v >= 0, "an integer >= 0")
+SEED = Rule(lambda v: is_int(v) and 0 <= v < 2**32, "an integer in [0, 2**32)")
 POSITIVE = Rule(lambda v: is_finite_scalar(v) and v > 0, "a positive finite number")
 NON_NEGATIVE = Rule(lambda v: is_finite_scalar(v) and v >= 0, "a finite number >= 0")
 FRACTION = Rule(lambda v: is_finite_scalar(v) and 0 < v < 1, "a fraction in (0, 1)")
@@ -67,9 +63,9 @@ FACTOR = Rule(lambda v: is_finite_scalar(v) and 0 <= v <= 1, "a factor in [0, 1]
 DECAY = Rule(lambda v: is_finite_scalar(v) and 0 <= v < 1, "in [0, 1)")
 BETAS = Rule(lambda v: isinstance(v, (list, tuple)) and len(v) == 2
              and all(is_finite_scalar(b) and 0 <= b < 1 for b in v), "a pair of numbers in [0, 1)")
-VALIDATION_STEPS = Rule(lambda v: _is_int(v) and (v > 0 or v == -1),
+VALIDATION_STEPS = Rule(lambda v: is_int(v) and (v > 0 or v == -1),
                         "positive, or -1 for the whole validation set")
-RECOVERY_TRIALS = Rule(lambda v: _is_int(v) and v >= -1,
+RECOVERY_TRIALS = Rule(lambda v: is_int(v) and v >= -1,
                        "-1 (ignore), 0 (fail) or a positive number of restores")
 # .inf allowed, nan not (nan >= 0 is False)
 LOSS_BOUND = Rule(lambda v: is_scalar(v) and v >= 0, ">= 0")
@@ -157,7 +153,7 @@ RANGES: dict[str, tuple[Rule, str]] = {
     "runtime.num_threads": (optional(POSITIVE_INT), "null: torch's default"),
     "runtime.collective_timeout": (POSITIVE, "seconds a collective waits for the other ranks"),
     "runtime.parallelism.dp_replicate": (POSITIVE_INT, ""),
-    "runtime.parallelism.dp_shard": (Rule(lambda v: _is_int(v) and (v > 0 or v == -1),
+    "runtime.parallelism.dp_shard": (Rule(lambda v: is_int(v) and (v > 0 or v == -1),
                                           "a positive integer or -1"),
                                      "-1: what the other degrees leave"),
     "runtime.parallelism.tp": (POSITIVE_INT, ""),

@@ -30,6 +30,7 @@ cadence.core.errors.ConfigError: --set trainer.train_step=500: unknown key 'trai
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -41,9 +42,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cadence.core.arguments import check_items
 from cadence.core.errors import ConfigError
 from cadence.core.rank import process_rank
 from cadence.core.run_dir import RunDirectory
+from cadence.core.storage import writing
 from cadence.task.config import ExperimentConfig, config_error, merge_config
 from cadence.task.module_experiments import spelled
 from cadence.task.registry import (
@@ -193,8 +196,30 @@ def load_config(
     Raises:
         ConfigError: for an unknown experiment or key, a wrong type, or an invalid value; for
             a module that cannot be imported, or a NAME it does not offer.
+        TypeError: for an argument of the wrong kind (`experiment` neither a name nor a
+            config, `config_files` not a list of paths, `overrides` a single string): the
+            message names it and what it must be.
     """
-    return _build(experiment, config_files, overrides)
+    return _build(experiment, *_check_sources("load_config", config_files, overrides))
+
+
+def _check_sources(owner: str, config_files: Any, overrides: Any,
+                   ) -> tuple[list[str | os.PathLike[str]], Sequence[str] | Mapping[str, Any]]:
+    """The config files and overrides of a config, checked for their kinds: a list of paths,
+    and a list of ``KEY=VALUE`` strings or a mapping (a single string would be read as its
+    characters).
+
+    Raises:
+        TypeError: naming the argument and what it must be.
+    """
+    files = check_items(owner, "config_files", config_files, "a list of paths of YAML files",
+                        "e.g. config_files=['my_config.yaml']",
+                        lambda one: isinstance(one, (str, os.PathLike)))
+    if not isinstance(overrides, Mapping):
+        overrides = check_items(owner, "overrides", overrides,
+                                "a list of 'KEY=VALUE' strings or a mapping",
+                                "e.g. overrides=['trainer.train_steps=500']")
+    return files, overrides
 
 
 def load_run_config(
@@ -446,14 +471,26 @@ def save_run_config(config: ExperimentConfig, run: RunDirectory,
 
     With `differences` (an allowed config change), the old file is first copied to
     ``params.<time>.yaml``; the new one then replaces it atomically, so ``params.yaml`` is never
-    missing, and a failure leaves the old one in place.
+    missing, and a failure leaves the old one in place (and no copy of it).
+
+    Raises:
+        StorageError: if the machine fails the write (a full disk, a read-only file system).
     """
     path = run.params
     if process_rank() != 0 or (path.is_file() and not differences):
         return
-    if differences:
-        backup = path.with_name(f"params.{time.strftime('%Y%m%d-%H%M%S')}.yaml")
-        shutil.copy2(path, backup)
+    backup = (path.with_name(f"params.{time.strftime('%Y%m%d-%H%M%S')}.yaml") if differences
+              else None)
+    try:
+        with writing(f"Saving the run's config to {str(path)!r}"):
+            if backup is not None:
+                shutil.copy2(path, backup)
+            save_config(config, path)
+    except BaseException:  # params.yaml is the old one still: no (half-made) copy of it
+        if backup is not None:
+            with contextlib.suppress(OSError):
+                backup.unlink()
+        raise
+    if backup is not None:
         logger.warning("The config changed (%s); the old one is kept as %s.",
                        "; ".join(differences), backup)
-    save_config(config, path)

@@ -1,15 +1,22 @@
-"""What is checked of a run before anything is written: its mode, its directory, its device and
-the weights it starts from, its best metric against what its task reports, and its place among
-replica groups. A mistake here is one `ConfigError` (or `CheckpointError`) and leaves the run
-directory as it was; what the config's values alone decide is `cadence.task.config_checks`'.
+"""What is checked of a run before anything is written: the kinds of `run_experiment`'s
+arguments, its mode, its directory, its device and the weights it starts from, its best metric
+against what its task reports, and its place among replica groups. A mistake here is one
+`ConfigError` (or `CheckpointError`, or a `TypeError` for an argument of the wrong kind) and
+leaves the run directory as it was; what the config's values alone decide is
+`cadence.task.config_checks`'.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
+from typing import Any
 
+from cadence.core.arguments import check_bool, check_path, check_run_hooks, check_str
+from cadence.core.callbacks import Callback
 from cadence.core.checkpoint_dir import CheckpointDirectory
+from cadence.core.controller import Action
 from cadence.core.errors import CheckpointError, ConfigError
 from cadence.core.rank import world_size
 from cadence.core.run_dir import PARAMS_FILE, RunDirectory
@@ -21,6 +28,8 @@ from cadence.task.config import ExperimentConfig
 from cadence.task.config_checks import MODES, replica_id_problem
 from cadence.task.task import Task
 
+logger = logging.getLogger("cadence")
+
 
 def check_mode(mode: str) -> str:
     """Returns `mode` if it is one of `MODES`.
@@ -31,6 +40,34 @@ def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"Unknown mode {mode!r}; valid: {', '.join(MODES)}.")
     return mode
+
+
+def check_arguments(mode: Any, model_dir: Any, callbacks: Any, train_actions: Any,
+                    eval_actions: Any, progress_bar: Any, allow_config_change: Any,
+                    checkpoint: Any) -> tuple[Path, list[Callback], list[Action], list[Action]]:
+    """`run_experiment`'s arguments of the wrong kind, refused before anything is made (each
+    names the argument and what it must be); returns `model_dir` as a path, and the callbacks
+    and actions as lists (a generator is read once, here).
+
+    Raises:
+        TypeError: for an argument of the wrong kind.
+        ValueError: for an unknown mode.
+    """
+    owner = "run_experiment"
+    check_str(owner, "mode", mode, "e.g. run_experiment(config, 'train_and_eval', 'runs/mine')")
+    check_mode(mode)
+    path = check_path(owner, "model_dir", model_dir,
+                      "the run's directory, e.g. run_experiment(config, mode, 'runs/mine')")
+    checked, train, evaluation = check_run_hooks(owner, callbacks, train_actions,
+                                                 eval_actions)
+    check_bool(owner, "progress_bar", progress_bar,
+               "e.g. progress_bar=False (None: when stderr is a terminal)", none_ok=True)
+    check_bool(owner, "allow_config_change", allow_config_change,
+               "e.g. allow_config_change=True")
+    check_path(owner, "checkpoint", checkpoint,
+               "e.g. checkpoint='best', 'latest' or the path of a checkpoint", none_ok=True)
+    assert path is not None
+    return path, checked, train, evaluation
 
 
 def check_before_writing(config: ExperimentConfig, mode: str, run: RunDirectory,
@@ -103,20 +140,20 @@ def check_best_metric(config: ExperimentConfig, task: Task, names: set[str] | No
 
 def replica_options(config: ExperimentConfig, mode: str) -> ReplicaOptions | None:
     """Where this process's replica group stands, when ``runtime.fault_tolerance`` is enabled
-    (its id and the lighthouse from the config, else from ``REPLICA_GROUP_ID`` and
-    ``TORCHFT_LIGHTHOUSE``); None otherwise.
+    and `mode` trains (its id and the lighthouse from the config, else from
+    ``REPLICA_GROUP_ID`` and ``TORCHFT_LIGHTHOUSE``); None otherwise: the evaluation modes
+    (``eval``, ``continuous_eval``) of a run trained by replica groups evaluate it as one job.
 
     Raises:
-        ConfigError: for a mode other than ``train``, or an id or a lighthouse that is missing
-            or does not fit.
+        ConfigError: for an id or a lighthouse that is missing or does not fit.
     """
     ft = config.runtime.fault_tolerance
     if not ft.enabled:
         return None
     key = "runtime.fault_tolerance"
-    if mode != "train":
-        raise ConfigError(f"{key}.enabled trains replica groups in mode 'train' (got {mode!r}): "
-                          "pass --mode train, and evaluate the checkpoints with cadence eval.")
+    if not mode.startswith("train"):  # the mode is for training: one job evaluates the run
+        logger.info("%s.enabled is for training: %s evaluates as one job.", key, mode)
+        return None
     replica_id = ft.replica_id
     if replica_id is None:
         text = os.environ.get("REPLICA_GROUP_ID", "")
@@ -132,5 +169,4 @@ def replica_options(config: ExperimentConfig, mode: str) -> ReplicaOptions | Non
     if not lighthouse:
         raise ConfigError(f"{key}.lighthouse is not set and TORCHFT_LIGHTHOUSE is not set: "
                           f"{LIGHTHOUSE_HINT}.")
-    return ReplicaOptions(replica_id, ft.replica_groups, ft.min_live_groups, lighthouse,
-                          ft.timeout, ft.quorum_timeout, ft.connect_timeout)
+    return ReplicaOptions(replica_id, lighthouse, ft)

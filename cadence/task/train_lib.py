@@ -58,12 +58,14 @@ from torch import nn
 from cadence.callbacks.loss_guard import LossGuard
 from cadence.callbacks.progress import ProgressBar
 from cadence.core.callbacks import Callback
+from cadence.core.checkpoint_dir import CheckpointDirectory
 from cadence.core.controller import Action, Controller
-from cadence.core.errors import CheckpointError, ConfigError, DivergenceError
+from cadence.core.errors import CheckpointError, ConfigError, DivergenceError, StorageError
+from cadence.core.notebook import show_log_lines
 from cadence.core.rank import process_rank, world_size
 from cadence.core.run_dir import RunDirectory
-from cadence.core.run_record import RunRecord
 from cadence.core.slurm import SlurmOptions, adopt_launch_environment
+from cadence.core.storage import name_newest, storage_error
 from cadence.core.summary import SummaryManager, WriterSpec, close_summaries, writer_factory
 from cadence.engine.checkpoint import CheckpointManager
 from cadence.engine.checkpoint_writer import check_shared_directory
@@ -71,6 +73,7 @@ from cadence.engine.distributed import CollectiveTimeout, gather_objects
 from cadence.engine.exporter import BestCheckpointExporter
 from cadence.engine.fault_tolerance import ReplicaGroups, ReplicaOptions
 from cadence.engine.runtime import Runtime
+from cadence.records.run_record import RunRecord
 from cadence.task.build_checks import built_model
 from cadence.task.chosen_weights import chosen_weights, load_chosen
 from cadence.task.config import ExperimentConfig
@@ -85,9 +88,9 @@ from cadence.task.config_files import (
 from cadence.task.optimization import create_optimizer
 from cadence.task.registry import get_task
 from cadence.task.run_checks import (
+    check_arguments,
     check_before_writing,
     check_best_metric,
-    check_mode,
     evaluation_metric_names,
     replica_options,
 )
@@ -180,11 +183,12 @@ def create_writers(config: ExperimentConfig, run: RunDirectory) -> list[WriterSp
 
 
 def create_summaries(config: ExperimentConfig, run: RunDirectory,
-                     global_step: Callable[[], int], replica: int | None = None,
+                     global_step: Callable[[], int], groups: ReplicaGroups | None = None,
                      trains: bool = True) -> tuple[SummaryManager, SummaryManager]:
     """The train and eval summary managers of the run (one, when both write to one directory);
     a replica group of a fault-tolerant job writes its training summaries in
-    ``train/replica-<g>``.
+    ``train/replica-<g>``, and the evaluations -- the same in every group -- when it is the
+    group that writes the checkpoints.
 
     While training (`trains`), an evaluation of a step evaluated before replaces its records:
     training resumed from a checkpoint made that step again, and its earlier evaluation was of
@@ -197,13 +201,14 @@ def create_summaries(config: ExperimentConfig, run: RunDirectory,
         ConfigError: when a writer's library is not installed (on rank 0, the one that writes).
     """
     writers = create_writers(config, run)
-    train_dir = run.train if replica is None else run.train / f"replica-{replica}"
+    train_dir = (run.train if groups is None
+                 else run.train / f"replica-{groups.options.replica_id}")
     try:
         train = SummaryManager(train_dir, global_step, writers=writers, run_dir=run.root)
-        if run.eval == run.train:
+        if run.eval == run.train and groups is None:
             return train, train
         return train, SummaryManager(run.eval, global_step, writers=writers, run_dir=run.root,
-                                     replace_steps=trains)
+                                     replace_steps=trains, writes=_writer_of(groups))
     except ImportError as error:
         raise ConfigError(f"runtime.writers: {error}") from None
 
@@ -222,17 +227,27 @@ def create_trainer(config: ExperimentConfig, task: Task, train: bool, evaluate: 
                    checkpoint_exporter=checkpoint_exporter, replicas=replicas)
 
 
-def maybe_create_best_ckpt_exporter(config: ExperimentConfig,
-                                    run: RunDirectory) -> BestCheckpointExporter | None:
+def maybe_create_best_ckpt_exporter(config: ExperimentConfig, run: RunDirectory,
+                                    groups: ReplicaGroups | None = None,
+                                    ) -> BestCheckpointExporter | None:
     """The exporter that ``trainer.best_checkpoint_*`` asks for, or None when either the
-    sub-directory or the metric is empty."""
+    sub-directory or the metric is empty. With replica groups every group decides, and the
+    group that writes the checkpoints writes the exports: once."""
     trainer = config.trainer
     if not trainer.best_checkpoint_export_subdir or not trainer.best_checkpoint_eval_metric:
         return None
     return BestCheckpointExporter(
         run.best, trainer.best_checkpoint_eval_metric,
         trainer.best_checkpoint_metric_comp, trainer.best_checkpoint_max_to_keep,
+        writes=_writer_of(groups),
     )
+
+
+def _writer_of(groups: ReplicaGroups | None) -> Callable[[], bool] | None:
+    """Whether this replica group writes what every group computes alike (checkpoints,
+    evaluations, exports): the first of the live groups, asked at each write; None without
+    replica groups (the job's rank 0 writes)."""
+    return (lambda: groups.writes_checkpoints) if groups is not None else None
 
 
 def run_experiment(
@@ -263,6 +278,7 @@ def run_experiment(
         allow_config_change: continue a run whose saved config differs.
         checkpoint: in ``eval`` mode, the weights to evaluate: ``"latest"`` (None: the newest
             checkpoint), ``"best"`` (the best export) or a path (`cadence.task.chosen_weights`).
+            (A str or an ``os.PathLike``.)
 
     Returns:
         ``(model, eval_logs)``: the trained model and the last evaluation's logs ({} if none;
@@ -270,7 +286,9 @@ def run_experiment(
 
     Raises:
         ValueError: for an unknown mode.
-        TypeError: if `config` is neither an `ExperimentConfig` nor an experiment's name.
+        TypeError: if `config` is neither an `ExperimentConfig` nor an experiment's name, or
+            another argument is of the wrong kind (`model_dir` not a path, `callbacks` not a
+            list of `Callback` objects, ...): the message names it and what it must be.
         ConfigError: for an experiment that cannot be loaded (`cadence.load_config`); for a
             config that cannot run (``trainer.train_steps`` = 0 in a training
             mode, a device that does not exist, an optimizer argument it does not take, a best
@@ -285,8 +303,16 @@ def run_experiment(
         KeyboardInterrupt: instead of `Preempted`, after Ctrl-C in a notebook.
         DivergenceError: (a `FloatingPointError` and a `RuntimeError`) when the loss diverges
             and the recovery policy says to stop.
+        StorageError: when the machine fails a write of the run -- at the start, during
+            training or at the end, whichever writer meets it (a checkpoint, an export, the
+            summaries, the config, the lock): one line naming what failed and the newest good
+            checkpoint; nothing half-written is listed, and the same call resumes once the
+            cause is gone.
     """
-    check_mode(mode)
+    model_dir, callbacks, train_actions, eval_actions = check_arguments(
+        mode, model_dir, callbacks, train_actions, eval_actions, progress_bar,
+        allow_config_change, checkpoint)
+    show_log_lines()  # to the terminal, unless the user configured logging
     if isinstance(config, str):
         config = load_config(config)
     if not isinstance(config, ExperimentConfig):
@@ -313,10 +339,25 @@ def run_experiment(
             return _run(config, mode, run, differences, callbacks=callbacks,
                         train_actions=train_actions, eval_actions=eval_actions,
                         progress_bar=progress_bar, chosen=chosen, replicas=replicas)
-    except BaseException:
+    except BaseException as error:
         if created and trains and not run.params.exists():
             _remove_unstarted(run)  # a start that failed leaves no run directory behind
-        raise
+        storage = _storage_error(error, run)
+        if storage is None or storage is error:
+            raise
+        raise storage from error
+
+
+def _storage_error(error: BaseException, run: RunDirectory) -> StorageError | None:
+    """`error` as a `StorageError` (`cadence.core.storage`) that names the run's newest good
+    checkpoint, when the machine caused it (a full disk met by any writer); else None."""
+    storage = storage_error(f"Using the run directory {str(run.root)!r}", error)
+    if storage is not None and storage.newest is None:
+        latest = None
+        with contextlib.suppress(CheckpointError, OSError):
+            latest = CheckpointDirectory(run.checkpoints, None).latest()
+        name_newest(storage, None if latest is None else (str(latest.path), latest.step))
+    return storage
 
 
 # The engine's errors name the engine's arguments; a Task run sets them through its config.
@@ -368,12 +409,14 @@ def _run(config: ExperimentConfig, mode: str, run: RunDirectory, differences: li
     groups = (ReplicaGroups(replicas, process_rank(), world_size())
               if replicas is not None else None)
     record = (RunRecord(run.root, rank=process_rank(),
-                        replica=replicas.replica_id if replicas is not None else None)
+                        replica=replicas.replica_id if replicas is not None else None,
+                        waits=groups.waits if groups is not None else None)
               if trains else None)
     try:
         parts = _RunParts.build(config, mode, run, record, groups)
         if record is not None:
-            record.begin(world_size(), replicas.replica_groups if replicas is not None else None)
+            record.begin(world_size(),
+                         replicas.settings.replica_groups if replicas is not None else None)
             record.timeline.setup_end()
         parts.restore(chosen)
         controller = parts.controller(progress_bar, [*callbacks], train_actions, eval_actions,
@@ -420,7 +463,7 @@ class _RunParts:
         if evaluates:
             check_best_metric(config, task, names)
         check_config_callbacks(config, mode, names)
-        exporter = maybe_create_best_ckpt_exporter(config, run) if evaluates else None
+        exporter = maybe_create_best_ckpt_exporter(config, run, groups) if evaluates else None
         trainer = create_trainer(config, task, train=trains, evaluate=evaluates,
                                  checkpoint_exporter=exporter, replicas=groups)
         state: Any = trainer
@@ -434,7 +477,7 @@ class _RunParts:
             strict=trains, read_only=not trains,
             async_save=trainer_config.async_checkpoints and trains,
             on_commit=record.timeline.commit if record is not None else None,
-            writes=(lambda: groups.writes_checkpoints) if groups is not None else None,
+            writes=_writer_of(groups),
             writer=f"r{groups.options.replica_id}" if groups is not None else "")
         return cls(config, mode, run, trainer, manager, state, record, groups)
 
@@ -459,8 +502,7 @@ class _RunParts:
         trainer_config = config.trainer
         groups = self.groups
         summaries, eval_summaries = self.summaries = create_summaries(
-            config, self.run, lambda: trainer.global_step,
-            replica=groups.options.replica_id if groups is not None else None, trains=trains)
+            config, self.run, lambda: trainer.global_step, groups, trains=trains)
         builtin: list[Callback] = [ProgressBar(enabled=progress_bar)] if trains else []
         if trains:
             builtin.append(LossGuard("training_loss", trainer_config.loss_upper_bound,
@@ -479,14 +521,13 @@ class _RunParts:
                                                    config.runtime.slurm.requeue))
 
     def start_run_directory(self, differences: list[str]) -> None:
-        """The run has started: its config is the directory's from now on (`params.yaml`), the
-        writers that keep hyper-parameters get them, and a continued run says from where."""
-        config, trainer = self.config, self.trainer
+        """The run has started: its config is the directory's from now on (`params.yaml`), and
+        the writers that keep hyper-parameters get them. (A continued run says from where as
+        it starts training: the Controller records it.)"""
+        config = self.config
         assert self.summaries is not None
         save_run_config(config, self.run, differences)
         self.summaries[0].write_hparams(flatten_config(config))  # MLflow params, W&B config
-        if 0 < trainer.global_step < config.trainer.train_steps:  # it continues from there
-            self.run.record_resume(trainer.global_step, self.manager.latest_checkpoint)
 
     def run_mode(self, controller: Controller, chosen: Path | None) -> dict[str, Any]:
         """Runs the mode through `controller`; returns its last evaluation's logs. However it
@@ -521,9 +562,22 @@ class _RunParts:
                 raise
             raise error from raised
         finally:
-            self.trainer.join()
-            controller.close()
-            assert self.summaries is not None
-            close_summaries(error, close=list(self.summaries))
+            self._end(controller, error)
             del error  # its traceback holds the trainer's frames
         return dict(eval_logs or {})
+
+    def _end(self, controller: Controller, error: BaseException | None) -> None:
+        """Joins the background work, closes the Controller and closes the writers with the
+        run's outcome -- each, whatever the others do, so that no file is left open (a full
+        disk fails them all). A failure there is raised when the run went well; when it ends
+        on its own error, that one is reported and this one logged."""
+        assert self.summaries is not None
+        try:
+            with contextlib.ExitStack() as ending:  # runs the last first
+                ending.callback(close_summaries, error, close=list(self.summaries))
+                ending.callback(controller.close)
+                ending.callback(self.trainer.join)
+        except Exception as failed:
+            if error is None:
+                raise
+            logger.warning("Ending the run failed too: %s", failed)

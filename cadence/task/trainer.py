@@ -414,13 +414,18 @@ class Trainer(StandardTrainer, StandardEvaluator):
         """Builds this process's share of a dataset.
 
         A dataset is returned as it is. A function is called with `args` and `kwargs`, plus an
-        `InputContext` (world size, this rank) as ``input_context`` when it takes one.
+        `InputContext` (world size, this rank) as ``input_context`` when it takes one. With
+        replica groups, the training data (a first argument whose ``is_training`` is true, or
+        none) is this rank's share of every group's data; the validation data is shared by the
+        ranks of the group only: every group evaluates the whole validation set, with the same
+        weights, and gets the same figures (the group that writes checkpoints writes them).
         """
         if not callable(dataset_or_fn) or hasattr(dataset_or_fn, "__iter__"):
             return dataset_or_fn
         if accepts_argument(dataset_or_fn, "input_context"):
-            if self._replicas is not None:  # this group's share of every group's data
-                kwargs["input_context"] = self._replicas.input_context()
+            training = getattr(args[0] if args else None, "is_training", True)
+            if self._replicas is not None and training:  # this group's share of every group's
+                kwargs["input_context"] = self._replicas.input_context()  # training data
                 return dataset_or_fn(*args, **kwargs)
             runtime = self.runtime  # the data coordinate: tensor-parallel peers read one shard
             kwargs["input_context"] = InputContext(runtime.dp_size, runtime.dp_rank,

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cadence.core.arguments import check_items, check_path
 from cadence.core.callbacks import Callback
+from cadence.core.hook_checks import describe
 from cadence.core.intervals import check_int
 from cadence.core.summary import DEFAULT_WRITERS, WriterSpec, check_writers
 from cadence.tensorpack.defaults import default_callbacks, default_monitors
@@ -40,7 +42,8 @@ class TrainConfig:
         ValueError: without exactly one input, for an input of no length and no
             `steps_per_epoch`, if `steps_per_epoch`, `max_epoch` or `starting_epoch` is not a
             positive int, or if `starting_epoch` is after `max_epoch`.
-        TypeError: for a `model` that is not a `ModelDesc`, or callbacks not in a list.
+        TypeError: for a `model` that is not a `ModelDesc`, callbacks not in a list of
+            `Callback` objects, or a `session_init` or `logdir` that is not a path.
     """
 
     model: ModelDesc | None = None
@@ -64,8 +67,15 @@ class TrainConfig:
                             "cadence.tensorpack.ModelDesc.")
         for name in ("callbacks", "extra_callbacks", "monitors"):
             value = getattr(self, name)
-            if value is not None and not isinstance(value, (list, tuple)):
-                raise TypeError(f"`{name}` must be a list of callbacks.")
+            if value is not None:
+                setattr(self, name, check_items(
+                    "TrainConfig", name, value, "a list of cadence.Callback objects",
+                    f"e.g. {name}=[cadence.callbacks.ModelSaver()]",
+                    lambda one: isinstance(one, Callback)))
+        for name in ("session_init", "logdir"):
+            check_path("TrainConfig", name, getattr(self, name),
+                       f"e.g. {name}='runs/{'mnist' if name == 'logdir' else 'pretrained'}'",
+                       none_ok=True)
         self.writers = check_writers(self.writers)
         if self.steps_per_epoch is None:
             try:
@@ -103,8 +113,13 @@ def launch_train_with_config(config: TrainConfig, trainer: SingleCostTrainer) ->
     resumes from the newest checkpoint of the run.
 
     Raises:
-        TypeError: if `trainer` is not a `SingleCostTrainer` or the config has no model.
+        TypeError: if `config` is not a `TrainConfig`, `trainer` not a `SingleCostTrainer`, or
+            the config has no model.
     """
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"launch_train_with_config: `config` (got {describe(config)}) must be a "
+                        "cadence.tensorpack.TrainConfig, e.g. TrainConfig(model=MyModel(), "
+                        "data=batches, max_epoch=10).")
     if not isinstance(trainer, SingleCostTrainer):
         raise TypeError(f"`trainer` (got {type(trainer).__name__}) must be a SingleCostTrainer "
                         "such as SimpleTrainer().")

@@ -32,10 +32,11 @@ there -- model, optimizer, epoch, step, data position, random state and every ca
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from torch import nn
 
 from cadence.callbacks.logdir import resolve_directory
 from cadence.callbacks.savers import ModelSaver
+from cadence.core.arguments import check_items, check_path
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.checkpoint_dir import DEFAULT_MAX_TO_KEEP
 from cadence.core.controller import Controller
@@ -58,6 +60,7 @@ from cadence.engine.metrics import Mean
 from cadence.engine.runner import Output
 from cadence.engine.runtime import is_distributed
 from cadence.engine.standard_runner import StandardTrainer
+from cadence.records.run_record import RunRecord
 from cadence.tensorpack.defaults import default_callbacks, default_monitors
 
 logger = logging.getLogger("cadence")
@@ -86,20 +89,25 @@ class Trainer(StandardTrainer):
             write by default (checkpoints, summaries, ``stats.jsonl``) and where training
             resumes from.
         name: the module name.
+
+    Raises:
+        TypeError: for a `logdir` that is not a path.
     """
 
     _TRACKING_IGNORED = frozenset({"logdir", "_setup_done", "_trained", "_controller",
-                                   "_epoch_start", "_resumed_from"})
+                                   "_epoch_start", "_resumed_from", "_record"})
     train_runs_the_loop = False  # `train` is tensorpack's entry point: loops are train_steps
 
     def __init__(self, logdir: str | Path | None = None, name: str | None = None) -> None:
         StandardTrainer.__init__(self, None, name=name)
-        self.logdir = Path(logdir) if logdir is not None else None
+        self.logdir = check_path(type(self).__name__, "logdir", logdir,
+                                 "the run's directory, e.g. logdir='runs/mnist'", none_ok=True)
         self.max_epoch = 0
         self._setup_done = False
         self._trained = False
         self._controller: Controller | None = None
-        self._resumed_from: str | None = None
+        self._record: RunRecord | None = None
+        """The run's record in `logdir`, while `train` runs."""
         self._epoch_start = 0.0
         if self.logdir is not None and is_chief():
             import_writer()  # the default monitors write summaries there; not in epoch 1
@@ -158,11 +166,20 @@ class Trainer(StandardTrainer):
     def setup_callbacks(self, callbacks: Iterable[Callback],
                         monitors: Iterable[Callback] = ()) -> None:
         """Registers `callbacks`, then `monitors` (last, so that they see what every other
-        callback recorded). Call once."""
+        callback recorded). Call once.
+
+        Raises:
+            RuntimeError: when called again.
+            TypeError: for `callbacks` or `monitors` that are not lists of `Callback` objects.
+        """
         if self._setup_done:
             raise RuntimeError("setup_callbacks() can be called only once.")
-        self.register_callback(list(callbacks))
-        self.register_callback(list(monitors))
+        owner = type(self).__name__
+        for name, given in (("callbacks", callbacks), ("monitors", monitors)):
+            self.register_callback(check_items(
+                owner, name, given, "a list of cadence.Callback objects",
+                f"e.g. {name}=[cadence.callbacks.ModelSaver()]",
+                lambda one: isinstance(one, Callback)))
         self._setup_done = True
 
     # ------------------------------------------------------------------ the step
@@ -240,13 +257,16 @@ class Trainer(StandardTrainer):
             savers = _model_savers(self._clock.callbacks)
             keep = savers[0].max_to_keep if savers else DEFAULT_MAX_TO_KEEP
             manager = CheckpointManager(self, directory, max_to_keep=keep,
-                                        init_fn=lambda: self._initialize(session_init))
+                                        init_fn=lambda: self._initialize(session_init),
+                                        on_commit=self._record.timeline.commit
+                                        if self._record is not None else None)
         # One line per epoch, as tensorpack: the monitors' (`ScalarPrinter`), not also the
         # Controller's loop line.
         self._controller = Controller(
             trainer=self, steps_per_loop=lambda step: max(self.steps_per_epoch or 1, 1),
             checkpoint_manager=manager, callbacks=self._clock.callbacks, log_loops=False,
-            run_dir=RunDirectory(self.logdir) if self.logdir is not None else None)
+            run_dir=RunDirectory(self.logdir) if self.logdir is not None else None,
+            record=self._record)
         if manager is None:
             self._initialize(session_init)
             return None
@@ -256,7 +276,6 @@ class Trainer(StandardTrainer):
                         self.global_step)
             if session_init:
                 logger.info("Not loading session_init=%s: resuming instead.", session_init)
-        self._resumed_from = latest
         return latest
 
     def _initialize(self, session_init: str | Path | None) -> None:
@@ -290,13 +309,33 @@ class Trainer(StandardTrainer):
             ValueError: before anything runs, if `steps_per_epoch` (required), `max_epoch` or
                 `starting_epoch` is not a positive int, or `starting_epoch` is after
                 `max_epoch`: such a schedule would train nothing.
+            TypeError: before anything runs, for `callbacks` or `monitors` that are not lists
+                of `Callback` objects, or a `session_init` that is not a path.
         """
         steps_per_epoch, max_epoch, starting_epoch = self._check_schedule(
             steps_per_epoch, max_epoch, starting_epoch)
+        check_path(f"{type(self).__name__}.train", "session_init", session_init,
+                   "a .safetensors file, an export directory or a checkpoint, e.g. "
+                   "session_init='runs/pretrained/best'", none_ok=True)
         self.setup_callbacks(callbacks, monitors)
-        self.resume_or_initialize(session_init)
-        self.main_loop(steps_per_epoch, starting_epoch, max_epoch)
+        with self._recording():
+            self.resume_or_initialize(session_init)
+            self.main_loop(steps_per_epoch, starting_epoch, max_epoch)
         return None
+
+    @contextlib.contextmanager
+    def _recording(self) -> Iterator[None]:
+        """The run's record in `logdir` while training (its lock, and its timeline from the
+        attempt's start to how it ends: ``cadence goodput LOGDIR``); nothing without one."""
+        if self.logdir is None:
+            yield
+            return
+        with RunRecord(self.logdir) as record:
+            self._record = record
+            try:
+                yield
+            finally:
+                self._record = None
 
     def train_with_defaults(self, *, callbacks: Iterable[Callback] | None = None,
                             monitors: Iterable[Callback] | None = None,
@@ -367,10 +406,7 @@ class Trainer(StandardTrainer):
         if progress.global_step == 0 and progress.epoch == 0:  # a fresh run
             self.clock.start_at_epoch(starting_epoch)
         self.steps_per_epoch, self.max_epoch = steps_per_epoch, max_epoch
-        if (self._resumed_from is not None and self.logdir is not None
-                and progress.epochs_completed < max_epoch):  # training goes on from there
-            RunDirectory(self.logdir).record_resume(self.global_step, self._resumed_from)
-        controller.handle_signals = handle_signals
+        controller.handle_signals = handle_signals  # (the Controller records a resume)
         if self.global_step:
             logger.info("Start training with global_step=%d.", self.global_step)
         controller.train(epochs=max_epoch, checkpoint_at_completion=False)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +42,15 @@ class LoopCheckpoints:
         self._save_objects = objects
         self._restore = restore
 
-    def open(self, objects: Mapping[str, Any]) -> str | None:
+    def open(self, objects: Mapping[str, Any],
+             on_commit: Callable[[int, Path], None] | None = None) -> str | None:
         """Opens the manager on `objects` (what the loop saves itself) and the `save_objects`,
-        and restores them; returns the checkpoint restored, or None."""
+        and restores them; returns the checkpoint restored, or None. `on_commit` is told of
+        each checkpoint committed (the run's timeline)."""
         if self.directory is None:
             return None
         self.manager = CheckpointManager({**objects, **self._save_objects}, self.directory,
-                                         max_to_keep=self._max_to_keep)
+                                         max_to_keep=self._max_to_keep, on_commit=on_commit)
         if isinstance(self._restore, (str, Path)):
             self.manager.restore(str(self._restore))
             return str(self._restore)

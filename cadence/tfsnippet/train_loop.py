@@ -39,14 +39,25 @@ from typing import Any
 import torch
 from torch import nn
 
+from cadence.core.arguments import (
+    check_bool,
+    check_callable,
+    check_items,
+    check_mapping,
+    check_path,
+    check_str,
+)
 from cadence.core.best import BestTracker
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.checkpoint_dir import DEFAULT_MAX_TO_KEEP
 from cadence.core.clock import RunClock
+from cadence.core.hook_checks import describe
 from cadence.core.intervals import check_int
+from cadence.core.notebook import show_log_lines
 from cadence.core.preemption import Preemption
 from cadence.core.progress import Progress
 from cadence.core.rank import is_chief
+from cadence.core.run_dir import RunDirectory
 from cadence.core.summary import (
     DEFAULT_WRITERS,
     SummaryManager,
@@ -59,6 +70,7 @@ from cadence.data.iterator import DataIterator
 from cadence.engine.checkpoint import CheckpointManager
 from cadence.engine.runtime import is_distributed
 from cadence.engine.stop_agreement import StopAgreement
+from cadence.records.run_record import RunRecord
 from cadence.tfsnippet.checkpoints import LoopCheckpoints
 from cadence.tfsnippet.events import EventKeys, EventSource
 from cadence.tfsnippet.formatting import DefaultMetricFormatter
@@ -102,6 +114,51 @@ def _check_arguments(max_epoch: Any, max_step: Any, checkpoint_dir: Any,
     return counts
 
 
+def _check_kinds(*, var_groups: Any, show_eta: Any, print_func: Any, checkpoint_dir: Any,
+                 checkpoint_save_objects: Any, restore_checkpoint: Any, summary_dir: Any,
+                 summary_writer: Any, summary_commit_freqs: Any, valid_metric_name: Any,
+                 valid_metric_smaller_is_better: Any, callbacks: Any, clock: Any,
+                 handle_signals: Any) -> list[Callback]:
+    """Refuses `TrainLoop` arguments of the wrong kind, before anything is made, naming each
+    and what it must be; returns the callbacks as a list.
+
+    Raises:
+        TypeError: for an argument of the wrong kind.
+    """
+    owner = "TrainLoop"
+    if var_groups is not None:
+        check_items(owner, "var_groups", var_groups, "a list of name prefixes",
+                    "e.g. var_groups=['encoder', 'decoder']", lambda one: isinstance(one, str))
+    check_bool(owner, "show_eta", show_eta, "e.g. show_eta=False")
+    check_callable(owner, "print_func", print_func, "e.g. print_func=logging.info")
+    check_path(owner, "checkpoint_dir", checkpoint_dir, "e.g. checkpoint_dir='runs/loop'",
+               none_ok=True)
+    check_mapping(owner, "checkpoint_save_objects", checkpoint_save_objects,
+                  "e.g. checkpoint_save_objects={'optimizer': optimizer}", none_ok=True)
+    if not isinstance(restore_checkpoint, bool):
+        check_path(owner, "restore_checkpoint", restore_checkpoint,
+                   "True (the newest checkpoint), False, or a checkpoint's path")
+    check_path(owner, "summary_dir", summary_dir, "e.g. summary_dir='runs/loop/train'",
+               none_ok=True)
+    if summary_writer is not None and not callable(getattr(summary_writer, "write_summaries",
+                                                           None)):
+        raise TypeError(f"{owner}: `summary_writer` (got {describe(summary_writer)}) must be a "
+                        "cadence.SummaryManager or None; to write into a directory, pass "
+                        "summary_dir instead.")
+    check_mapping(owner, "summary_commit_freqs", summary_commit_freqs,
+                  "e.g. summary_commit_freqs={'loss': 10}", none_ok=True)
+    check_str(owner, "valid_metric_name", valid_metric_name, "e.g. valid_metric_name='valid_loss'")
+    check_bool(owner, "valid_metric_smaller_is_better", valid_metric_smaller_is_better,
+               "e.g. valid_metric_smaller_is_better=False (None: from the metric's name)",
+               none_ok=True)
+    checked = check_items(owner, "callbacks", callbacks, "a list of cadence.Callback objects",
+                          "e.g. callbacks=[cadence.callbacks.EarlyStopping('valid_loss')]",
+                          lambda one: isinstance(one, Callback))
+    check_callable(owner, "clock", clock, "e.g. clock=time.perf_counter")
+    check_bool(owner, "handle_signals", handle_signals, "e.g. handle_signals=False")
+    return checked
+
+
 class EpochPaused(BaseException):
     """Leaves the body of an epoch that a pause cut short (a signal, a time limit): the rest of
     the body -- its validation, its log line -- belongs to the run that continues the epoch,
@@ -126,7 +183,11 @@ class TrainLoop:
         max_epoch: the last epoch (None: unlimited). Settable while running.
         max_step: the last global step (None: unlimited). Settable while running.
         metric_formatter: orders and formats metrics in log lines.
-        checkpoint_dir: enables checkpoints (`make_checkpoint`, `checkpoint_epoch_freq`).
+        checkpoint_dir: enables checkpoints (`make_checkpoint`, `checkpoint_epoch_freq`); it is
+            the run's directory too: inside the ``with`` block the loop holds its lock
+            (``train.lock``: a second trainer there is refused) and records the run's timeline
+            (``cadence goodput DIR``) and where it resumed (``resumes.jsonl``, ``cadence
+            plot``).
         checkpoint_epoch_freq: checkpoint after every this many epochs.
         checkpoint_max_to_keep: checkpoints to keep (None or 0: all).
         checkpoint_save_objects: more stateful objects to save, by name (optimizers,
@@ -156,7 +217,9 @@ class TrainLoop:
             frequencies of `summary_commit_freqs`), a `checkpoint_max_to_keep` that is not a
             non-negative int or None, checkpoint options without a `checkpoint_dir`, or an
             unknown writer.
-        TypeError: for an `early_stopping` that is not a bool (it has no patience).
+        TypeError: for an `early_stopping` that is not a bool (it has no patience), or another
+            argument of the wrong kind (a `checkpoint_dir` that is not a path, a `print_func`
+            that cannot be called, ...): the message names it and what it must be.
         KeyError: if `checkpoint_save_objects` uses a reserved name.
     """
 
@@ -187,6 +250,14 @@ class TrainLoop:
         handle_signals: bool = True,
         writers: Sequence[WriterSpec] = DEFAULT_WRITERS,
     ) -> None:
+        callbacks = _check_kinds(
+            var_groups=var_groups, show_eta=show_eta, print_func=print_func,
+            checkpoint_dir=checkpoint_dir, checkpoint_save_objects=checkpoint_save_objects,
+            restore_checkpoint=restore_checkpoint, summary_dir=summary_dir,
+            summary_writer=summary_writer, summary_commit_freqs=summary_commit_freqs,
+            valid_metric_name=valid_metric_name,
+            valid_metric_smaller_is_better=valid_metric_smaller_is_better, callbacks=callbacks,
+            clock=clock, handle_signals=handle_signals)
         max_epoch, max_step, checkpoint_epoch_freq, checkpoint_max_to_keep = _check_arguments(
             max_epoch, max_step, checkpoint_dir, checkpoint_epoch_freq, checkpoint_max_to_keep,
             checkpoint_save_objects, summary_commit_freqs, early_stopping)
@@ -217,6 +288,10 @@ class TrainLoop:
                                    max_step=max_step, max_epoch=max_epoch)
         self._preemption = Preemption(handle_signals)
         self._signals = contextlib.ExitStack()
+        self._record: RunRecord | None = None
+        """The run's record, inside the ``with`` block of a loop with a `checkpoint_dir`."""
+        self._loop_began: tuple[float, int, float] | None = None
+        """Where the steps not yet in the timeline began: (time, global step, input wait)."""
 
         self._report = self._new_report(
             MetricLog(metric_formatter or DefaultMetricFormatter(), summary_metric_prefix,
@@ -475,11 +550,37 @@ class TrainLoop:
         if self._entered:
             raise RuntimeError("A TrainLoop can be entered only once; create a new one.")
         self._entered = True
+        show_log_lines()  # to the terminal, unless the user configured logging
+        directory = self._checkpoints.directory
+        if directory is not None:  # the run's directory: its lock, timeline and resumes
+            self._record = RunRecord(directory).__enter__()
+            self._preemption.on_signal = self._record.timeline.signal
+        try:
+            self._open_run()
+        except BaseException as error:
+            self._end_record(error)
+            raise
+        self._events.fire(EventKeys.ENTER_LOOP, self)
+        self._callbacks.fire("on_train_begin", self._state)
+        return self
+
+    def _open_run(self) -> None:
+        """The summaries, the checkpoint restored (recorded in the run's timeline, and as a
+        resume for ``cadence plot``), the report's clock, the stop agreement, the signals."""
         if self._own_writer:
             self._summary_writer = SummaryManager(str(self._summary_dir), lambda: self.step,
                                                   writers=self._writers)
+        record = self._record
+        if record is not None:
+            record.timeline.restore_begin()
         path = self._checkpoints.open({"loop": self, "callbacks": self._callbacks,
-                                       **self._params.stateful()})
+                                       **self._params.stateful()},
+                                      on_commit=record.timeline.commit if record else None)
+        if record is not None:
+            record.timeline.restore_end(self.step, path)
+            if path is not None and self.step > 0 and (self.max_step is None
+                                                       or self.step < self.max_step):
+                RunDirectory(record.run_dir).record_resume(self.step, path)
         if path is not None:
             self.println(f"Resume training: epoch {self.epoch}, step {self.step}, from "
                          f"checkpoint {path}")
@@ -487,11 +588,45 @@ class TrainLoop:
         if is_distributed():  # a stop requested on one rank is taken by all at the same step
             self._run_clock.agreement = StopAgreement()
         self._signals.enter_context(self._preemption.watch(self._state))
-        self._events.fire(EventKeys.ENTER_LOOP, self)
-        self._callbacks.fire("on_train_begin", self._state)
-        return self
+
+    def _end_record(self, error: BaseException | None) -> None:
+        """Records how the attempt ended (`error` None: finished) and releases the run."""
+        record, self._record = self._record, None
+        if record is not None:
+            record.__exit__(type(error) if error is not None else None, error, None)
+
+    def _record_loop(self) -> None:
+        """Records the steps since the last record as one loop of the run's timeline (its wall
+        time and input wait): at the end of each step loop, and before a checkpoint inside
+        one -- never per step."""
+        began, self._loop_began = self._loop_began, None
+        if self._record is None or began is None:
+            return
+        started, step, waited = began
+        self._record.timeline.loop_end(
+            self.step, max(self.step - step, 0), time.perf_counter() - started,
+            data_wait_s=max(self.data_wait_s - waited, 0.0))
+
+    def _begin_recording(self) -> None:
+        if self._record is not None:
+            self._loop_began = (time.perf_counter(), self.step, self.data_wait_s)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        # How the run ends -- the exception leaving the block, or one raised here (`Preempted`
+        # after a signal, a failed save) -- is the run's timeline's last record. An epoch
+        # paused (`EpochPaused`) ends the block as a stop at the epoch's end would: saved, and
+        # swallowed here (True) -- preempted where a signal paused it.
+        ended = None if isinstance(exc, EpochPaused) else exc
+        try:
+            paused = self._leave(exc_type, exc)
+        except BaseException as raised:
+            ended = raised
+            raise
+        finally:
+            self._end_record(ended)
+        return paused
+
+    def _leave(self, exc_type: Any, exc: Any) -> bool:
         # How the run ends -- the exception leaving the block, or one raised here (`Preempted`
         # after a signal, a failed save) -- reaches the summary writers the loop owns when they
         # close: MLflow's run status, W&B's exit code (`closing_summaries`).
@@ -616,6 +751,7 @@ class TrainLoop:
         before_step = events.handlers(EventKeys.BEFORE_STEP)  # live lists: fired when not empty
         after_step = events.handlers(EventKeys.AFTER_STEP)
         clock.begin_loop()  # until the data's pass ends, max_step, or a stop
+        self._begin_recording()
         try:
             while clock.begin_step():
                 batch = None
@@ -642,6 +778,7 @@ class TrainLoop:
             clock.leave_step()  # a body that broke out of the loop: its step ran
             self._step_data = None
             report.end_step_loop()
+            self._record_loop()
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -654,7 +791,14 @@ class TrainLoop:
             RuntimeError: without a `checkpoint_dir`.
         """
         self._require_entered()
+        within = self._loop_began is not None
+        self._record_loop()  # the steps the checkpoint holds are in the timeline before it
+        started = time.perf_counter()
         path = self._checkpoints.save(self.step)
+        if self._record is not None:
+            self._record.timeline.save(self.step, time.perf_counter() - started)
+        if within:
+            self._begin_recording()
         self._callbacks.fire("on_checkpoint_saved", self._state, path)
         return path
 

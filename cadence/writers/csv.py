@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from cadence.core.files import drop_torn_line, open_append
+from cadence.core.files import close_all, drop_torn_line, open_append
 from cadence.core.logs import is_scalar
 from cadence.writers.jsonl import WALL_TIME_KEY
 
@@ -105,9 +105,9 @@ class _Table:
             self._handle.flush()
 
     def close(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.close()
 
 
 class CSVWriter:
@@ -166,6 +166,5 @@ class CSVWriter:
             table.flush()
 
     def close(self) -> None:
-        for table in self._tables.values():
-            table.close()
-        self._tables.clear()
+        tables, self._tables = list(self._tables.values()), {}
+        close_all(tables)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from cadence.core.checkpoint_dir import write_atomically
-from cadence.core.files import open_append
+from cadence.core.files import close_all, open_append
 from cadence.core.intervals import is_int
 
 JSONL_NAME = "metrics.jsonl"
@@ -99,9 +99,8 @@ class JSONLWriter:
             handle.flush()
 
     def close(self) -> None:
-        for handle in self._files.values():
-            handle.close()
-        self._files.clear()
+        files, self._files = list(self._files.values()), {}
+        close_all(files)
 
 
 def _step_of(line: str, step_key: str) -> int | None:

@@ -58,6 +58,7 @@ from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from tensorboard.plugins.hparams.summary_v2 import hparams_pb
 from tensorboard.summary.writer.record_writer import RecordWriter
 
+from cadence.core.files import close_all
 from cadence.core.logs import is_scalar
 from cadence.writers.shared_run import Outcome
 
@@ -209,13 +210,12 @@ class TensorBoardWriter:
     def close(self) -> None:
         """Closes the event files; ends the hparams session, if one was started, with the
         outcome `set_outcome` recorded (success without one; left open after a stop)."""
-        for events in self._files.values():
-            events.close()
-        self._files.clear()
-        if self._session is not None:
-            if not self._outcome.stopped:  # a stopped run's session goes on when it resumes
-                self._session.add_event(Event(wall_time=time.time(),
-                                              summary=_session_end(self._outcome)))
-            self._session.close()
-            self._session = None
-        self._outcome = Outcome()
+        files, self._files = list(self._files.values()), {}
+        session, self._session = self._session, None
+        outcome, self._outcome = self._outcome, Outcome()
+        try:
+            if session is not None and not outcome.stopped:  # a stopped run's session goes
+                session.add_event(Event(wall_time=time.time(),  # on when it resumes
+                                        summary=_session_end(outcome)))
+        finally:  # every file is closed, also on a full disk
+            close_all([*files, *([session] if session is not None else [])])

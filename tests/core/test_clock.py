@@ -5,11 +5,9 @@ These tests import nothing but cadence.core: `test_the_rules_hold_with_torch_blo
 file again in a process where importing torch fails.
 """
 
-import subprocess
-import sys
 from pathlib import Path
 
-from torch_blocker import BLOCK_TORCH
+from torch_blocker import assert_passes_without_torch
 
 from cadence.core.callbacks import Callback, CallbackList, RunState
 from cadence.core.clock import RunClock
@@ -436,15 +434,4 @@ def test_no_module_but_the_clock_writes_a_progress_field():
 
 
 def test_the_rules_hold_with_torch_blocked():
-    code = BLOCK_TORCH + f"""
-import pytest
-code = pytest.main([{__file__!r}, '-q', '-p', 'no:cacheprovider', '--noconftest',
-                    '-k', 'not torch_blocked', '-o', 'addopts='])
-print('torch' in sys.modules)
-sys.exit(code)
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=Path(__file__).parents[2])
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.split()[-1] == "False"
-    assert " passed" in out.stdout and "failed" not in out.stdout
+    assert_passes_without_torch(__file__)

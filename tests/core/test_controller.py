@@ -393,3 +393,37 @@ def test_an_evaluator_and_eval_actions_set_after_construction_are_the_ones_used(
     controller.train(5)
     assert controller.evaluate() == {"accuracy": 0.5}
     assert outputs == [{"accuracy": 0.5}] and controller.evaluator.evaluated_at == [5]
+
+
+def test_a_bare_controller_given_its_run_record_writes_the_timeline_and_its_resumes(tmp_path,
+                                                                                   capsys):
+    """A Controller of a user's own (Orbit's way) given the run's record: the attempt's
+    timeline (``cadence goodput``) and where it resumed (``cadence plot``), and the run's lock
+    while the record is open."""
+    from cadence.core.run_dir import RunLock, RunLockedError
+    from cadence.records.goodput import run_goodput
+    from cadence.records.run_record import RunRecord
+    from cadence.task.cli import main
+    from cadence.writers.reading import read_run
+
+    trainer = CountingTrainer()
+    manager = FakeCheckpointManager(trainer, checkpoint_interval=10)
+    with RunRecord(tmp_path) as record:
+        with pytest.raises(RunLockedError):
+            RunLock(tmp_path / "train.lock").acquire()
+        Controller(trainer=trainer, steps_per_loop=5, checkpoint_manager=manager,
+                   record=record).train(20)
+    manager.trainer = again = CountingTrainer()  # a new process: restores ckpt-20
+    with RunRecord(tmp_path) as record:
+        controller = Controller(trainer=again, steps_per_loop=5, checkpoint_manager=manager,
+                                record=record)
+        assert controller.state.run_dir.root == tmp_path  # the record's, for the callbacks
+        controller.train(40)
+    report = run_goodput(tmp_path)
+    assert [(a.end, a.first_step, a.last_step) for a in report.attempts] == [
+        ("finished", 0, 20), ("finished", 20, 40)]
+    assert report.steps == 40 and report.productive_s > 0
+    assert [(r.step, r.reason, r.checkpoint) for r in read_run(tmp_path).resumes] == [
+        (20, "resume", "ckpt-20")]
+    assert main(["goodput", str(tmp_path)]) == 0
+    assert "2 attempt(s), 40 steps kept" in capsys.readouterr().out

@@ -3,6 +3,7 @@ Ctrl-C as `KeyboardInterrupt` after the checkpoint (tests/test_jupyter.py runs a
 
 import io
 import logging
+import re
 import signal
 import sys
 
@@ -38,9 +39,23 @@ def bare_root(monkeypatch) -> io.StringIO:
     return stderr
 
 
-def test_outside_a_kernel_nothing_is_a_notebook_and_nothing_is_added():
-    before = list(logging.getLogger("cadence").handlers)
+def test_a_script_without_logging_setup_shows_the_lines_as_the_command_line(monkeypatch):
+    """Outside a kernel (a plain script calling run_experiment, a Controller, a TrainLoop),
+    with no handler anywhere: cadence's lines show on stderr with the time, as the ``cadence``
+    command shows them (issue 42: the Python front-ends printed nothing)."""
+    logger = logging.getLogger("cadence")
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+    stderr = bare_root(monkeypatch)
     assert not in_notebook()
+    show_log_lines()
+    logging.getLogger("cadence.loop").info("train | step: 10")
+    assert re.fullmatch(r"\d\d:\d\d:\d\d  train \| step: 10\n", stderr.getvalue())
+
+
+def test_with_a_handler_of_the_users_nothing_is_added():
+    before = list(logging.getLogger("cadence").handlers)
+    assert logging.root.handlers  # pytest's: a configuration of the user's
     show_log_lines()
     assert logging.getLogger("cadence").handlers == before
 

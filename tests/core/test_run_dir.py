@@ -54,3 +54,33 @@ def test_a_link_or_a_fifo_as_the_lock_file_is_no_holder_and_no_wait(tmp_path):
     (run / "train.lock").unlink()
     os.mkfifo(run / "train.lock")
     assert RunLock(run / "train.lock").holder() is None
+
+
+def test_a_fault_tolerant_run_before_its_first_checkpoint_is_a_run(tmp_path):
+    """Replica groups hold a lock each (``train-replica-<g>.lock``, no ``train.lock``) and have
+    no ``checkpoints/`` before the first save; the tensorboard writer's hyper-parameters file is
+    the run's own too. A group that starts late, or again, trains on in it."""
+    from cadence.core.run_dir import RunDirectory, is_run
+
+    run = tmp_path / "ft"
+    (run / "timeline").mkdir(parents=True)
+    (run / "train" / "replica-0").mkdir(parents=True)
+    (run / "params.yaml").write_text("task: {}\n")
+    (run / "events.out.tfevents.1795901106.vm.19936.0000.hparams").write_bytes(b"")
+    assert not is_run(run)
+    assert RunDirectory(run).layout_problem(training=True) is None  # all of them its own
+    (run / "train-replica-0.lock").write_text("")
+    assert is_run(run)
+    assert RunDirectory(run).layout_problem(training=True) is None
+    assert RunDirectory(run / "train").layout_problem(training=True).startswith(
+        f"{str(run / 'train')!r} is inside the run directory")
+
+
+def test_a_file_named_like_a_lock_or_an_hparams_file_among_others_is_still_refused(tmp_path):
+    from cadence.core.run_dir import RunDirectory
+
+    (tmp_path / "notes.txt").write_text("someone else's")
+    (tmp_path / "train-replica-0.lock").write_text("")
+    (tmp_path / "events.out.tfevents.1.vm.1.0000.hparams").write_bytes(b"")
+    problem = RunDirectory(tmp_path).layout_problem(training=True)
+    assert problem is not None and "(notes.txt)" in problem

@@ -15,9 +15,7 @@ from fakes import CountingTrainer, FakeCheckpointManager
 
 from cadence.core import Controller, Preempted
 from cadence.core.errors import JobFailure
-from cadence.core.goodput import format_report, goodput_of
 from cadence.core.run_dir import RunLock, RunLockedError
-from cadence.core.run_record import RunRecord
 from cadence.core.slurm import (
     SlurmJob,
     SlurmOptions,
@@ -31,7 +29,9 @@ from cadence.core.slurm import (
     signal_name,
     tasks_per_node,
 )
-from cadence.core.timeline import Timeline, read_timeline
+from cadence.records.goodput import format_report, goodput_of
+from cadence.records.run_record import RunRecord
+from cadence.records.timeline import Timeline, read_timeline
 
 STEP = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3",
         "SLURM_STEP_NUM_TASKS": "4", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",

@@ -201,3 +201,19 @@ def test_close_summaries_is_the_only_code_that_closes_a_summary_manager_with_an_
                 found.append(f"{path.relative_to(package)}: {ast.unparse(node)}")
     assert found == ["core/summary.py: manager.close(error)",
                      "core/summary.py: writer.set_outcome(error)"]
+
+
+def test_a_manager_that_another_job_writes_for_writes_nothing(tmp_path):
+    """Replica groups evaluate alike: the group that writes the checkpoints writes the
+    evaluations (`writes`), asked at each write."""
+    turn = {"writes": False}
+    manager = SummaryManager(tmp_path, lambda: 1, writers=["jsonl"],
+                             writes=lambda: turn["writes"])
+    manager.write_summaries({"accuracy": 0.5}, step=10)
+    manager.flush()
+    assert not (tmp_path / "metrics.jsonl").exists()
+    turn["writes"] = True
+    manager.write_summaries({"accuracy": 0.6}, step=20)
+    manager.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [20]

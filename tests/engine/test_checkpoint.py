@@ -1,6 +1,7 @@
 import json
 import os
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -216,18 +217,23 @@ def test_a_read_only_manager_restores_but_neither_saves_nor_cleans_up(tmp_path):
 
 
 class SlowIO(cadence.StateFileIO):
-    """Writes like the default, after a delay; fails when told to."""
+    """Writes like the default, after a delay -- or once `gate` opens; fails when told to."""
 
-    def __init__(self, delay=0.0, fail=False):
-        self.delay, self.fail = delay, fail
+    def __init__(self, delay=0.0, fail=False, gate=None):
+        self.delay, self.fail, self.gate = delay, fail, gate
+        self.written = False
 
     def save(self, payload, directory):
         import time
 
         time.sleep(self.delay)
+        if self.gate is not None:
+            self.gate.wait(timeout=60)
         if self.fail:
             raise OSError("disk full")
-        return super().save(payload, directory)
+        digests = super().save(payload, directory)
+        self.written = True
+        return digests
 
 
 class Net(cadence.Module):
@@ -241,14 +247,18 @@ def test_an_async_save_returns_before_the_write_and_commits_the_state_of_the_cal
     import time
 
     net = Net()
-    manager = cadence.CheckpointManager(net, tmp_path, io=SlowIO(delay=0.5), async_save=True)
+    gate = threading.Event()  # the write waits for it: no race with a loaded machine's clock
+    io = SlowIO(gate=gate)
+    manager = cadence.CheckpointManager(net, tmp_path, io=io, async_save=True)
     expected = net.model.weight.detach().clone()
     start = time.perf_counter()
     path = manager.save(1)
-    assert time.perf_counter() - start < 0.4  # only the snapshot
+    # Only the snapshot: a save that wrote would have waited for the gate (60 s) first.
+    assert time.perf_counter() - start < 30 and not io.written
     with torch.no_grad():
         net.model.weight.add_(1.0)  # training goes on: the checkpoint keeps the saved values
     assert manager.checkpoints == [] and manager.writing  # not committed yet
+    gate.set()
     manager.wait()
     assert not manager.writing
     assert [c.step for c in manager.checkpoints] == [1] and path == str(tmp_path / "ckpt-1")

@@ -142,3 +142,21 @@ def test_the_export_of_a_wrapped_or_sharded_model_loads_strictly_by_its_own_name
         assert torch.equal(value, expected[name]), name
     with safe_open(str(exporter.best_ckpt_path), framework="pt") as opened:
         assert opened.metadata()["format"] == "pt"
+
+
+def test_a_job_that_does_not_write_decides_from_the_ledger_the_writer_keeps(tmp_path):
+    """Replica groups evaluate alike and one of them writes the exports (`writes`): the others
+    write no file, and decide from the ledger on disk, read again before each decision, so that
+    every group reports the same best value -- also one that started after the writer
+    exported, or becomes the writer later."""
+    model = nn.Linear(2, 2)
+    writer = BestCheckpointExporter(tmp_path, "accuracy", "higher", 2, writes=lambda: True)
+    other = BestCheckpointExporter(tmp_path, "accuracy", "higher", 2, writes=lambda: False)
+    assert writer.maybe_export_checkpoint(model, {"accuracy": 0.5}, 10)
+    assert not other.maybe_export_checkpoint(model, {"accuracy": 0.5}, 10)  # exported already
+    assert other.best_value == writer.best_value == 0.5
+    assert writer.maybe_export_checkpoint(model, {"accuracy": 0.7}, 20)
+    assert not other.maybe_export_checkpoint(model, {"accuracy": 0.6}, 30)  # writes no file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best-10", "best-20", "info.json"]
+    assert other.best_value == 0.7  # the writer's 0.7 from its ledger, then its own 0.6
+    assert [e["step"] for e in other.best_exports] == [20, 30]

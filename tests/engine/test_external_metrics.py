@@ -124,8 +124,18 @@ def test_a_metric_collection_returned_by_build_metrics_is_its_metrics_by_name():
     assert torch.equal(logs["val_micro"], reference(trainer.model, accuracy()))
 
 
-def test_the_trainer_moves_torchmetrics_to_its_device():
-    trainer = make_trainer()
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_trainer_puts_the_torchmetrics_states_on_its_device():
+    """Built on the CPU, every state of every torchmetrics metric ends on the Trainer's GPU.
+    (On a CPU-only machine the states are on the Trainer's device from the start: the test
+    would prove nothing there, so it is a GPU test.)"""
+    config = load_config(cadence.ExperimentConfig(), overrides=[
+        "trainer.train_steps=100", "runtime.device=cuda"])
+    task = MetricsTask()
+    model = task.build_model()
+    trainer = cadence.Trainer(config, task, model, torch.optim.SGD(model.parameters(), lr=0.5))
+    assert trainer.device.type == "cuda"
     for metric in (*trainer.train_metrics.values(), *trainer.validation_metrics.values()):
         if is_torchmetric(metric):
             assert all(state.device == trainer.device for state in

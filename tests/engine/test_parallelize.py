@@ -18,10 +18,10 @@ from cadence.engine.parallelize import (
     find_repeated_blocks,
     name_pattern,
     parallelize_model,
-    plain_name,
     prepare_model,
     repeated_blocks,
     unwrap_model,
+    unwrapped_name,
 )
 from cadence.engine.runtime import shutdown
 from cadence.task.experiments.char_lm import CharLMModelConfig, CharTransformer
@@ -46,7 +46,7 @@ def loss_and_grads(model, trained=None):
     x = tokens()
     loss = nn.functional.cross_entropy(trained(x).flatten(0, 1), x.roll(-1, 1).flatten())
     loss.backward()
-    grads = {plain_name(name): p.grad.clone() for name, p in model.named_parameters()}
+    grads = {unwrapped_name(name): p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
     return loss.detach(), grads
 

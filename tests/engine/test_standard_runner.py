@@ -585,3 +585,30 @@ def test_the_controller_calls_an_evaluator_s_own_evaluate():
     runner = Counted()
     logs = cadence.Controller(evaluator=runner).evaluate(-1)
     assert Counted.evaluations == 1 and logs == {"wrapped": 0}
+
+
+def test_after_a_heal_past_boundaries_checkpoints_and_evaluations_stay_on_their_multiples():
+    """A group that heals in the middle of a loop jumps past checkpoint and evaluation
+    boundaries the live groups trained: it neither saves nor evaluates at the step it lands on
+    (ckpt-24, an evaluation at 24 before this), and goes on at the next multiples."""
+    from fakes import FakeCheckpointManager
+
+    evaluated = []
+
+    class Heals(Recorder):
+        def train_step(self, iterator):
+            super().train_step(iterator)
+            if self.global_step == 3:  # the step in flight joins the groups at step 23
+                self.clock.adopt({**self.progress.state_dict(), "global_step": 23})
+
+        def eval_end(self, *state):
+            evaluated.append(self.global_step)
+            return {"n": 1.0}
+
+    trainer = Heals(list(range(1000)), eval_data=list(range(1000)))
+    manager = FakeCheckpointManager(trainer, checkpoint_interval=10)
+    controller = cadence.Controller(trainer=trainer, evaluator=trainer, steps_per_loop=10,
+                                    checkpoint_manager=manager)
+    controller.train_and_evaluate(60, eval_steps=1, eval_interval=10)
+    assert sorted(manager.saved) == [30, 40, 50, 60]
+    assert evaluated == [30, 40, 50, 60]

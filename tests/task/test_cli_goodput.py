@@ -96,8 +96,9 @@ def test_the_table_shows_the_causes_and_one_line_per_attempt(tmp_path, capsys):
 @pytest.mark.parametrize(("make", "says"), [
     (lambda tmp: tmp / "nowhere", r"'.*nowhere' does not exist: pass a run directory"),
     (lambda tmp: (tmp / "f").write_text("x") and tmp / "f", r"'.*f' is not a directory"),
-    (lambda tmp: tmp, r"has no timeline \(timeline/run.jsonl\): it is not a run directory, or "
-                      r"the run was made before cadence wrote timelines"),
+    (lambda tmp: tmp, r"has no timeline \(timeline/run.jsonl\): it is not the directory of a "
+                      r"run that recorded one\. Every front-end records it in the run's "
+                      r"directory.*Controller\(record=cadence\.RunRecord\(RUN\)\)"),
 ])
 def test_what_is_not_a_run_with_a_timeline_is_one_clear_line(tmp_path, capsys, make, says):
     import re
@@ -121,7 +122,7 @@ def test_a_damaged_timeline_is_counted_never_a_traceback(tmp_path, capsys):
 def test_goodput_is_a_command_of_the_cli_that_needs_no_torch(tmp_path):
     run = tmp_path / "run"
     write_timeline(run, killed_down_resumed_stopped_resumed())
-    code = ("import sys\n" + (ROOT / "tests/core/torch_blocker.py").read_text()
+    code = ("import sys\n" + (ROOT / "tests/torch_blocker.py").read_text()
             + "\nexec(BLOCK_TORCH)\nfrom cadence.task.cli import main\n"
             f"code = main(['goodput', {str(run)!r}])\n"
             "assert 'torch' not in sys.modules\nsys.exit(code)\n")

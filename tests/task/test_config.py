@@ -208,7 +208,7 @@ def test_a_config_and_its_strategies_are_checked_without_torch():
     no torch (as with the compile modes)."""
     from pathlib import Path
 
-    blocker = (Path(__file__).parents[1] / "core" / "torch_blocker.py").read_text()
+    blocker = (Path(__file__).parents[1] / "torch_blocker.py").read_text()
     code = (blocker + "\nexec(BLOCK_TORCH)\n"
             "from cadence.task.config import ExperimentConfig\n"
             "from cadence.task.config_checks import STRATEGIES\n"

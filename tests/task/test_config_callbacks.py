@@ -51,12 +51,24 @@ def test_early_stopping_set_on_the_command_line_stops_training_early(tmp_path):
 
 
 def test_early_stopping_can_put_the_best_weights_back(tmp_path):
+    """The best evaluation is not the last one -- "best" is the lowest accuracy here, the
+    first evaluation's, while training improves it -- so that putting the best weights back
+    changes the model: it ends with the best export's weights, not the last checkpoint's."""
     model, _ = run_experiment(digits(
         "trainer.train_steps=40", "trainer.early_stopping.monitor=accuracy",
-        "trainer.early_stopping.patience=10", "trainer.early_stopping.restore_best=true",
-        "trainer.best_checkpoint_eval_metric=accuracy"), "train_and_eval", tmp_path)
+        "trainer.early_stopping.mode=min", "trainer.early_stopping.patience=10",
+        "trainer.early_stopping.restore_best=true", "trainer.best_checkpoint_eval_metric=accuracy",
+        "trainer.best_checkpoint_metric_comp=lower"), "train_and_eval", tmp_path)
+    records = [json.loads(line) for line in
+               (tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()]
+    best_step = min(records, key=lambda r: r["accuracy"])["step"]
+    assert best_step != records[-1]["step"] == 40  # the best is not the last evaluation
+    ledger = json.loads((tmp_path / "best" / "info.json").read_text())
+    assert ledger["exports"][0]["step"] == best_step
     best = read_weights(tmp_path / "best")  # the best export: the same metric, the same step
+    last = read_weights(tmp_path / "checkpoints" / "ckpt-40")
     assert all(torch.equal(best[k], v) for k, v in model.state_dict().items())
+    assert not all(torch.equal(last[k], v) for k, v in model.state_dict().items())
 
 
 def test_a_time_limit_stops_training_and_saves_a_checkpoint(tmp_path, caplog):

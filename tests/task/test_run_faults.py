@@ -8,6 +8,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from disks import fill, open_files_under, read_only, small_tmpfs
 from torch import nn
 
 import cadence
@@ -207,7 +209,7 @@ def test_a_failed_config_change_leaves_params_yaml_as_it_was(tmp_path, capsys, m
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(cadence.task.config_files, "save_config", disk_full)
-    with pytest.raises(OSError, match="No space left"):  # fails as it starts: disk full
+    with pytest.raises(cadence.StorageError, match="params.yaml' failed: No space left"):
         run_experiment(digits("trainer.train_steps=30"), "train", run, allow_config_change=True)
     monkeypatch.undo()
     assert (run / "params.yaml").read_text() == before
@@ -285,19 +287,6 @@ def test_a_second_lock_on_a_run_directory_in_one_process_is_refused(tmp_path):
 # ---------------------------------------------------------------------------- a full disk
 
 
-@contextlib.contextmanager
-def small_tmpfs(path, size="256k"):
-    path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                             capture_output=True).returncode == 0
-    if not mounted:
-        pytest.skip("cannot mount a tmpfs here (the ENOSPC writer covers the same path)")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=False)
-
-
 class DiskFullIO:
     """The default writer, until told to fail: then it writes part of the file and fails as a
     full disk does."""
@@ -338,12 +327,12 @@ def test_a_full_disk_says_so_names_the_newest_good_checkpoint_and_logs_no_save(
         big = Net(300)  # ~360 kB of weights: more than the tmpfs holds
         manager = cadence.CheckpointManager(big, directory, io=io, async_save=async_save)
         with caplog.at_level(logging.INFO, logger="cadence"), pytest.raises(
-                cadence.CheckpointError) as raised:
+                cadence.StorageError) as raised:
             manager.save(2)
             manager.wait()
         message = str(raised.value)
         assert "No space left on device" in message
-        assert f"the newest good checkpoint is still {directory / 'ckpt-1'} (step 1)" in message
+        assert f"The newest good checkpoint is {directory / 'ckpt-1'} (step 1)" in message
         assert "Saved checkpoint" not in caplog.text.split("ckpt-1")[-1]  # nothing after ckpt-1
         assert [c.step for c in manager.checkpoints] == [1]
         assert sorted(p.name for p in directory.iterdir()) == ["ckpt-1"]  # nothing half-written
@@ -371,10 +360,131 @@ def test_an_async_save_failure_through_the_controller_is_never_logged_as_saved(
     controller = cadence.Controller(trainer=trainer, steps_per_loop=2,
                                     checkpoint_manager=manager)
     with caplog.at_level(logging.INFO, logger="cadence"), pytest.raises(
-            cadence.CheckpointError, match=r"No space left on device.*still .*ckpt-2 \(step 2\)"):
+            cadence.StorageError, match=r"No space left on device.* newest good checkpoint is "
+            r".*ckpt-2 \(step 2\)"):
         controller.train(10)
         manager.wait()
     saved = [line for line in caplog.text.splitlines() if "Saved checkpoint" in line]
     assert all("ckpt-2" in line for line in saved) and saved  # never the failed ckpt-4
     assert [c.step for c in manager.checkpoints] == [2]
 
+
+
+# ------------------------------------------------------- a real full disk during a whole run
+
+
+class FillAt(cadence.Callback):
+    """Fills the disk of `directory` as the loop that ends at `step` ends: before that step's
+    evaluation, best export and checkpoint."""
+
+    def __init__(self, directory, step):
+        self.directory, self.step, self.ballast = directory, step, None
+
+    def on_loop_end(self, state, logs):
+        if state.global_step == self.step and self.ballast is None:
+            self.ballast = fill(self.directory)
+
+
+WHAT = {
+    "sync save": r"Saving checkpoint ckpt-20",
+    # whichever meets the full disk first: the background write, or the summaries of the loop
+    # that runs meanwhile (the next save waits for the background write and says its failure)
+    "background save": r"(Writing checkpoint ckpt-20 in the background|Writing the summaries "
+                       r"to '[^']*/train')",
+    "best export": r"Exporting the weights of step 20 to '[^']*/best'",
+    "summaries": r"Writing the summaries to '[^']*/train'",
+    "final save": r"Saving checkpoint ckpt-30",
+    "final background save": r"Writing checkpoint ckpt-30 in the background",
+}
+FULL_DISK_RUNS = [
+    # (where, mode, fill after the loop to, settings)
+    ("sync save", "train", 20, ["trainer.train_steps=40", "trainer.async_checkpoints=false"]),
+    ("background save", "train", 20, ["trainer.train_steps=40",
+                                      "trainer.async_checkpoints=true"]),
+    ("best export", "train_and_eval", 20, ["trainer.train_steps=40",
+                                           "trainer.best_checkpoint_max_to_keep=3"]),
+    ("summaries", "train", 10, ["trainer.train_steps=5000", "trainer.checkpoint_interval=5000"]),
+    ("final save", "train", 30, ["trainer.train_steps=30", "trainer.async_checkpoints=false"]),
+    ("final background save", "train", 30, ["trainer.train_steps=30",
+                                            "trainer.async_checkpoints=true"]),
+]
+
+
+@pytest.mark.parametrize(("where", "mode", "at", "settings"), FULL_DISK_RUNS,
+                         ids=[case[0] for case in FULL_DISK_RUNS])
+def test_a_real_full_disk_during_a_run_is_one_storage_error_and_the_same_call_resumes(
+        tmp_path, caplog, where, mode, at, settings):
+    """A run on a small tmpfs whose disk fills up as a loop ends, before a given writer's turn:
+    one `StorageError` of one line naming what failed and the newest good checkpoint; nothing
+    half-written listed; once the space is freed, the same call resumes from that checkpoint."""
+    with small_tmpfs(tmp_path / "disk", "8m") as disk:
+        run = disk / "run"
+        config = digits(*settings)
+        filler = FillAt(disk, at)
+        with caplog.at_level(logging.WARNING, logger="cadence"), pytest.raises(
+                cadence.StorageError) as raised:
+            run_experiment(config, mode, run, callbacks=[filler])
+        message = str(raised.value)
+        newest = [s for s in checkpoint_steps(run) if s < at] if (run / "checkpoints").is_dir() \
+            else []
+        said = (f"The newest good checkpoint is {run / 'checkpoints' / f'ckpt-{newest[-1]}'} "
+                f"\\(step {newest[-1]}\\)" if newest else "There is no good checkpoint yet")
+        assert "\n" not in message and re.fullmatch(
+            rf"{WHAT[where]} failed: No space left on device\. {said}: free some space, then run "
+            r"the same command again\.", message), message
+        assert caplog.text.count("Could not write the run's timeline") <= 1  # silent after
+        assert open_files_under(disk) == []  # every writer closed, also on the full disk
+        # Nothing half-written is listed: every checkpoint directory is a complete one, and the
+        # best exports' ledger lists exports that are whole.
+        manager = cadence.CheckpointManager({}, run / "checkpoints", read_only=True)
+        assert [p.name for p in sorted((run / "checkpoints").iterdir())] == [
+            c.path.name for c in manager.checkpoints] if (run / "checkpoints").is_dir() else True
+        if (run / "best").is_dir():
+            exporter = cadence.BestCheckpointExporter(run / "best", "accuracy", "higher", 3)
+            names = {p.name for p in (run / "best").iterdir()}
+            assert names == {e["path"] for e in exporter.best_exports} | {"info.json"}
+            for entry in exporter.best_exports:
+                read_weights(run / "best" / entry["path"])  # whole: its checksum holds
+        filler.ballast.unlink()  # the space is freed: the same call resumes
+        _, _ = run_experiment(config, mode, run, callbacks=[filler])
+        assert checkpoint_steps(run)[-1] == config.trainer.train_steps
+        restored = [json.loads(line) for line in
+                    (run / "timeline" / "run.jsonl").read_text().splitlines()
+                    if '"restore_end"' in line][-1]
+        assert restored["step"] == (newest[-1] if newest else 0)
+
+
+@pytest.mark.parametrize("fault", ["full disk", "read-only"])
+def test_the_command_line_on_a_real_failing_disk_is_one_line_exit_1_and_resumes(
+        tmp_path, capsys, monkeypatch, fault):
+    """``cadence train`` on a tmpfs that fills up by itself in the middle of the run (a ballast
+    leaves room for one checkpoint and a best export, not two), or that turns read-only after
+    the first checkpoint: one line, exit 1 (the environment's, not a user's mistake), the newest
+    good checkpoint named; the same command resumes once space is freed."""
+    monkeypatch.chdir(tmp_path)
+    with small_tmpfs(tmp_path / "disk", "4m") as disk:
+        command = ["train", "-m", "disk/run", "--no-progress", "--set", "trainer.train_steps=60",
+                   "--set", "trainer.steps_per_loop=10", "--set", "trainer.checkpoint_interval=10",
+                   "--set", "trainer.validation_interval=10", "--set", "trainer.max_to_keep=1"]
+        if fault == "full disk":
+            ballast = fill(disk, leave=1200 * 1024)
+            status = main(command)
+        else:
+            assert main([*command[:2], "disk/run", *command[3:], "--set",
+                         "trainer.train_steps=10"]) == 0
+            with read_only(disk):
+                status = main([*command, "--allow-config-change"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert status == 1 and not any("Traceback" in line for line in err), err
+        said = re.fullmatch(r"cadence: error: .* failed: (No space left on device|Read-only file "
+                            r"system)\. The newest good checkpoint is disk/run/checkpoints/ckpt-"
+                            r"(\d+) \(step \d+\): (free some space|use a writable file system), "
+                            r"then run the same command again\.", err[-1])
+        assert said, err
+        newest = int(said.group(2))
+        assert checkpoint_steps(disk / "run") == [newest]
+        if fault == "full disk":
+            ballast.unlink()
+        assert main([*command, "--allow-config-change"]) == 0
+        assert f"Restored disk/run/checkpoints/ckpt-{newest}" in capsys.readouterr().err
+        assert checkpoint_steps(disk / "run") == [60]

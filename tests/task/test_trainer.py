@@ -639,6 +639,7 @@ def test_the_default_loss_sums_the_aux_losses_a_model_sets_in_forward() -> None:
     assert float(logs["loss"].detach()) == pytest.approx(expected)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_cuda_the_next_batch_is_copied_while_the_step_computes() -> None:
     trainer = make_trainer("runtime.device=cuda")

@@ -295,23 +295,27 @@ def test_a_resumed_run_continues_mid_epoch_and_ends_bitwise_equal(tmp_path):
         assert torch.equal(a, b)
 
 
+def epoch_saver():
+    return PeriodicTrigger(ModelSaver(max_to_keep=None), every_k_steps=7)  # at each epoch's end
+
+
+class CrashAt12(cadence.Callback):
+    """Ctrl-C at step 12: after ckpt-7, in the middle of the second epoch."""
+
+    def on_step_end(self, state):
+        if state.global_step == 12:
+            raise KeyboardInterrupt
+
+
 def test_a_resume_is_recorded_in_the_logdir_and_a_finished_run_adds_none(tmp_path):
     from cadence.writers.reading import Resume, read_run
 
-    def saver():
-        return PeriodicTrigger(ModelSaver(max_to_keep=None), every_k_steps=7)  # at each epoch's end
-
-    class Crash(cadence.Callback):
-        def on_step_end(self, state):
-            if state.global_step == 12:
-                raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        launch_train_with_config(regression_config(tmp_path, callbacks=[saver(), Crash()]),
-                                 SimpleTrainer())
+        launch_train_with_config(regression_config(
+            tmp_path, callbacks=[epoch_saver(), CrashAt12()]), SimpleTrainer())
     assert not (tmp_path / "resumes.jsonl").exists()
     for _ in range(2):  # resumes from ckpt-7; then finds the run finished
-        launch_train_with_config(regression_config(tmp_path, callbacks=[saver()]),
+        launch_train_with_config(regression_config(tmp_path, callbacks=[epoch_saver()]),
                                  SimpleTrainer())
     run = read_run(tmp_path)
     assert run.resumes == (Resume(7, "resume", str(tmp_path / "checkpoints" / "ckpt-7")),)
@@ -319,21 +323,35 @@ def test_a_resume_is_recorded_in_the_logdir_and_a_finished_run_adds_none(tmp_pat
     assert cost.split == "train" and cost.steps == (7, 14, 21)
 
 
+class InitialWeights(cadence.Callback):
+    """Keeps the model's weights as training begins."""
+
+    def __init__(self):
+        self.weights = []
+
+    def on_train_begin(self, state):
+        self.weights = [p.detach().clone() for p in state.trainer.model.parameters()]
+
+
 def test_session_init_loads_weights_for_a_fresh_run_only(tmp_path):
+    torch.manual_seed(1234)  # not the seed the run's model is built under: other weights
     source = Regression()
     cadence.BestCheckpointExporter(tmp_path / "pretrained", "x").maybe_export_checkpoint(
         source, {"x": 1.0}, 1)
-    initial = []
-
-    class Initial(cadence.Callback):
-        def on_train_begin(self, state):
-            initial.extend(p.detach().clone() for p in state.trainer.model.parameters())
-
-    config = regression_config(tmp_path / "run", max_epoch=1, callbacks=[Initial()],
+    fresh, resumed = InitialWeights(), InitialWeights()
+    config = regression_config(tmp_path / "run", max_epoch=1, callbacks=[ModelSaver(), fresh],
                                session_init=tmp_path / "pretrained")
+    assert not any(torch.equal(a, b) for a, b in zip(source.parameters(),
+                                                     config.model.parameters(), strict=True))
     launch_train_with_config(config, SimpleTrainer())
-    for a, b in zip(source.parameters(), initial, strict=True):
+    for a, b in zip(source.parameters(), fresh.weights, strict=True):
         assert torch.equal(a, b)
+    # a run that resumes keeps its trained weights: session_init is not loaded again
+    more = regression_config(tmp_path / "run", max_epoch=2, callbacks=[ModelSaver(), resumed],
+                             session_init=tmp_path / "pretrained")
+    launch_train_with_config(more, SimpleTrainer())
+    assert not all(torch.equal(a, b)
+                   for a, b in zip(source.parameters(), resumed.weights, strict=True))
 
 
 def test_config_and_launch_misuse_is_refused():
@@ -472,7 +490,7 @@ def test_a_signal_in_mid_epoch_then_resume_gives_the_uninterrupted_per_epoch_tra
             ScheduledHyperParamSetter("learning_rate", [(1, 0.02), (2, 0.01), (3, 0.005)])])
 
     def epochs(logdir):
-        timings = ("wall_time", "steps_per_second", "examples_per_second")
+        timings = ("wall_time", "steps_per_second", "examples_per_second", "goodput")
         return [{k: v for k, v in json.loads(line).items() if k not in timings}
                 for line in (logdir / "stats.jsonl").read_text().splitlines()]
 
@@ -496,3 +514,25 @@ def test_a_signal_in_mid_epoch_then_resume_gives_the_uninterrupted_per_epoch_tra
     assert best(tmp_path / "b") == best(tmp_path / "a")
     for a, b in zip(straight.model.parameters(), trainer.model.parameters()):
         assert torch.equal(a, b)
+
+
+def test_a_tensorpack_run_records_its_timeline_in_its_logdir_for_cadence_goodput(
+        tmp_path, capsys):
+    """Its logdir is its run's directory: the lock while it trains, and the timeline of each
+    attempt -- here one that crashed at step 12 (after ckpt-7: its epoch's loop, 8..12, never
+    ended) and one that resumed from ckpt-7."""
+    from cadence.records.goodput import run_goodput
+    from cadence.task.cli import main
+
+    with pytest.raises(KeyboardInterrupt):
+        launch_train_with_config(regression_config(
+            tmp_path, callbacks=[epoch_saver(), CrashAt12()]), SimpleTrainer())
+    launch_train_with_config(regression_config(tmp_path, callbacks=[epoch_saver()]),
+                             SimpleTrainer())
+    report = run_goodput(tmp_path)
+    assert [(a.end, a.first_step, a.last_step) for a in report.attempts] == [
+        ("error", 0, 7), ("finished", 7, 21)]
+    assert report.steps == 21 and report.attempts[0].error == "KeyboardInterrupt"
+    assert [a.committed_step for a in report.attempts] == [7, 21]
+    assert main(["goodput", str(tmp_path)]) == 0
+    assert "2 attempt(s), 21 steps kept" in capsys.readouterr().out

@@ -566,3 +566,36 @@ def test_a_sigterm_at_the_last_step_of_an_epoch_resumes_with_the_next_epoch(tmp_
     with pytest.raises(cadence.Preempted):
         run(tmp_path / "stopped", kill_at=4)  # the first epoch's last step
     assert run(tmp_path / "stopped") == straight[4:]  # the second epoch, once
+
+
+def test_a_train_loop_records_its_run_for_cadence_goodput_and_plot(tmp_path, capsys):
+    """A TrainLoop's checkpoint_dir is its run's directory: it holds the run's lock while the
+    loop runs, and records the timeline (``cadence goodput``) and where it resumed
+    (``cadence plot``): here an attempt that crashed mid-run and one that resumed and finished."""
+    from cadence.core.run_dir import RunLock, RunLockedError
+    from cadence.records.goodput import run_goodput
+    from cadence.task.cli import main
+    from cadence.writers.reading import read_run
+
+    run = tmp_path / "loop"
+    with pytest.raises(Crash), make_loop(max_epoch=4, checkpoint_dir=run,
+                                         checkpoint_epoch_freq=1) as loop:
+        with pytest.raises(RunLockedError):  # one trainer in the run at a time
+            RunLock(run / "train.lock").acquire()
+        for epoch in loop.iter_epochs():
+            for _ in loop.iter_steps([1, 2, 3]):
+                pass
+            if epoch == 2:
+                raise Crash
+    with make_loop(max_epoch=4, checkpoint_dir=run, checkpoint_epoch_freq=1) as loop:
+        for _ in loop.iter_epochs():
+            for _ in loop.iter_steps([1, 2, 3]):
+                pass
+    report = run_goodput(run)
+    assert [(a.end, a.first_step, a.last_step) for a in report.attempts] == [
+        ("error", 0, 6), ("finished", 3, 12)]  # the crash at 6 lost the steps after ckpt-3
+    assert report.steps == 12 and report.attempts[0].lost_steps == 3
+    assert report.productive_s > 0 and report.goodput is not None
+    assert [(r.step, r.reason) for r in read_run(run).resumes] == [(3, "resume")]
+    assert main(["goodput", str(run)]) == 0
+    assert "2 attempt(s), 12 steps kept" in capsys.readouterr().out

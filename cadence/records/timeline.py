@@ -3,15 +3,17 @@
 Every training process appends to its run directory what it lived through -- it began, built its
 model, restored a checkpoint, ended a loop (and how long it waited in it), evaluated, saved,
 received a signal, ended -- so that ``cadence goodput`` can say afterwards where every second of
-the run went, across crashes, restarts and resizes (`cadence.core.goodput`). The `Timeline`
+the run went, across crashes, restarts and resizes (`cadence.records.goodput`). The `Timeline`
 writes it; `read_timeline` reads it back as untrusted input. Nothing here imports torch.
 
 **Files**, in ``<run>/timeline/``:
 
-- ``run.jsonl``: the run's record, written by rank 0 of each attempt. (In the fault-tolerant
-  mode to come, rank 0 of replica group ``g`` writes ``run-replica-<g>.jsonl`` instead.)
+- ``run.jsonl``: the run's record, written by rank 0 of each attempt. In the fault-tolerant
+  mode (`cadence.engine.fault_tolerance`), rank 0 of replica group ``g`` writes
+  ``run-replica-<g>.jsonl`` instead: each group's attempts are its own.
 - ``rank-<r>.jsonl`` (r >= 1): what only rank r knows: its own waits, one ``loop_end`` per
-  loop. Rank 0's waits are in the run's record.
+  loop. Rank 0's waits are in the run's record. In the fault-tolerant mode, rank r of group
+  ``g`` writes ``replica-<g>-rank-<r>.jsonl``.
 
 **Lines.** Each line is one JSON object: ``{"t": <unix seconds>, "event": <name>, "attempt":
 <id>, ...fields}``. ``t`` is the wall clock (``time.time()``) when the event was recorded;
@@ -39,8 +41,11 @@ event               fields; when it is recorded
 ``loop_end``        ``step`` (the global step after the loop), ``steps`` (steps in the loop,
                     <= ``step``), ``seconds`` (the loop's wall time), ``data_wait_s`` (time the
                     training thread waited for input in it), ``checkpoint_wait_s`` (time it was
-                    blocked by checkpoint work inside it): a loop of steps ended; ``t`` is its
-                    end, ``t - seconds`` its beginning.
+                    blocked by checkpoint work inside it), ``stall_s`` and ``discarded_s``
+                    (replica groups: the time it waited for the groups to agree after a group
+                    failed -- the detection -- and the compute of the steps no group committed;
+                    0 otherwise): a loop of steps ended; ``t`` is its end, ``t - seconds`` its
+                    beginning.
 ``eval_begin``      ``step``: an evaluation begins.
 ``eval_end``        ``step``: it ended.
 ``save``            ``step``, ``stall_s`` (how long the training thread was blocked by
@@ -92,6 +97,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import IO, Any
 
+from cadence.core.checkpoint_dir import fsync_path
 from cadence.core.errors import ConfigError
 from cadence.core.files import open_append, open_regular, plain_name
 from cadence.core.intervals import is_int
@@ -116,6 +122,7 @@ MAX_RANK_FILES = 65536
 
 _REPLICA_FILE = re.compile(r"^run-replica-(0|[1-9][0-9]{0,8})\.jsonl$")
 _RANK_FILE = re.compile(r"^rank-([1-9][0-9]{0,8})\.jsonl$")
+_REPLICA_RANK_FILE = re.compile(r"^replica-(0|[1-9][0-9]{0,8})-rank-([1-9][0-9]{0,8})\.jsonl$")
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _MAX_T = 1e11  # about the year 5000: a larger time is not a wall-clock time
 _MAX_SECONDS = 1e9  # about 30 years
@@ -224,7 +231,8 @@ SCHEMA: Mapping[str, _Spec] = MappingProxyType({
     "restore_end": {"step": (_step, _REQUIRED), "checkpoint": (_or_null(_checkpoint), None)},
     "loop_end": {"step": (_step, _REQUIRED), "steps": (_step, _REQUIRED),
                  "seconds": (_seconds, _REQUIRED), "data_wait_s": (_seconds, 0.0),
-                 "checkpoint_wait_s": (_seconds, 0.0)},
+                 "checkpoint_wait_s": (_seconds, 0.0), "stall_s": (_seconds, 0.0),
+                 "discarded_s": (_seconds, 0.0)},
     "eval_begin": {"step": (_step, _REQUIRED)},
     "eval_end": {"step": (_step, _REQUIRED)},
     "save": {"step": (_step, _REQUIRED), "stall_s": (_seconds, _REQUIRED)},
@@ -301,7 +309,7 @@ def timeline_file(run_dir: str | os.PathLike[str], rank: int = 0,
                   replica: int | None = None) -> Path:
     """The file a process of rank `rank` (of replica group `replica`, in the fault-tolerant
     mode) writes: ``run.jsonl``, ``run-replica-<g>.jsonl``, ``rank-<r>.jsonl`` or
-    ``replica-<g>-rank-<r>.jsonl`` (not read by `read_timeline` yet).
+    ``replica-<g>-rank-<r>.jsonl``.
 
     >>> timeline_file("runs/a").as_posix(), timeline_file("runs/a", 3).as_posix()
     ('runs/a/timeline/run.jsonl', 'runs/a/timeline/rank-3.jsonl')
@@ -378,6 +386,9 @@ class Timeline:
         listener: called with each `Event` recorded, in order (a live `GoodputCalculator`'s
             ``add``), under the writer's lock.
         clock: the wall clock (tests pass their own).
+        waits: returns cumulative waits of the training thread by field of ``loop_end``
+            (``stall_s``, ``discarded_s``); each ``loop_end`` records what they grew by since
+            the previous one.
 
     Raises:
         ValueError: for a negative rank or replica.
@@ -385,7 +396,8 @@ class Timeline:
 
     def __init__(self, run_dir: str | os.PathLike[str], *, rank: int = 0,
                  replica: int | None = None, listener: Callable[[Event], None] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 waits: Callable[[], Mapping[str, float]] | None = None) -> None:
         if not is_int(rank) or rank < 0:
             raise ValueError(f"`rank` (got {rank!r}) must be an integer >= 0.")
         if replica is not None and (not is_int(replica) or replica < 0):
@@ -396,6 +408,8 @@ class Timeline:
         self.attempt = attempt_id()
         self.listener = listener
         self._clock = clock
+        self._waits = waits
+        self._waited = dict(waits()) if waits is not None else {}
         self._lock = threading.RLock()  # re-entrant: a signal handler may record mid-record
         self._handle: IO[Any] | None = None
         self._silent = False
@@ -449,9 +463,16 @@ class Timeline:
                  checkpoint_wait_s: float = 0.0) -> None:
         """Records a loop's end: `steps` steps up to global step `step` in `seconds`, of which
         the training thread waited `data_wait_s` for input and `checkpoint_wait_s` for
-        checkpoint work. The one record of a rank's own file."""
+        checkpoint work (and, with `waits`, what they report). The one record of a rank's own
+        file."""
+        more: dict[str, float] = {}
+        if self._waits is not None:  # what the waits grew by in this loop (host counters)
+            now = dict(self._waits())
+            more = {name: max(0.0, value - self._waited.get(name, 0.0))
+                    for name, value in now.items()}
+            self._waited = now
         self.record("loop_end", step=step, steps=steps, seconds=seconds,
-                    data_wait_s=data_wait_s, checkpoint_wait_s=checkpoint_wait_s)
+                    data_wait_s=data_wait_s, checkpoint_wait_s=checkpoint_wait_s, **more)
 
     def eval_begin(self, step: int) -> None:
         """Records that an evaluation at global step `step` begins."""
@@ -505,7 +526,7 @@ class Timeline:
                 raise ValueError(
                     f"Timeline event {event!r} (got {fields!r}) must have the fields "
                     f"{', '.join(spec) or 'none'}, each of its kind (counts >= 0, finite "
-                    "seconds >= 0): see cadence.core.timeline.")
+                    "seconds >= 0): see cadence.records.timeline.")
             if self._silent:
                 return
             handle = self._open()
@@ -535,7 +556,7 @@ class Timeline:
             self._handle = open_append(self.path)
             if created:  # the new directory's entry survives a power loss too
                 with contextlib.suppress(OSError):
-                    _fsync_directory(directory.parent)
+                    fsync_path(directory.parent)
         except FileExistsError:
             raise ConfigError(f"{str(directory)!r} is a file where cadence keeps its timeline "
                               "directory: move it away, or use another run directory.") from None
@@ -570,14 +591,6 @@ def _checkpoint_name(checkpoint: str | os.PathLike[str] | None) -> str | None:
     return name if plain_name(name) and len(str(name)) <= 255 else None
 
 
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # ---------------------------------------------------------------------------- the reader
 
 
@@ -590,6 +603,8 @@ class RunTimeline:
         run: the events of the run's record (``run.jsonl``), in the order written.
         replicas: the records of the replica groups (``run-replica-<g>.jsonl``), by group.
         ranks: the ``loop_end`` events of each rank's own file (``rank-<r>.jsonl``), by rank.
+        replica_ranks: the same of each replica group's ranks
+            (``replica-<g>-rank-<r>.jsonl``), by group and rank.
         skipped_lines: lines dropped because they are not events of the schema.
         refused: the files not read, each with why (a link, too large).
     """
@@ -598,6 +613,7 @@ class RunTimeline:
     run: tuple[Event, ...] = ()
     replicas: Mapping[int, tuple[Event, ...]] = field(default_factory=dict)
     ranks: Mapping[int, tuple[Event, ...]] = field(default_factory=dict)
+    replica_ranks: Mapping[int, Mapping[int, tuple[Event, ...]]] = field(default_factory=dict)
     skipped_lines: int = 0
     refused: tuple[str, ...] = ()
 
@@ -627,6 +643,7 @@ def read_timeline(run_dir: str | os.PathLike[str]) -> RunTimeline:
     run: tuple[Event, ...] = ()
     replicas: dict[int, tuple[Event, ...]] = {}
     ranks: dict[int, tuple[Event, ...]] = {}
+    replica_ranks: dict[int, dict[int, tuple[Event, ...]]] = {}
     skipped, refused = 0, []
     try:
         names = sorted(entry.name for entry in os.scandir(directory))
@@ -635,9 +652,10 @@ def read_timeline(run_dir: str | os.PathLike[str]) -> RunTimeline:
     rank_files = 0
     for name in names:
         replica, rank = _REPLICA_FILE.match(name), _RANK_FILE.match(name)
-        if name != RUN_FILE and not replica and not rank:
+        replica_rank = _REPLICA_RANK_FILE.match(name)
+        if name != RUN_FILE and not replica and not rank and not replica_rank:
             continue  # not a timeline file: never opened
-        if rank:
+        if rank or replica_rank:
             rank_files += 1
             if rank_files > MAX_RANK_FILES:
                 refused.append(f"{str(directory)!r} holds more than {MAX_RANK_FILES} rank "
@@ -651,6 +669,9 @@ def read_timeline(run_dir: str | os.PathLike[str]) -> RunTimeline:
         skipped += bad
         if rank:
             ranks[int(rank.group(1))] = tuple(e for e in events if e.event == "loop_end")
+        elif replica_rank:
+            replica_ranks.setdefault(int(replica_rank.group(1)), {})[
+                int(replica_rank.group(2))] = tuple(e for e in events if e.event == "loop_end")
         elif replica:
             replicas[int(replica.group(1))] = events
         else:
@@ -658,7 +679,8 @@ def read_timeline(run_dir: str | os.PathLike[str]) -> RunTimeline:
     if skipped:
         logger.warning("Skipped %d line(s) of %s that are not timeline events.", skipped,
                        directory)
-    return RunTimeline(root, run, replicas, ranks, skipped, tuple(refused))
+    return RunTimeline(root, run, replicas, ranks, replica_ranks, skipped,
+                       tuple(refused))
 
 
 class _Refused(Exception):

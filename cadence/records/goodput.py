@@ -1,6 +1,6 @@
 """Goodput: how much of a run's wall time trained steps that survived, and where the rest went.
 
-`GoodputCalculator` takes a run's timeline events (`cadence.core.timeline`) one at a time, in
+`GoodputCalculator` takes a run's timeline events (`cadence.records.timeline`) one at a time, in
 the order they were written, and gives a `GoodputReport` at any moment: after a whole run
 (`run_goodput`, ``cadence goodput RUN``) or at each loop's end of a live one (the same code, fed
 by the `Timeline` writer's listener). Each event costs O(1) (a rollback: O(loops undone)); a
@@ -61,12 +61,16 @@ rank's own ``data_wait_s`` (``rank-<r>.jsonl``) in ``ranks``, whose largest is t
 the slowest rank (in synchronous training it stalls every rank; rank 0 counts that stall as
 compute).
 
-**Replica groups** (the fault-tolerant mode, to come). Each group's record
-(``run-replica-<g>.jsonl``) is its own run, reported on its own in ``replicas``. The job's
-figures are then in group-seconds: capacity = groups x the job's wall time, productive = the sum
-of the groups' productive time, and a group's absence -- its ``between_attempts``, and the time
-before its first attempt or after its last while others trained -- is lost capacity, not
-stopped time. Not combined yet: no run writes replica records today.
+**Replica groups** (the fault-tolerant mode, `cadence.engine.fault_tolerance`). Each group's
+record (``run-replica-<g>.jsonl``) is its own run, reported on its own in ``replicas`` (with its
+ranks' waits, ``replica-<g>-rank-<r>.jsonl``). The job's figures are in group-seconds
+(`capacity_report`): capacity = groups x the job's wall time, productive = the sum of the
+groups' productive time, and a group's absence -- its ``between_attempts``, and the time before
+its first attempt or after its last while others trained -- is lost capacity, not stopped time.
+Within a group's loop, its wait for the groups to agree after one died (``stall_s``: the
+detection) is other time, and the compute of a step no group committed (``discarded_s``) lost
+progress. Each attempt names its group; the job's ideal step time is that of every group's
+surviving loops.
 """
 
 from __future__ import annotations
@@ -74,14 +78,14 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cadence.core.errors import ConfigError
 from cadence.core.run_dir import RunDirectory, RunLock
-from cadence.core.timeline import RUN_FILE, TIMELINE_DIR, Event, RunTimeline, read_timeline
+from cadence.records.timeline import RUN_FILE, TIMELINE_DIR, Event, RunTimeline, read_timeline
 
 BADPUT_CAUSES = ("startup", "restore", "checkpoint", "evaluation", "data_wait", "lost_progress",
                  "between_attempts", "other")
@@ -119,6 +123,7 @@ class AttemptReport:
         slurm_job: the Slurm job it ran in (``SLURM_JOB_ID``), or None outside Slurm.
         slurm_step: its step there (``"batch"`` for the batch script).
         slurm_restart: ``SLURM_RESTART_COUNT``: how many times the job had been requeued.
+        replica: the replica group it belongs to (the fault-tolerant mode), else None.
     """
 
     attempt: str
@@ -140,6 +145,7 @@ class AttemptReport:
     slurm_job: str | None = None
     slurm_step: str | None = None
     slurm_restart: int | None = None
+    replica: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The attempt as a JSON object."""
@@ -213,7 +219,8 @@ class _Attempt:
                                     restart=fields.get("restart", 0), host=fields.get("host"),
                                     slurm_job=fields.get("slurm_job"),
                                     slurm_step=fields.get("slurm_step"),
-                                    slurm_restart=fields.get("slurm_restart"))
+                                    slurm_restart=fields.get("slurm_restart"),
+                                    replica=fields.get("replica"))
         self.loops = 0
         self.loop_floor = begin  # a loop begins no earlier than this: the previous loop's end
         self.restore_open = False
@@ -239,7 +246,7 @@ class GoodputCalculator:
     Feed it every event of the run's record in the order written (`add`, or `add_all`); ask
     for a `report` at any time.
 
-    >>> from cadence.core.timeline import Event
+    >>> from cadence.records.timeline import Event
     >>> calc = GoodputCalculator()
     >>> calc.add(Event(100.0, "start", "7-a", {"world_size": 1}))
     >>> calc.add(Event(110.0, "loop_end", "7-a", {"step": 10, "steps": 10, "seconds": 8.0,
@@ -386,9 +393,16 @@ class GoodputCalculator:
         attempt.pending = 0.0
         data_wait = min(fields["data_wait_s"], length)
         checkpoint_wait = min(fields["checkpoint_wait_s"], length - data_wait)
-        compute = length - data_wait - checkpoint_wait
+        # Replica groups: the detection of a dead group (and a join's wait) is other time, the
+        # compute of the steps no group committed is lost progress -- neither is productive.
+        stall = min(fields.get("stall_s", 0.0), length - data_wait - checkpoint_wait)
+        discarded = min(fields.get("discarded_s", 0.0),
+                        length - data_wait - checkpoint_wait - stall)
+        compute = length - data_wait - checkpoint_wait - stall - discarded
         self._buckets["data_wait"] += data_wait
         self._buckets["checkpoint"] += checkpoint_wait
+        self._buckets["lost_progress"] += discarded
+        attempt.report.lost_s += discarded
         last, steps = fields["step"], fields["steps"]
         first = last - steps
         if self._loops and first < self._loops[-1].last:
@@ -422,6 +436,11 @@ class GoodputCalculator:
             report = self._attempts[loop.attempt].report
             report.lost_steps += lost_steps
             report.lost_s += lost
+
+    @property
+    def loops(self) -> tuple[_Loop, ...]:
+        """The loops whose steps survive so far (for a job's ideal step time, over groups)."""
+        return tuple(self._loops)
 
     # ------------------------------------------------------------------ reporting
 
@@ -473,22 +492,31 @@ class GoodputCalculator:
         return report
 
     def _ideal_view(self, report: GoodputReport) -> None:
-        loops = sorted(self._loops, key=lambda loop: loop.compute / (loop.last - loop.first))
-        total = sum(loop.last - loop.first for loop in loops)
-        if not total:
+        pace, slowdown = ideal_pace(self._loops)
+        if pace is None:
             return
-        seen, pace = 0, 0.0
-        for loop in loops:  # the median step time, each loop weighted by its steps
-            seen += loop.last - loop.first
-            if 2 * seen >= total:
-                pace = loop.compute / (loop.last - loop.first)
-                break
-        slowdown = math.fsum(max(0.0, loop.compute - (loop.last - loop.first) * pace)
-                             for loop in loops)
         report.ideal_step_s = pace
         report.slowdown_s = slowdown
         if report.wall_s > 0:
             report.ideal_goodput = max(0.0, report.productive_s - slowdown) / report.wall_s
+
+
+def ideal_pace(loops: Iterable[_Loop]) -> tuple[float | None, float]:
+    """The ideal step time of `loops` -- the median of their compute per step, each loop
+    weighted by its steps -- and their slowdown: their compute beyond that pace (each loop's
+    excess, never a negative one). ``(None, 0.0)`` without a step."""
+    ordered = sorted(loops, key=lambda loop: loop.compute / (loop.last - loop.first))
+    total = sum(loop.last - loop.first for loop in ordered)
+    if not total:
+        return None, 0.0
+    seen, pace = 0, 0.0
+    for loop in ordered:  # the median step time, each loop weighted by its steps
+        seen += loop.last - loop.first
+        if 2 * seen >= total:
+            pace = loop.compute / (loop.last - loop.first)
+            break
+    return pace, math.fsum(max(0.0, loop.compute - (loop.last - loop.first) * pace)
+                           for loop in ordered)
 
 
 def goodput_of(events: Iterable[Event], *, now: float | None = None, live: str | None = None,
@@ -523,22 +551,31 @@ def run_goodput(run_dir: str | os.PathLike[str], *, now: float | None = None) ->
         raise ConfigError(_no_timeline(root, timeline))
     now = time.time() if now is None else now
     if timeline.run:
-        report = _report_of(timeline.run, _liveness(root, timeline.run), now)
+        report = _report_of(timeline.run, _liveness(timeline.run,
+                                                    RunDirectory(root).lock_file), now)
         if not report.attempts:
             raise ConfigError(
                 f"The timeline of {str(root)!r} ({TIMELINE_DIR}/{RUN_FILE}) holds no attempt: "
                 f"{len(timeline.run)} event(s) but no 'start'. It was not written by cadence, "
                 "or was damaged.")
-    replicas = []
+    replicas: list[GoodputReport] = []
+    loops: list[_Loop] = []
     for group, events in sorted(timeline.replicas.items()):
-        replica = _report_of(events, None, now)
+        calculator = GoodputCalculator()
+        calculator.add_all(events)
+        lock = RunDirectory(root).replica_lock_file(group)
+        replica = calculator.report(now, live=_liveness(events, lock))
         replica.replica = group
+        replica.ranks = _rank_waits(events, timeline.replica_ranks.get(group, {}))
         replicas.append(replica)
+        loops.extend(calculator.loops)
     if not timeline.run:  # the fault-tolerant mode: only the groups' records
-        report = capacity_report(replicas, _groups_of(timeline))
+        report = capacity_report(replicas, _groups_of(timeline), loops)
+        report.ranks = [{**row, "replica": r.replica} for r in replicas for row in r.ranks]
+    else:
+        report.ranks = _rank_waits(timeline.run, timeline.ranks)
     report.replicas = replicas
     report.skipped_lines += timeline.skipped_lines
-    report.ranks = _rank_waits(timeline)
     return report
 
 
@@ -550,7 +587,8 @@ def _groups_of(timeline: RunTimeline) -> int:
     return max([len(timeline.replicas), *(n for n in said if isinstance(n, int))])
 
 
-def capacity_report(replicas: list[GoodputReport], groups: int) -> GoodputReport:
+def capacity_report(replicas: list[GoodputReport], groups: int,
+                    loops: Iterable[_Loop] = ()) -> GoodputReport:
     """The job's report of a fault-tolerant run, in **capacity**: each of `groups` replica
     groups could have trained for the whole of the job's wall time (its first attempt's
     beginning to its last event, over every group), so the figures are group-seconds divided
@@ -558,7 +596,8 @@ def capacity_report(replicas: list[GoodputReport], groups: int) -> GoodputReport
     its first attempt, after its last, or never there -- is lost capacity, counted as
     ``between_attempts``, while the other groups trained on. The parts still add up to the
     wall time, and goodput is the share of the job's capacity that trained steps which
-    survived."""
+    survived. The ideal step time is that of every group's surviving `loops` (the groups step
+    together), and the slowdown theirs, in capacity too. Each attempt names its group."""
     buckets = dict.fromkeys(BADPUT_CAUSES, 0.0)
     spans = [(r.attempts[0].start_t, r.attempts[-1].end_t) for r in replicas if r.attempts]
     if not spans or groups < 1:
@@ -572,11 +611,18 @@ def capacity_report(replicas: list[GoodputReport], groups: int) -> GoodputReport
         buckets["between_attempts"] += max(0.0, wall - replica.wall_s)
     buckets["between_attempts"] += (groups - len(replicas)) * wall  # never started
     attempts = sorted((a for r in replicas for a in r.attempts), key=lambda a: a.start_t)
-    return GoodputReport(
+    report = GoodputReport(
         wall_s=wall, productive_s=productive / groups,
         goodput=productive / (groups * wall) if wall > 0 else None,
         badput_s={cause: seconds / groups for cause, seconds in buckets.items()},
-        attempts=attempts, steps=max(r.steps for r in replicas))
+        attempts=attempts, steps=max(r.steps for r in replicas),
+        live=any(r.live for r in replicas))
+    pace, slowdown = ideal_pace(loops)
+    if pace is not None:
+        report.ideal_step_s, report.slowdown_s = pace, slowdown / groups
+        if wall > 0:
+            report.ideal_goodput = max(0.0, report.productive_s - report.slowdown_s) / wall
+    return report
 
 
 def _report_of(events: tuple[Event, ...], live: str | None, now: float) -> GoodputReport:
@@ -591,15 +637,18 @@ def _no_timeline(root: Path, timeline: RunTimeline) -> str:
     if (root / TIMELINE_DIR).is_dir():
         return (f"{str(root)!r} has a {TIMELINE_DIR}/ directory but no run record in it "
                 f"({RUN_FILE}): no attempt of the run got as far as starting to train.")
-    return (f"{str(root)!r} has no timeline ({TIMELINE_DIR}/{RUN_FILE}): it is not a run "
-            "directory, or the run was made before cadence wrote timelines (goodput can only "
-            "be told for runs trained since; train it again, or continue it, to start one).")
+    return (f"{str(root)!r} has no timeline ({TIMELINE_DIR}/{RUN_FILE}): it is not the directory "
+            "of a run that recorded one. Every front-end records it in the run's directory -- "
+            "run_experiment's and cadence train's model directory, a TrainLoop's "
+            "checkpoint_dir, a tensorpack trainer's logdir, a Controller's record "
+            "(Controller(record=cadence.RunRecord(RUN))) -- since cadence wrote timelines; "
+            "pass that directory, or continue the run in it to start one.")
 
 
-def _liveness(root: Path, events: tuple[Event, ...]) -> str | None:
-    """Whether the run is live (`LIVE`), from its lock: is the holder the last attempt's
-    process, or one that has not recorded its start yet?"""
-    holder = RunLock(RunDirectory(root).lock_file).holder()
+def _liveness(events: tuple[Event, ...], lock_file: Path) -> str | None:
+    """Whether the run (a replica group's, with its lock) is live (`LIVE`), from its lock: is
+    the holder the last attempt's process, or one that has not recorded its start yet?"""
+    holder = RunLock(lock_file).holder()
     if holder is None:
         return None
     last = next((e for e in reversed(events) if e.event == "start"), None)
@@ -610,11 +659,13 @@ def _liveness(root: Path, events: tuple[Event, ...]) -> str | None:
     return "attempt" if same_pid and same_host else "starting"
 
 
-def _rank_waits(timeline: RunTimeline) -> list[dict[str, Any]]:
-    """Each rank's total waits, rank 0's from the run's record; empty without rank files."""
-    if not timeline.ranks:
+def _rank_waits(record: Iterable[Event],
+                others: Mapping[int, Iterable[Event]]) -> list[dict[str, Any]]:
+    """Each rank's total waits, rank 0's from the run's (or the group's) `record`, the other
+    ranks' from their own files; empty without rank files."""
+    if not others:
         return []
-    ranks: dict[int, Iterable[Event]] = {0: timeline.run, **timeline.ranks}
+    ranks: dict[int, Iterable[Event]] = {0: record, **others}
     rows = []
     for rank, events in sorted(ranks.items()):
         loops = [e for e in events if e.event == "loop_end"]
@@ -650,14 +701,17 @@ def format_report(report: GoodputReport, name: str | None = None) -> list[str]:
         lines.append(f"  ideal step time {report.ideal_step_s:.4g} s; slowdown (within "
                      f"productive) {_seconds(report.slowdown_s)} = "
                      f"{_share(report.slowdown_s, wall)} of wall; ideal goodput {ideal}")
-    lines.append(f"  {'#':>3}  {'world':>5}  {'steps':<17}{'ended':<20}{'lost steps':>10}"
-                 f"  {'lost time':>10}  restart  began")
+    grouped = any(attempt.replica is not None for attempt in report.attempts)
+    group = f"{'group':>5}  " if grouped else ""
+    lines.append(f"  {'#':>3}  {group}{'world':>5}  {'steps':<17}{'ended':<20}"
+                 f"{'lost steps':>10}  {'lost time':>10}  restart  began")
     for index, attempt in enumerate(report.attempts, start=1):
         steps = ("-" if attempt.first_step is None else
                  f"{attempt.first_step}..{attempt.last_step}")
         ended = attempt.end + (f" ({attempt.signal})" if attempt.signal else "")
         began = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(attempt.start_t))
-        lines.append(f"  {index:>3}  {attempt.world_size:>5}  {steps:<17}{ended:<20}"
+        group = f"{'-' if attempt.replica is None else attempt.replica:>5}  " if grouped else ""
+        lines.append(f"  {index:>3}  {group}{attempt.world_size:>5}  {steps:<17}{ended:<20}"
                      f"{attempt.lost_steps:>10}  {_seconds(attempt.lost_s):>10}  "
                      f"{attempt.restart:>7}  {began}")
         if attempt.slurm_job is not None:
@@ -669,9 +723,13 @@ def format_report(report: GoodputReport, name: str | None = None) -> list[str]:
             lines.append(f"       error: {attempt.error}")
     worst = report.worst_data_wait
     if worst is not None:
-        lines.append(f"  input wait by rank: rank {worst['rank']} waited longest, "
+        replica = worst.get("replica")
+        group = "" if replica is None else f"group {replica} "
+        zero = next(row for row in report.ranks
+                    if row["rank"] == 0 and row.get("replica") == replica)
+        lines.append(f"  input wait by rank: {group}rank {worst['rank']} waited longest, "
                      f"{_seconds(worst['data_wait_s'])} over {worst['loops']} loops "
-                     f"(rank 0: {_seconds(report.ranks[0]['data_wait_s'])})")
+                     f"({group}rank 0: {_seconds(zero['data_wait_s'])})")
     for replica in report.replicas:
         lines.append(f"  replica group {replica.replica}: goodput "
                      f"{_share(replica.productive_s, replica.wall_s)} of "
