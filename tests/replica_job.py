@@ -1,6 +1,6 @@
 """One replica group of a fault-tolerant job, run under torchrun: the digits experiment with
 ``runtime.fault_tolerance`` on, its steps paced like a real model's, writing what its model
-holds when training ends.
+holds when training ends. While a file ``hold`` exists beside RUN_DIR, its steps wait.
 
 usage: replica_job.py RUN_DIR OUT_PREFIX SECONDS_PER_STEP [OVERRIDE ...]
 
@@ -24,13 +24,18 @@ from cadence.core.rank import process_rank
 
 
 class Pace(cadence.Callback):
-    """A step that takes `seconds`, as a real model's does (the digits MLP's takes ~1 ms)."""
+    """A step that takes `seconds`, as a real model's does (the digits MLP's takes ~1 ms); and
+    longer while the file `hold` exists: a test holds the live groups there while a group it
+    started again spends its start-up (seconds of imports on a loaded machine), so that they
+    are still training when it joins."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    def __init__(self, seconds: float, hold: Path) -> None:
+        self.seconds, self.hold = seconds, hold
 
     def on_step_end(self, state: cadence.RunState) -> None:
         time.sleep(self.seconds)
+        while self.hold.exists():
+            time.sleep(0.05)
 
 
 class Final(cadence.Callback):
@@ -52,7 +57,8 @@ def main() -> None:
     config = cadence.load_config("digits", overrides=[
         "runtime.device=cpu", "runtime.fault_tolerance.enabled=true", *overrides])
     cadence.run_experiment(config, os.environ.get("REPLICA_JOB_MODE", "train"), Path(run),
-                           callbacks=[Pace(float(seconds)), Final(prefix)])
+                           callbacks=[Pace(float(seconds), Path(run).parent / "hold"),
+                                      Final(prefix)])
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -28,6 +29,8 @@ STEP_S = 0.05
 """Each step is paced to this many seconds (a real model's step, not the digits MLP's 1 ms)."""
 JOIN_TIMEOUT_S = 5.0
 STEPS_PER_LOOP = 20
+STARTED = re.compile(r"Restored .* \(step \d+\)|No checkpoint to restore")
+"""The line a group's rank 0 logs when it has started and restored, before its first step."""
 
 
 def executable(name):
@@ -105,6 +108,11 @@ class Job:
     def log(self, name):
         return (self.root / f"{name}.log").read_text()[-4000:]
 
+    def log_count(self, name, pattern):
+        """How many lines of a process's log `pattern` finds (its every start appends)."""
+        path = self.root / f"{name}.log"
+        return len(pattern.findall(path.read_text())) if path.exists() else 0
+
     def loops(self, replica):
         """The group's loop ends, from its timeline: (attempt, step, wall time)."""
         path = self.run / "timeline" / f"run-replica-{replica}.jsonl"
@@ -141,6 +149,24 @@ def job_in(tmp_path):
         job.close()
 
 
+def start_while_the_others_wait(job, groups, replica):
+    """Starts group `replica` (again) with its same command while the running groups wait at
+    their step's end (``replica_job.Pace``'s hold) until it has started and restored -- tens
+    of seconds of imports on a loaded machine, in which they could otherwise end the run
+    before it joins; returns when it was started. `groups` gets its process."""
+    starts = job.log_count(f"group-{replica}", STARTED)
+    hold = job.root / "hold"
+    hold.touch()
+    started_at = time.time()
+    groups[replica] = job.group(replica)
+    try:
+        job.wait_for(lambda: job.log_count(f"group-{replica}", STARTED) > starts,
+                     alive=list(groups.items()))
+    finally:
+        hold.unlink()
+    return started_at
+
+
 def kill_one_group_and_bring_it_back(job, seed):
     rng = random.Random(seed)
     victim, kill_at = rng.choice([0, 1]), rng.randrange(60, 240)
@@ -156,8 +182,7 @@ def kill_one_group_and_bring_it_back(job, seed):
     job.wait_for(lambda: job.loops(survivor)[-1][1] >= step_at_kill + 60,
                  alive=[(survivor, groups[survivor])])
     assert {a for a, _, t in job.loops(survivor) if t > killed_at} == {attempt}
-    restarted_at = time.time()
-    groups[victim] = job.group(victim)
+    restarted_at = start_while_the_others_wait(job, groups, victim)
     for replica, process in groups.items():
         assert process.wait(timeout=240) == 0, job.log(f"group-{replica}")
     return victim, killed_at, restarted_at
@@ -273,8 +298,7 @@ def kill_one_group_before_the_first_checkpoint(job, seed):
     _, step_at_kill, _ = job.loops(survivor)[-1]
     job.wait_for(lambda: job.loops(survivor)[-1][1] >= step_at_kill + 20,
                  alive=[(survivor, groups[survivor])])
-    restarted_at = time.time()
-    groups[victim] = job.group(victim)
+    restarted_at = start_while_the_others_wait(job, groups, victim)
     for replica, process in groups.items():
         assert process.wait(timeout=240) == 0, job.log(f"group-{replica}")
     return victim, restarted_at
@@ -289,8 +313,7 @@ def start_one_group_late(job, seed):
     job.wait_for(lambda: any(step >= late_at for _, step, _ in job.loops(first)),
                  alive=list(groups.items()))
     late = 1 - first
-    started_at = time.time()
-    groups[late] = job.group(late)
+    started_at = start_while_the_others_wait(job, groups, late)
     for replica, process in groups.items():
         assert process.wait(timeout=240) == 0, job.log(f"group-{replica}")
     return late, started_at
