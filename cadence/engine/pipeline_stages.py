@@ -240,11 +240,13 @@ def _given_plan(model: nn.Module, stages: int, given: Sequence[Sequence[str]],
     nested = [name for name in named for other in named
               if other != name and name.startswith(f"{other}.")]
     empty = [index for index, names in enumerate(given) if not names]
-    covered = {id(p) for name in named if name in modules for p in modules[name].parameters()}
     ancestors = {name.rsplit(".", depth)[0] for name in named for depth in
                  range(1, name.count(".") + 1)} | {""}
-    left = [name for name, p in model.named_parameters()
-            if id(p) not in covered and name.rpartition(".")[0] not in ancestors]
+    # by every name of a parameter: a head whose weight is the embedding's, left out, would
+    # stay on every stage holding a copy that no stage's gradients reach
+    left = [name for name, _ in model.named_parameters(remove_duplicate=False)
+            if not any(name.startswith(f"{module}.") for module in named)
+            and name.rpartition(".")[0] not in ancestors]
     problems = ([f"unknown modules {unknown[:3]}"] if unknown else []) + (
         [f"modules named twice {twice[:3]}"] if twice else []) + (
         [f"modules inside others named {nested[:3]}"] if nested else []) + (
