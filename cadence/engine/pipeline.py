@@ -83,9 +83,10 @@ class Pipeline:
         return self.parts[-1].index == self.num_stages - 1
 
     def _shared(self) -> list[tuple[StagePart, torch.Tensor, tuple[int, ...]]]:
-        found = []
+        found: list[tuple[StagePart, torch.Tensor, tuple[int, ...]]] = []
         for part in self.parts:
-            named = {plain_name(name): p for name, p in part.module.named_parameters()}
+            named: dict[str, torch.Tensor] = {plain_name(name): p
+                                              for name, p in part.module.named_parameters()}
             found += [(part, named[name], users) for name, users in part.shared.items()]
         return found
 
@@ -99,7 +100,7 @@ class Pipeline:
                 continue
             if parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)
-            grad = parameter.grad
+            grad: Any = parameter.grad
             if hasattr(grad, "to_local"):
                 # laid out as the parameter, so that the copies' local shards correspond (an
                 # embedding split by rows may leave its gradient replicated)
@@ -197,7 +198,7 @@ def _merged(parts: list[StagePart], plan: StagePlan) -> nn.Module:
     import copy
 
     owner = plan.owner()
-    held = {}
+    held: dict[str, nn.Module] = {}
     for part in parts:
         for name in owner:
             module = part.module.get_submodule(name)

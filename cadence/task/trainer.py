@@ -280,7 +280,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
                                              ema.start_step, average=average.model)
                     if average is not None else None)
         self._full_copy = None
-        self._eval_model: nn.Module = self.model
+        self._eval_model = self.model
         self._clip_options = {"pp_group": pipeline.pp_group,
                               "not_counted": pipeline.counted_elsewhere()}
 
