@@ -164,3 +164,26 @@ def test_a_pipeline_that_cannot_run_is_one_line_before_anything_is_written(tmp_p
         "previous stage's hidden state (as transformers' decoders take it). Give its forward an "
         "inputs_embeds argument that skips the embeddings, or train it with pp=1."}, done.stderr
     assert done.stderr.count("exitcode  : 2") == 2, done.stderr[-3000:]  # both ranks
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_pipeline_stopped_then_run_again_ends_bitwise_as_an_uninterrupted_run(tmp_path):
+    """At pp=2, a run stopped after the checkpoint of step 2 and the same command run again to
+    step 4 ends, bit for bit, where a run never stopped ends: the weights, the optimizer and the
+    loss of the steps after the resume."""
+    settings = [*GPT, "runtime.parallelism.pp=2", "trainer.steps_per_loop=2",
+                "trainer.checkpoint_interval=2",
+                "trainer.optimizer_config.learning_rate.decay_steps=4"]
+    straight = tmp_path / "straight"
+    job(2, "gpt", straight, 4, straight, settings)
+    run_dir = tmp_path / "stopped"
+    job(2, "gpt", run_dir, 2, tmp_path / "first", settings)
+    job(2, "gpt", run_dir, 4, tmp_path / "again", settings)
+    assert torch.load(tmp_path / "again-begin.pt", weights_only=True)["step"] == 2
+    expected = torch.load(f"{straight}-end.pt", weights_only=True)
+    ended = torch.load(tmp_path / "again-end.pt", weights_only=True)
+    assert ended["step"] == 4
+    assert_same_state(expected["model"], ended["model"], "model")
+    assert_same_state(expected["optimizer"], ended["optimizer"], "optimizer")
+    assert losses_by_step(run_dir) == losses_by_step(straight)  # exactly
