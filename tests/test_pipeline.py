@@ -136,8 +136,7 @@ def test_a_pipeline_that_cannot_run_is_one_line_before_anything_is_written(tmp_p
     """Microbatches that do not divide a data shard's batch and a pipeline with DDP are refused
     as the job starts, before the ranks meet (a process told
     it is rank 0 of 2 by torchrun's variables); a model whose forward cannot start a later
-    stage, once the ranks have met -- each one line, exit status 2 on every rank, nothing
-    written."""
+    stage, once the ranks have met -- each one line, exit status 2, nothing written."""
     two = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "1"}
     line = refused(tmp_path, ["runtime.parallelism.pp=2", "runtime.parallelism.pp_microbatches=5"],
@@ -163,7 +162,8 @@ def test_a_pipeline_that_cannot_run_is_one_line_before_anything_is_written(tmp_p
         "inputs_embeds: a pipeline stage after the first calls the model with inputs_embeds= the "
         "previous stage's hidden state (as transformers' decoders take it). Give its forward an "
         "inputs_embeds argument that skips the embeddings, or train it with pp=1."}, done.stderr
-    assert done.stderr.count("exitcode  : 2") == 2, done.stderr[-3000:]  # both ranks
+    # the first rank out exits 2 (torchrun then ends the other, which may not get there)
+    assert "failed (exitcode: 2)" in done.stderr, done.stderr[-3000:]
 
 
 @pytest.mark.slow
