@@ -19,7 +19,14 @@ import sys
 import pytest
 import torch
 from test_parallelism import GPT, curves, refused
-from test_real_models import assert_same_state, cadence_train, job, run, torchrun_command
+from test_real_models import (
+    assert_same_state,
+    cadence_train,
+    failing_job,
+    job,
+    run,
+    torchrun_command,
+)
 
 FOUR_BLOCKS = [*GPT, "task.model.n_layer=4"]
 """The small gpt with 4 blocks: 2 stages of 2, or 4 of 1 (interleaved, 2 stages per rank)."""
@@ -187,3 +194,22 @@ def test_a_pipeline_stopped_then_run_again_ends_bitwise_as_an_uninterrupted_run(
     assert_same_state(expected["model"], ended["model"], "model")
     assert_same_state(expected["optimizer"], ended["optimizer"], "optimizer")
     assert losses_by_step(run_dir) == losses_by_step(straight)  # exactly
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_nan_on_the_last_stage_stops_every_stage_before_the_checkpoint(tmp_path):
+    """A NaN written into the last stage's final norm after the loop's last step: the loop's
+    loss is finite and the first stage's weights are, and still both stages refuse to save
+    those weights -- the first naming another stage -- and the job ends, no hang."""
+    run_dir = tmp_path / "run"
+    result = failing_job(2, "gpt", run_dir, 4, tmp_path / "nan",
+                         [*GPT, "runtime.parallelism.pp=2", "trainer.steps_per_loop=2",
+                          "trainer.checkpoint_interval=2"], {"POISON": "2:1:ln_f.weight"})
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    for rank, where in ((0, "weights of another pipeline stage"), (1, "ln_f.weight")):
+        assert (f"[rank{rank}]: cadence.core.errors.DivergenceError: Training diverged at step 2: "
+                f"the weights about to be checkpointed are not finite (NaN or infinity in "
+                f"{where})") in output, output[-4000:]
+    assert not (run_dir / "checkpoints").exists() or not os.listdir(run_dir / "checkpoints")
