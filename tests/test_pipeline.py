@@ -21,7 +21,6 @@ import torch
 from test_parallelism import GPT, curves, refused
 from test_real_models import (
     assert_same_state,
-    cadence_train,
     failing_job,
     job,
     run,
@@ -30,6 +29,22 @@ from test_real_models import (
 
 FOUR_BLOCKS = [*GPT, "task.model.n_layer=4"]
 """The small gpt with 4 blocks: 2 stages of 2, or 4 of 1 (interleaved, 2 stages per rank)."""
+
+
+def train_and_evaluate(nproc, run_dir, settings, cwd):
+    """``cadence train --mode train_and_eval`` in `nproc` processes (a plain process for 1)."""
+    launcher = [sys.executable] if nproc == 1 else torchrun_command(nproc)
+    command = [*launcher, "-m", "cadence", "train", "-e", "gpt", "-m", str(run_dir), "--mode",
+               "train_and_eval"]
+    for setting in settings:
+        command += ["--set", setting]
+    return run(command, cwd)
+
+
+def evaluations(run_dir):
+    """Each evaluation's loss and accuracy, as rank 0 recorded them."""
+    lines = (run_dir / "eval" / "metrics.jsonl").read_text().splitlines()
+    return [(record["validation_loss"], record["accuracy"]) for record in map(json.loads, lines)]
 
 
 def losses_by_step(run_dir):
@@ -46,12 +61,16 @@ def test_each_schedule_follows_one_process(tmp_path):
     """The same model, data order and global batch: one process; 2 pipeline stages over 2 ranks
     with GPipe (2 microbatches) and 1F1B (4); 4 stages, 2 per rank, with interleaved 1F1B. Each
     loss and gradient norm (before clipping, which binds at 1.0: the total over every stage --
-    a stage's own norm would be lower) is one process's."""
-    settings = [*FOUR_BLOCKS, "trainer.train_steps=4", "trainer.steps_per_loop=1"]
+    a stage's own norm would be lower) is one process's, and so is each evaluation's loss and
+    accuracy, the forward run through the stages."""
+    settings = [*FOUR_BLOCKS, "trainer.train_steps=4", "trainer.steps_per_loop=1",
+                "trainer.validation_interval=2"]
     one = tmp_path / "one"
-    cadence_train(1, "gpt", one, settings, tmp_path)
+    train_and_evaluate(1, one, settings, tmp_path)
     reference = curves(one)
     assert len(reference[0]) == 4 and min(reference[1]) > 1.0  # clipping at 1.0 binds
+    evaluated = evaluations(one)
+    assert len(evaluated) == 2
     schedules = {
         "gpipe": (["runtime.parallelism.pp_microbatches=2"],
                   "Pipeline of 2 stages over pp=2 (gpipe): stage 0: wte, wpe, blocks.0-1; "
@@ -65,12 +84,14 @@ def test_each_schedule_follows_one_process(tmp_path):
     }
     for schedule, (more, said) in schedules.items():
         run_dir = tmp_path / schedule
-        result = cadence_train(2, "gpt", run_dir, [
+        result = train_and_evaluate(2, run_dir, [
             *settings, "runtime.parallelism.pp=2", f"runtime.parallelism.pp_schedule={schedule}",
             *more], tmp_path)
         losses, norms = curves(run_dir)
         assert losses == pytest.approx(reference[0], rel=1e-5), (schedule, losses)
         assert norms == pytest.approx(reference[1], rel=1e-5), (schedule, norms)
+        for got, expected in zip(evaluations(run_dir), evaluated, strict=True):
+            assert got == pytest.approx(expected, rel=1e-5), (schedule, got, expected)
         assert result.stderr.count(said) == 1, result.stderr  # rank 0 says it, once
         records = [json.loads(line) for line in
                    (run_dir / "train" / "metrics.jsonl").read_text().splitlines()]
