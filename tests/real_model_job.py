@@ -34,11 +34,33 @@ from cadence.core.rank import process_rank
 
 
 def full_state(trainer: Any) -> dict[str, Any]:
-    """The trainer's model and optimizer state, whole, on every rank (a collective under FSDP2).
-    The optimizer's state is keyed by parameter name, so that it compares across shardings."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    """The trainer's model and optimizer state, whole, on every rank (a collective under FSDP2)
+    -- of a pipeline, on rank 0, every stage's merged. The optimizer's state is keyed by
+    parameter name, so that it compares across shardings and stages."""
+    pipeline = getattr(trainer, "pipeline", None)
+    # cpu_offload keeps the gathered state on global rank 0 alone: a later stage's would be lost
+    options = StateDictOptions(full_state_dict=True, cpu_offload=pipeline is None)
     model = get_model_state_dict(trainer.model, options=options)
     optimizer = get_optimizer_state_dict(trainer.model, trainer.optimizer, options=options)
+    if pipeline is not None:
+        from torch.utils._pytree import tree_map
+
+        from cadence.engine.distributed import gather_on_rank_zero
+
+        model, optimizer = tree_map(
+            lambda value: value.detach().cpu() if isinstance(value, torch.Tensor) else value,
+            (model, optimizer))
+        stages = [sent for sent in gather_on_rank_zero(
+            (model, optimizer) if pipeline.sends_state else None) if sent]
+        model, optimizer = {}, {"state": {}, "param_groups": []}
+        for stage_model, stage_optimizer in stages:
+            model.update(stage_model)
+            optimizer["state"].update(stage_optimizer["state"])
+            for index, group in enumerate(stage_optimizer["param_groups"]):
+                if index == len(optimizer["param_groups"]):
+                    optimizer["param_groups"].append({**group, "params": []})
+                merged = optimizer["param_groups"][index]["params"]
+                merged.extend(name for name in group["params"] if name not in merged)
     return {"step": trainer.global_step, "model": model, "optimizer": optimizer}
 
 

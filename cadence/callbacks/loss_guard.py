@@ -71,18 +71,19 @@ class LossGuard(Callback):
             return None
         tensors = [t for t in trainer.trainable_variables
                    if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
-        bad_indices = nonfinite(tensors)  # a host sync, and a collective under torchrun
-        if not bad_indices:
+        found = nonfinite(tensors)  # a host sync, and a collective under torchrun
+        if not found:
             return None
         model = trainer.model
         names = ({id(p): n for n, p in model.named_parameters()}
                  if isinstance(model, torch.nn.Module) else {})
         bad = [names.get(id(tensors[i]), f"a tensor of shape {tuple(tensors[i].shape)}")
-               for i in bad_indices]
+               for i in found.here]
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-        return (f"the weights about to be checkpointed are not finite (NaN or infinity in "
-                f"{', '.join(bad[:3])}{more}) although the mean {self.key} is finite: a NaN "
-                "or infinite gradient")
+        where = (f"in {', '.join(bad[:3])}{more}" if bad else
+                 "in weights of another pipeline stage")
+        return (f"the weights about to be checkpointed are not finite (NaN or infinity "
+                f"{where}) although the mean {self.key} is finite: a NaN or infinite gradient")
 
     def _problem(self, value: Any, step: int) -> str | None:
         if not isinstance(value, (int, float)):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from torch import nn
 from torch.nn.parameter import is_lazy
@@ -23,6 +23,8 @@ from torch.nn.parameter import is_lazy
 from cadence.core.callbacks import Callback, RunState
 from cadence.core.rank import process_rank
 from cadence.engine.parallelize import author_class, unwrap_model
+from cadence.engine.pipeline import pipeline_of
+from cadence.engine.placeholders import is_placeholder
 
 logger = logging.getLogger("cadence")
 
@@ -59,28 +61,66 @@ def _bytes(n: int) -> str:
     raise AssertionError  # unreachable
 
 
-def summary_table(model: nn.Module) -> str:
+Rows = list[tuple[str, str, Count]]
+"""A summary's rows: each top-level module's name, class and parameters; ``(own)`` last."""
+
+
+def _rows(model: nn.Module, skipped: set[int]) -> Rows:
+    """Each top-level module's parameters (and the model's own), leaving out `skipped`."""
+    def counted(parameters: Iterable[nn.Parameter]) -> Count:
+        return count_parameters(p for p in parameters if id(p) not in skipped)
+
+    rows: Rows = [(name, "" if is_placeholder(module) else author_class(module).__name__,
+                   counted(module.parameters())) for name, module in model.named_children()]
+    own = list(model.parameters(recurse=False))
+    if own:
+        rows.append(("(own)", "", counted(own)))
+    return rows
+
+
+def _merged(stages: list[Rows]) -> Rows:
+    """One summary of a pipeline's stages: each row's parameters summed over them, its class
+    the stage's that holds it."""
+    merged: dict[str, tuple[str, Count]] = {}
+    for rows in stages:
+        for name, kind, count in rows:
+            before = merged.get(name, ("", Count(0, 0, 0, 0)))
+            merged[name] = (before[0] or kind, Count(*map(sum, zip(before[1], count))))
+    return [(name, kind, count) for name, (kind, count) in merged.items()]
+
+
+def summary_table(model: nn.Module, pipeline: Any = None) -> str:
     """The summary of `model`: a line for the whole model and a row per top-level module
-    (parameters of the model's own, outside its modules, are the row ``(own)``)."""
+    (parameters of the model's own, outside its modules, are the row ``(own)``).
+
+    With a `pipeline` (`cadence.engine.pipeline.Pipeline`; `model` is this rank's stages) it
+    is the whole model's, its stages' counts sent to rank 0 -- a collective: every rank calls
+    it, and the table is rank 0's -- and a tied parameter that two stages hold counts once (in
+    the first stage's row)."""
     model = unwrap_model(model)
-    total = count_parameters(model.parameters())
+    skipped = {id(p) for p in pipeline.counted_elsewhere()} if pipeline is not None else set()
+    rows = _rows(model, skipped)
+    total = count_parameters(p for p in model.parameters() if id(p) not in skipped)
+    if pipeline is not None:
+        from cadence.engine.distributed import gather_on_rank_zero
+
+        stages = [sent for sent in gather_on_rank_zero(
+            (total, rows) if pipeline.sends_state else None, "summing the stages' parameters")
+            if sent]
+        rows = _merged([stage_rows for _, stage_rows in stages])
+        total = Count(*map(sum, zip(Count(0, 0, 0, 0), *(count for count, _ in stages))))
     lazy = f", and {total.lazy} uninitialized (lazy) parameters" if total.lazy else ""
     head = (f"Model {author_class(model).__name__}: {total.params:,} parameters "
             f"({total.trainable:,} trainable), {_bytes(total.bytes)}{lazy}")
-    rows: list[tuple[str, ...]] = [
-        (name, author_class(module).__name__, *_columns(count_parameters(module.parameters())))
-        for name, module in model.named_children()]
-    own = list(model.parameters(recurse=False))
-    if own:
-        rows.append(("(own)", "", *_columns(count_parameters(own))))
     if not rows:
         return head
-    rows.insert(0, ("module", "type", "params", "trainable", "size"))
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    table: list[tuple[str, ...]] = [(name, kind, *_columns(count)) for name, kind, count in rows]
+    table.insert(0, ("module", "type", "params", "trainable", "size"))
+    widths = [max(len(row[i]) for row in table) for i in range(5)]
     aligned = [
         "  " + "  ".join(cell.rjust(w) if i in (2, 3) else cell.ljust(w)
                          for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
-        for row in rows
+        for row in table
     ]
     return "\n".join([head, *aligned])
 
@@ -91,14 +131,18 @@ def _columns(count: Count) -> tuple[str, str, str]:
 
 class ModelSummary(Callback):
     """Logs `summary_table` of ``state.trainer.model`` once, when training first begins (rank 0
-    only; nothing per step)."""
+    only -- a pipeline's stages count theirs on every rank; nothing per step)."""
 
     def __init__(self) -> None:
         self.logged = False
 
     def on_train_begin(self, state: RunState) -> None:
         model = state.trainer.model if state.trainer is not None else None
-        if self.logged or not isinstance(model, nn.Module) or process_rank() != 0:
+        pipeline = pipeline_of(model)  # its stages count on every rank
+        if self.logged or not isinstance(model, nn.Module) or (
+                pipeline is None and process_rank() != 0):
             return
         self.logged = True
-        logger.info("%s", summary_table(model))
+        table = summary_table(model, pipeline)
+        if process_rank() == 0:
+            logger.info("%s", table)

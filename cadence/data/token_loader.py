@@ -302,10 +302,12 @@ class TokenLoader:
                     "checkpoint is damaged. Restore an older one.")
         self.load_state_dict(first)
         old_shards = int(first["shard"][1])
-        return (f"the token data goes on at global sample {self.samples}, dealt to "
-                f"{self.num_shards} data shards instead of {old_shards} ({self.batch_size} "
-                "samples each a step): the global sequence of samples is the uninterrupted "
-                "run's.")
+        dealt = (f"{self.num_shards} data shards instead of {old_shards}"
+                 if old_shards != self.num_shards  # else only the other dimensions changed
+                 else f"the same {self.num_shards} data shard(s)")
+        return (f"the token data goes on at global sample {self.samples}, dealt to {dealt} "
+                f"({self.batch_size} samples each a step): the global sequence of samples is "
+                "the uninterrupted run's.")
 
 
 def build_token_inputs(params: Any, input_context: InputContext | None = None, *,

@@ -32,7 +32,8 @@ def _mesh_of(tensor: torch.Tensor) -> Any:
 
 
 def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float,
-                    norm_type: float = 2.0, pp_group: Any = None) -> torch.Tensor:
+                    norm_type: float = 2.0, pp_group: Any = None,
+                    not_counted: Iterable[torch.Tensor] = ()) -> torch.Tensor:
     """Scales the gradients of `parameters` so that their total norm is at most `max_norm`;
     returns the total norm before clipping, a plain tensor, the same on every rank.
 
@@ -42,6 +43,8 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float,
         norm_type: p of the p-norm (``math.inf``: the largest element).
         pp_group: the pipeline's process group, whose other stages hold the rest of the
             gradients (None: one stage).
+        not_counted: parameters among `parameters` that are clipped but not counted, because
+            another stage counts them (a tied embedding's copy on a pipeline's last stage).
     """
     groups: dict[int, list[torch.Tensor]] = {}  # parameters, by the mesh of their gradient
     meshes: dict[int, Any] = {}
@@ -52,9 +55,12 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float,
         key = id(mesh) if mesh is not None else 0
         groups.setdefault(key, []).append(parameter)
         meshes[key] = mesh
+    skipped = {id(p) for p in not_counted}
     norms = []
     for key, members in groups.items():
-        grads = [p.grad for p in members if p.grad is not None]
+        grads = [p.grad for p in members if p.grad is not None and id(p) not in skipped]
+        if not grads:
+            continue
         norm = torch.nn.utils.get_total_norm(grads, norm_type, foreach=True)
         if meshes[key] is not None:
             norm = norm.full_tensor()  # type: ignore[attr-defined]  # whole: across its mesh

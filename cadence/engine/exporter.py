@@ -171,11 +171,16 @@ class BestCheckpointExporter:
 
     def maybe_export_checkpoint(self, model: nn.Module | Mapping[str, torch.Tensor],
                                 eval_logs: Mapping[str, Any], global_step: int,
-                                coordinator: Any = None, kind: str = "model") -> bool:
+                                coordinator: Any = None, kind: str = "model",
+                                weights: Callable[[], Mapping[str, torch.Tensor]] | None = None
+                                ) -> bool:
         """Exports `model`'s weights if these logs are among the best; returns whether it did.
 
         `kind` says which weights they are -- ``"model"`` (trained) or ``"ema"`` (an EMA
         average) -- in the file's metadata (``weights``), so that an export says what it holds.
+        `weights`, when given, gathers the weights to write instead of `model`'s own (a
+        pipeline's stages, consolidated on rank 0: a collective, called on every rank when
+        these logs are among the best); `model` then gives the files beside them.
 
         The weights are copied to host memory now; with a `coordinator` (the Trainer's) the
         files are written in the background. Every rank decides (and reports the same best
@@ -207,14 +212,15 @@ class BestCheckpointExporter:
         # Decided on every rank, so that every rank reports the same best value; the files
         # follow on rank 0 alone (in the background if asked).
         self._entries = kept
-        weights = host_weights(model)  # a collective for a sharded model: on every rank
+        # a collective for a sharded model or a pipeline: on every rank
+        written = host_weights(weights() if weights is not None else model)
         if process_rank() != 0 or (self.writes is not None and not self.writes()):
             return False
         files = model_config_files(model) if isinstance(model, nn.Module) else {}
         if coordinator is not None:
-            coordinator.schedule(self._write, entry, weights, kept, dropped, files, kind)
+            coordinator.schedule(self._write, entry, written, kept, dropped, files, kind)
         else:
-            self._write(entry, weights, kept, dropped, files, kind)
+            self._write(entry, written, kept, dropped, files, kind)
         return True
 
     def _write(self, entry: dict[str, Any], weights: dict[str, torch.Tensor],

@@ -159,8 +159,9 @@ class Metric:
         self._fold()
         if not self._SUMMED or not is_distributed():
             return
-        # Over the data-parallel ranks: tensor- and pipeline-parallel peers hold the same sums
-        group = current_runtime().data_group
+        # Over the data-parallel ranks and the pipeline's stages (the last holds the sums, the
+        # others zeros); tensor-parallel peers hold the same sums
+        group = current_runtime().metric_group
         for name in self._SUMMED:  # a process that saw no data still takes part, with zeros
             if name not in self._state:
                 self._state[name] = torch.zeros((), device=self._device or "cpu")

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from cadence.core.rank import process_rank
+from cadence.engine.placeholders import is_placeholder
 from cadence.engine.strategies import STRATEGIES
 
 logger = logging.getLogger("cadence")
@@ -129,15 +130,22 @@ class RepeatedBlocks:
     left_out: list[tuple[str, str]]
 
 
+def _held_children(container: nn.Module) -> list[nn.Module]:
+    """`container`'s children but the placeholders of a pipeline stage's part (blocks that
+    another stage holds: `cadence.engine.pipeline_stages`)."""
+    return [child for child in container.children() if not is_placeholder(child)]
+
+
 def _is_repeated(container: nn.Module) -> bool:
     """Whether `container` holds repeated blocks: an ``nn.ModuleList`` whose children are all of
     one class and hold parameters (a transformer's layers, whatever they are), or an
     ``nn.Sequential`` of two or more such children that are blocks rather than layers -- a class
     not of ``torch.nn``, with modules of its own (timm's ``blocks``; never a
-    ``Sequential(Linear, Linear)`` or a stem of a convolution and a norm)."""
+    ``Sequential(Linear, Linear)`` or a stem of a convolution and a norm). A pipeline stage's
+    placeholders are not its children here."""
     if not isinstance(container, (nn.ModuleList, nn.Sequential)):
         return False
-    children = list(container.children())
+    children = _held_children(container)
     if not children or len({type(child) for child in children}) != 1:
         return False
     if not all(any(True for _ in child.parameters()) for child in children):
@@ -181,7 +189,7 @@ def find_repeated_blocks(model: nn.Module) -> RepeatedBlocks:
     while pending:
         module = pending.pop()
         if _is_repeated(module):
-            children = list(module.children())
+            children = _held_children(module)
             shapes = {repr(_shape(child)) for child in children}
             if len(shapes) == 1 or not any(_holds_repeated(child) for child in children):
                 found.extend(children)

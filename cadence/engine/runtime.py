@@ -490,7 +490,7 @@ class Runtime:
                   if degree > 1 and name not in names]
         if not others:
             return None
-        key = tuple(sorted(names))
+        key = tuple(name for name in DIMENSIONS if name not in others)  # one group per partition
         if key not in self._groups:
             self._groups[key] = _group_over(self, key)
         return self._groups[key]
@@ -501,6 +501,14 @@ class Runtime:
         ranks that read different data and hold the same part of the model. None: every rank
         (a layout with data parallelism alone)."""
         return self.group_of("dp_replicate", "dp_shard")
+
+    @property
+    def metric_group(self) -> Any:
+        """The group the metrics' and the losses' sums reduce over: the data-parallel ranks and
+        the pipeline's stages -- under pipeline parallelism the loss and the metrics are
+        computed on the last stage, and the other stages add zeros, so that every rank reads
+        the same values. None: every rank (a layout with data parallelism alone)."""
+        return self.group_of("pp", "dp_replicate", "dp_shard")
 
     def with_strategy(self, strategy: str) -> Runtime:
         """This runtime, holding the model as `strategy` says: itself when that is its own

@@ -80,8 +80,13 @@ def dcp_parts(items: dict[str, Any]) -> dict[str, Any]:
 
 
 def uses_dcp(items: dict[str, Any]) -> bool:
-    """Whether a checkpoint of `items` is sharded: some model's parameters are DTensors."""
-    return any(is_sharded_module(obj) for obj in items.values())
+    """Whether a checkpoint of `items` is sharded: some model's parameters are DTensors, or the
+    job is a pipeline -- each stage holds a part of the model (`cadence.engine.pipeline`), which
+    its ranks write themselves, under the model's own names."""
+    from cadence.engine.runtime import current_runtime
+
+    return current_runtime().dims.pp > 1 or any(is_sharded_module(obj)
+                                                for obj in items.values())
 
 
 def _save_planner() -> Any:

@@ -31,6 +31,7 @@ from typing import Any
 from torch import nn
 
 from cadence.core.errors import ConfigError
+from cadence.engine.placeholders import is_placeholder
 
 HEAD_COUNTS = ("num_attention_heads", "num_key_value_heads", "n_head")
 """The config fields of a model's attention heads that tensor parallelism splits: each must be
@@ -144,6 +145,28 @@ def _split_size(module: nn.Module, style: Any, colwise: type, rowwise: type) -> 
     return None
 
 
+def held_plan(model: nn.Module, plan: Mapping[str, Any]) -> dict[str, Any]:
+    """`plan` for a pipeline stage's part (`cadence.engine.pipeline_stages`): each pattern
+    made the names of the modules it matches that the stage holds, as torch's
+    ``parallelize_module`` matches them (each dotted part by ``fnmatch``); `plan` itself for a
+    model that is not a part. A stage splits what it holds."""
+    modules = dict(model.named_modules())
+    if not any(is_placeholder(module) for module in modules.values()):
+        return dict(plan)
+    held = {name for name in modules if not any(
+        is_placeholder(modules[name.rsplit(".", depth)[0]])
+        for depth in range(name.count(".") + 1))}
+    kept: dict[str, Any] = {}
+    for pattern, style in plan.items():
+        parts = pattern.split(".")
+        matched = [name for name in modules if len(name.split(".")) == len(parts) and all(
+            fnmatch.fnmatchcase(token, part) for token, part in zip(name.split("."), parts))]
+        if not matched:
+            kept[pattern] = style  # matches nothing: `plan_problems` says so
+        kept.update((name, style) for name in matched if name in held)
+    return kept
+
+
 def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, plan: Mapping[str, Any]) -> None:
     """Splits `model` in place over `tp_mesh` by `plan` (``parallelize_module``): its split
     parameters become DTensors, their names unchanged. A parameter two modules share (a tied
@@ -156,6 +179,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, plan: Mapping[str, Any
     from torch.distributed.tensor.parallel import parallelize_module
 
     degree = tp_mesh.size()
+    plan = held_plan(model, plan)
     problems = plan_problems(model, plan, degree)
     if problems:
         raise ConfigError(f"runtime.parallelism.tp={degree}: " + "; ".join(problems) + ".")

@@ -446,11 +446,25 @@ class ParallelismConfig(Config):
             over them); -1: what the other degrees leave of the world size.
         tp: tensor parallelism: each layer's matrices split over this many ranks (neighbours:
             one machine's GPUs), by the model's plan (``tp_plan``).
-        pp: pipeline stages (not yet: 1).
+        pp: pipeline parallelism: the layer stack split over this many ranks (across machines,
+            where tensor parallelism's traffic would be too slow), its stages passing
+            activations on (`cadence.engine.pipeline`).
         cp: context parallelism (not yet: 1; it trains on GPUs only).
         tp_plan: ``auto``: the model's own tensor-parallel plan -- a ``tensor_parallel_plan()``
             method (the ``gpt`` experiment's), or what a transformers model's config declares
             (Llama, Mistral, Qwen2, ...). Another plan goes through ``Task.parallelize``.
+        pp_schedule: how the pipeline's microbatches run through its stages: ``gpipe`` (every
+            forward, then every backward: activations of all microbatches held), ``1f1b``
+            (one forward, one backward: at most ``pp`` microbatches' held) or
+            ``interleaved_1f1b`` (1F1B over several stages per rank, a smaller bubble).
+        pp_microbatches: microbatches each data shard's batch is split into (they must divide
+            it); null: as many as the pipeline has stages. More shrink the bubble: a share
+            ``(stages - 1) / (microbatches + stages - 1)`` of a step is idle.
+        pp_stages_per_rank: stages each pipeline rank holds; null: 2 for
+            ``interleaved_1f1b``, 1 for the others.
+        pp_stage_modules: the modules of each stage (their names in the model, in the order the
+            forward runs them), one list per stage; empty: the repeated blocks split evenly,
+            the modules before them with the first stage, those after with the last.
     """
 
     dp_replicate: int = 1
@@ -459,6 +473,10 @@ class ParallelismConfig(Config):
     pp: int = 1
     cp: int = 1
     tp_plan: str = "auto"
+    pp_schedule: str = "1f1b"
+    pp_microbatches: int | None = None
+    pp_stages_per_rank: int | None = None
+    pp_stage_modules: list[list[str]] = field(default_factory=list)
 
 
 @dataclass

@@ -34,7 +34,7 @@ from cadence.core.run_dir import LOCK_FILE, PARAMS_FILE, RESUMES_FILE
 from cadence.core.slurm import signal_name
 from cadence.core.summary import WRITERS
 from cadence.engine.compile import COMPILE_MODES
-from cadence.engine.strategies import STRATEGIES
+from cadence.engine.strategies import PIPELINE_SCHEDULES, STRATEGIES, stages_per_rank
 
 MODES = ("train", "train_and_eval", "train_and_post_eval", "eval", "continuous_eval")
 """What `cadence.run_experiment` can run (see `cadence.task.train_lib`)."""
@@ -159,6 +159,10 @@ RANGES: dict[str, tuple[Rule, str]] = {
     "runtime.parallelism.tp": (POSITIVE_INT, ""),
     "runtime.parallelism.pp": (POSITIVE_INT, ""),
     "runtime.parallelism.cp": (POSITIVE_INT, ""),
+    "runtime.parallelism.pp_microbatches": (optional(POSITIVE_INT),
+                                            "null: as many as the pipeline has stages"),
+    "runtime.parallelism.pp_stages_per_rank": (optional(POSITIVE_INT),
+                                               "null: 2 for interleaved_1f1b, else 1"),
     "runtime.profiler.wait": (NON_NEGATIVE_INT, ""),
     "runtime.profiler.warmup": (NON_NEGATIVE_INT, ""),
     "runtime.profiler.active": (POSITIVE_INT, "steps recorded in each trace"),
@@ -251,6 +255,8 @@ def choice_problems(config: Any) -> Iterable[str]:
             yield (f"trainer.{key}: {top!r} is where the run keeps its own files; pass another "
                    f"name, e.g. {'eval' if key.startswith('validation') else 'best'}.")
     yield from parallelism_problems(config.runtime.parallelism)
+    if is_int(config.runtime.parallelism.pp) and config.runtime.parallelism.pp > 1:
+        yield from pipeline_problems(config)
     if config.runtime.slurm.signal is not None:
         try:
             signal_name(config.runtime.slurm.signal)
@@ -273,9 +279,52 @@ def parallelism_problems(parallelism: Any) -> Iterable[str]:
     if parallelism.tp_plan != "auto":
         yield (f"runtime.parallelism.tp_plan: must be 'auto' (the model's own plan) "
                f"(got {parallelism.tp_plan!r}); give another plan through Task.parallelize.")
-    if parallelism.pp != 1:
-        yield (f"runtime.parallelism.pp: pipeline parallelism is not built yet (got "
-               f"{parallelism.pp}); set pp=1.")
+    if parallelism.pp_schedule not in PIPELINE_SCHEDULES:
+        yield (f"runtime.parallelism.pp_schedule: must be one of {', '.join(PIPELINE_SCHEDULES)} "
+               f"(got {parallelism.pp_schedule!r}).")
+        return
+    per_rank = parallelism.pp_stages_per_rank
+    if parallelism.pp_schedule == "interleaved_1f1b" and per_rank == 1:
+        yield ("runtime.parallelism.pp_stages_per_rank: interleaved_1f1b runs several stages "
+               "per rank (got 1); set 2 or more, or pp_schedule=1f1b.")
+    elif parallelism.pp_schedule != "interleaved_1f1b" and is_int(per_rank) and per_rank > 1:
+        yield (f"runtime.parallelism.pp_stages_per_rank: {parallelism.pp_schedule} runs one "
+               f"stage per rank (got {per_rank}); set pp_schedule=interleaved_1f1b for more.")
+    stages = parallelism.pp * stages_per_rank(parallelism.pp_schedule, per_rank) if is_int(
+        parallelism.pp) and (per_rank is None or is_int(per_rank)) else None
+    microbatches = parallelism.pp_microbatches
+    if parallelism.pp_schedule == "1f1b" and is_int(microbatches) and stages is not None and (
+            microbatches < stages):
+        yield (f"runtime.parallelism.pp_microbatches (got {microbatches}) must be at least the "
+               f"pipeline's stages ({stages}) with pp_schedule=1f1b; give more, or use gpipe.")
+    given = parallelism.pp_stage_modules
+    if given and stages is not None and parallelism.pp > 1 and len(given) != stages:
+        yield (f"runtime.parallelism.pp_stage_modules gives {len(given)} stages and the "
+               f"pipeline has {stages} (pp x pp_stages_per_rank): give one list of module names "
+               "per stage.")
+
+
+def pipeline_problems(config: Any) -> Iterable[str]:
+    """What pipeline parallelism (``runtime.parallelism.pp`` > 1) cannot be combined with: the
+    schedule's microbatches are the step's accumulation, fp16's loss scaling would skip steps
+    on some stages and not others, a compiled or replayed step would hide the schedule's
+    communication, and replica groups repair whole models."""
+    pp = config.runtime.parallelism.pp
+    fix = "set it off, or pp=1"
+    if config.trainer.optimizer_config.gradient_accumulation_steps != 1:
+        yield (f"trainer.optimizer_config.gradient_accumulation_steps: with pp={pp} the "
+               "pipeline's microbatches are the accumulation (runtime.parallelism."
+               "pp_microbatches splits each batch); set it to 1.")
+    if config.runtime.mixed_precision == "fp16":
+        yield (f"runtime.mixed_precision: fp16's loss scaling does not work across pp={pp} "
+               "pipeline stages (each would decide alone to skip a step); use bf16.")
+    for key in ("compile_step", "cuda_graphs"):
+        if getattr(config.trainer, key):
+            yield (f"trainer.{key}: a pipeline's step is its schedule's sends and receives "
+                   f"(pp={pp}); {fix} (trainer.compile_blocks compiles each block).")
+    if config.runtime.fault_tolerance.enabled:
+        yield (f"runtime.fault_tolerance.enabled: replica groups are not built for pipelines "
+               f"(pp={pp}); {fix}.")
 
 
 def replica_id_problem(replica_id: int, replica_groups: int) -> str | None:

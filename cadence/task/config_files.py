@@ -300,9 +300,11 @@ def _build(experiment: str | ExperimentConfig | None,
     return config
 
 
-ADDED_KEYS = frozenset({MODULE_KEY})
+ADDED_KEYS = frozenset({MODULE_KEY, *(f"runtime.parallelism.{key}" for key in (
+    "pp_schedule", "pp_microbatches", "pp_stages_per_rank", "pp_stage_modules"))})
 """Keys that configs saved before they existed lack: absent from a run's ``params.yaml``, they
-take their defaults (``experiment_module: ''``, a registered experiment)."""
+take their defaults (``experiment_module: ''``, a registered experiment; the pipeline's
+settings, which a run of one stage never read)."""
 
 
 def missing_keys(data: Any, start: ExperimentConfig) -> list[str]:

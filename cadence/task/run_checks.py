@@ -23,6 +23,7 @@ from cadence.core.run_dir import PARAMS_FILE, RunDirectory
 from cadence.engine.fault_tolerance import LIGHTHOUSE_HINT, ReplicaOptions
 from cadence.engine.parallel_dims import resolve_layout
 from cadence.engine.runtime import graphs_available, local_device
+from cadence.engine.strategies import stages_per_rank
 from cadence.task.build_checks import built_metrics
 from cadence.task.config import ExperimentConfig
 from cadence.task.config_checks import MODES, replica_id_problem
@@ -85,8 +86,11 @@ def check_before_writing(config: ExperimentConfig, mode: str, run: RunDirectory,
     except ValueError as error:
         raise ConfigError(str(error)) from None
     degrees = config.runtime.parallelism  # the launcher's world size, before the ranks meet
-    resolve_layout(world_size(), config.runtime.strategy, dp_replicate=degrees.dp_replicate,
-                   dp_shard=degrees.dp_shard, tp=degrees.tp, pp=degrees.pp, cp=degrees.cp)
+    dims, _ = resolve_layout(world_size(), config.runtime.strategy,
+                             dp_replicate=degrees.dp_replicate, dp_shard=degrees.dp_shard,
+                             tp=degrees.tp, pp=degrees.pp, cp=degrees.cp)
+    if dims.pp > 1 and mode.startswith("train"):
+        check_microbatches(config, dims.dp_size)
     if trainer.cuda_graphs and (device.type == "cpu" or not graphs_available()):
         raise ConfigError(f"trainer.cuda_graphs is true but the device is {device}: CUDA graphs "
                           "replay recorded GPU kernels. Set trainer.cuda_graphs=false (and "
@@ -108,6 +112,25 @@ def check_before_writing(config: ExperimentConfig, mode: str, run: RunDirectory,
                 " Train first (cadence train), or pass the directory of a trained run.")
         raise CheckpointError(f"{str(run.root)!r} has no checkpoint to evaluate (nothing "
                               f"complete in {str(run.checkpoints)!r}).{hint}")
+
+
+def check_microbatches(config: ExperimentConfig, data_shards: int) -> None:
+    """Refuses pipeline microbatches that do not divide each data shard's batch.
+
+    Raises:
+        ConfigError: naming the batch, the data shards and the microbatches.
+    """
+    degrees = config.runtime.parallelism
+    batch = config.task.train_data.global_batch_size
+    microbatches = degrees.pp_microbatches or degrees.pp * stages_per_rank(
+        degrees.pp_schedule, degrees.pp_stages_per_rank)
+    if batch % data_shards == 0 and (batch // data_shards) % microbatches == 0:
+        return
+    raise ConfigError(
+        f"runtime.parallelism.pp_microbatches={microbatches} must divide each data shard's "
+        f"batch (task.train_data.global_batch_size={batch} over {data_shards} data "
+        f"shard{'s' if data_shards > 1 else ''}): choose a global batch size that is a multiple "
+        f"of {data_shards * microbatches}, or other microbatches.")
 
 
 def evaluation_metric_names(task: Task) -> set[str] | None:

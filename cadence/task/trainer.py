@@ -39,9 +39,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from cadence.core.errors import StepDiscarded
+from cadence.core.errors import ConfigError, StepDiscarded
 from cadence.core.hook_checks import check_first_call
 from cadence.core.protocols import is_stateful
+from cadence.core.rank import process_rank
 from cadence.data.device import on_device, to_device
 from cadence.data.sharding import InputContext
 from cadence.engine.background import AsyncCoordinator
@@ -52,6 +53,7 @@ from cadence.engine.external_metrics import move_metrics, read_metric, reduce_ac
 from cadence.engine.fault_tolerance import ReplicaGroups
 from cadence.engine.metrics import Mean, Metric
 from cadence.engine.parallelize import ParallelOptions, prepare_model, resolve_strategy
+from cadence.engine.pipeline import Pipeline, PipelineExecutor, build_pipeline
 from cadence.engine.runner import Output
 from cadence.engine.runtime import Runtime, is_distributed, local_device, setup_runtime
 from cadence.engine.sharded import full_model_state
@@ -62,11 +64,12 @@ from cadence.engine.standard_runner import (
     StandardTrainerOptions,
 )
 from cadence.engine.step_executor import StepExecutor
+from cadence.engine.strategies import stages_per_rank
 from cadence.engine.throughput import Throughput
 from cadence.task import build_checks, step_checks
 from cadence.task.config_checks import DTYPES
 from cadence.task.optimization import ExponentialMovingAverage, create_lr_schedule
-from cadence.task.task import Task, accepts_argument, default_train_loss
+from cadence.task.task import Task, accepts_argument, default_train_loss, split_inputs, task_loss
 
 logger = logging.getLogger("cadence")
 
@@ -154,7 +157,8 @@ class Trainer(StandardTrainer, StandardEvaluator):
     _TRACKING_IGNORED = frozenset(
         {"_config", "_checkpoint_exporter", "_coordinator", "_device", "_autocast_dtype",
          "_eval_model", "_train_model", "_task_train_step", "_task_validation_step",
-         "_full_copy", "_last_loss", "_executor", "runtime", "_throughput"}
+         "_full_copy", "_last_loss", "_executor", "runtime", "_throughput", "pipeline",
+         "_evaluated_pipeline", "_flops_per_token", "_clip_options"}
     )
 
     def __init__(
@@ -217,9 +221,19 @@ class Trainer(StandardTrainer, StandardEvaluator):
         """
         config, optimizer = self._config, self.optimizer
         ema = config.trainer.ema
-        self.model = model.to(self._device)
+        self._flops_per_token = self.task.flops_per_token(model)
+        """The whole model's training FLOPs per token (`Task.flops_per_token`), before it is
+        spread over the ranks."""
         self.runtime = self.runtime.with_strategy(
-            resolve_strategy(self.runtime.strategy, self.model, self.runtime))
+            resolve_strategy(self.runtime.strategy, model, self.runtime))
+        self.pipeline: Pipeline | None = None
+        """This rank's stages of the model, under pipeline parallelism (else None)."""
+        self._clip_options: dict[str, Any] = {}
+        """What clipping needs besides the parameters: a pipeline's group and shared copies."""
+        if self.runtime.dims.pp > 1:
+            self._place_pipeline(model)
+            return
+        self.model = model.to(self._device)
         sharded = self.runtime.strategy == "fsdp2" or self.runtime.dims.tp > 1
         # A sharded model evaluates (and exports) a full copy of the weights, gathered at each
         # evaluation -- of the EMA's when there is one. It and the EMA average are copies of
@@ -238,6 +252,37 @@ class Trainer(StandardTrainer, StandardEvaluator):
                                              ema.start_step, average=average)
                     if average is not None else None)
         self._eval_model: nn.Module = self.model
+
+    def _place_pipeline(self, model: nn.Module) -> None:
+        """This rank's stages of the model (`cadence.engine.pipeline.build_pipeline`), each
+        spread over the rank's tensor- and data-parallel peers as the task spreads a model;
+        `model` is the stages as one module named as the model. The optimizer is pointed at
+        this rank's parameters. An EMA averages the same stages of its own, which evaluations
+        (through the pipeline) and exports use."""
+        config, optimizer = self._config, self.optimizer
+        degrees = config.runtime.parallelism
+        how: dict[str, Any] = {
+            "stages_per_rank": stages_per_rank(degrees.pp_schedule, degrees.pp_stages_per_rank),
+            "stage_modules": degrees.pp_stage_modules, "parallelize": self.task.parallelize,
+            "autocast": self._autocast_dtype}
+        options = parallel_options(config)
+        pipeline = self.pipeline = build_pipeline(
+            model, self.runtime, options, optimizers=[optimizer] if optimizer is not None else [],
+            **how)
+        self.model = self._train_model = pipeline.model
+        if process_rank() == 0:
+            logger.info("Pipeline of %d stages over pp=%d (%s): %s.", pipeline.num_stages,
+                        self.runtime.dims.pp, degrees.pp_schedule, pipeline.plan.describe())
+        ema = config.trainer.ema
+        average = build_pipeline(model, self.runtime, options, **how) if ema.enabled else None
+        self._evaluated_pipeline = average or pipeline
+        self.ema = (ExponentialMovingAverage(self.model, ema.decay, ema.dynamic_decay,
+                                             ema.start_step, average=average.model)
+                    if average is not None else None)
+        self._full_copy = None
+        self._eval_model = self.model
+        self._clip_options = {"pp_group": pipeline.pp_group,
+                              "not_counted": pipeline.counted_elsewhere()}
 
     def _build_update(self) -> None:
         """What each update does besides the optimizer's step: the learning-rate schedule
@@ -295,8 +340,11 @@ class Trainer(StandardTrainer, StandardEvaluator):
             type(task).process_metrics is not Task.process_metrics)
         """Whether the default forward calls ``task.process_metrics``: not for a task with no
         training metrics that keeps the default one (it would loop over nothing)."""
-        train_step = self._default_forward if self._default_train_step else task.train_step
         self._task_validation_step: Callable[..., Any] | None = None
+        if self.pipeline is not None:
+            self._build_pipeline_steps()
+            return
+        train_step = self._default_forward if self._default_train_step else task.train_step
         compiled = trainer_config.compile_step or trainer_config.cuda_graphs
         if compiled:
             how = (trainer_config.compile_mode, trainer_config.cuda_graphs)
@@ -312,10 +360,62 @@ class Trainer(StandardTrainer, StandardEvaluator):
             check_first_call(self, "_task_validation_step", step_checks.validation_check(task))
         else:
             step_checks.check_task_hooks(task)
-        self._executor = StepExecutor(self._train_model, self._microbatch_loss,
-                                      self._accumulation, self._autocast_dtype,
-                                      self.grad_scaler)
+        self._executor: StepExecutor | PipelineExecutor = StepExecutor(
+            self._train_model, self._microbatch_loss, self._accumulation, self._autocast_dtype,
+            self.grad_scaler)
         """The step's forward, loss and backward over its microbatches."""
+
+    def _build_pipeline_steps(self) -> None:
+        """The steps of a pipeline: the task's default forward and loss, run through the stages
+        by the schedule (`cadence.engine.pipeline.PipelineExecutor`); evaluation too, forward
+        only. The loss and the metrics are the last stage's.
+
+        Raises:
+            ConfigError: for a task that overrides ``train_step``, ``validation_step`` or
+                ``inference_step``: a pipeline runs the model's forward in pieces on several
+                ranks, which a step of one's own cannot do.
+        """
+        task, degrees = self.task, self._config.runtime.parallelism
+        own = [name for name in ("train_step", "validation_step", "inference_step")
+               if getattr(type(task), name) is not getattr(Task, name)]
+        if own:
+            raise ConfigError(
+                f"runtime.parallelism.pp={degrees.pp} runs the Task's default steps through the "
+                f"pipeline's stages, and {type(task).__name__} overrides {', '.join(own)}: "
+                "compute the loss in build_losses and the metrics in process_metrics (which the "
+                "last stage runs), or train it with pp=1.")
+        step_checks.check_task_hooks(task)
+        stages = self.pipeline.num_stages  # type: ignore[union-attr]
+        self._executor = PipelineExecutor(
+            self.pipeline, split_inputs, self._pipeline_loss,  # type: ignore[arg-type]
+            degrees.pp_schedule, degrees.pp_microbatches or stages,
+            record=self._record_training, keep_outputs=self._updates_train_metrics,
+            evaluated=self._evaluated_pipeline)
+        self._task_validation_step = self._pipeline_validation_step
+
+    def _pipeline_loss(self, labels: Any, outputs: Any) -> torch.Tensor:
+        """A microbatch's loss on a pipeline's last stage (its metrics follow in
+        `_record_training`, once the schedule has run every microbatch)."""
+        last = self._executor.pipeline.parts[-1].module  # type: ignore[union-attr]
+        return task_loss(self.task, labels, outputs, last, None, update_metrics=False)
+
+    def _record_training(self, labels: Any, outputs: Any, loss: torch.Tensor) -> None:
+        """A training microbatch's loss and metrics, on a pipeline's last stage."""
+        self.training_loss.update(loss)
+        if outputs is not None:
+            self.task.process_metrics(self.train_metrics, labels, outputs)
+
+    def _record_validation(self, labels: Any, outputs: Any, loss: torch.Tensor) -> None:
+        """An evaluation microbatch's metrics, on a pipeline's last stage."""
+        self.task.process_metrics(self.validation_metrics, labels, outputs)
+
+    def _pipeline_validation_step(self, inputs: Any, model: nn.Module,
+                                  metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """An evaluation step through the pipeline: the metrics are counted on the last stage
+        (`_record_validation`), the loss reported by every stage (the same value: the
+        reductions then read it once per stage, and means stay what they are)."""
+        return {self.task.loss: self._executor.evaluate(  # type: ignore[union-attr]
+            inputs, self._record_validation)}
 
     def _register_for_healing(self, replicas: ReplicaGroups) -> None:
         """What a joining replica group takes from a live one: everything a checkpoint holds
@@ -351,10 +451,12 @@ class Trainer(StandardTrainer, StandardEvaluator):
 
     @property
     def ema_state(self) -> Any:
-        """What a checkpoint holds of the EMA (None without one): the EMA itself, or -- sharded
-        -- its average, a module of DTensors that checkpoints save and load through DCP."""
+        """What a checkpoint holds of the EMA (None without one): the EMA itself, or -- sharded,
+        or a pipeline's stages -- its average, a module that checkpoints save and load through
+        DCP."""
         ema = self.ema
-        return ema.average if ema is not None and ema.sharded else ema
+        return (ema.average if ema is not None and (ema.sharded or self.pipeline is not None)
+                else ema)
 
     @property
     def config(self) -> Any:
@@ -564,8 +666,10 @@ class Trainer(StandardTrainer, StandardEvaluator):
             if scaler is not None:
                 scaler.unscale_(optimizer)
             params = [p for group in optimizer.param_groups for p in group["params"]]
-            # the total over every shard and mesh dimension (`cadence.engine.clipping`)
-            self.gradient_norm.update(clip_grad_norm_(params, self._clip_norm))
+            # the total over every shard, mesh dimension and pipeline stage
+            # (`cadence.engine.clipping`)
+            self.gradient_norm.update(clip_grad_norm_(params, self._clip_norm,
+                                                      **self._clip_options))
         if replicas is not None and not replicas.commit():
             optimizer.zero_grad(set_to_none=True)  # a group died during the step: no update
             raise StepDiscarded("a replica group died during the step")
@@ -590,7 +694,7 @@ class Trainer(StandardTrainer, StandardEvaluator):
         config = self._config
         precision = config.runtime.mixed_precision or config.runtime.fsdp.param_dtype or "fp32"
         step = config.task.train_data.global_batch_size * self._accumulation
-        return Throughput(step * tokens, self.task.flops_per_token(self.model), self._device,
+        return Throughput(step * tokens, self._flops_per_token, self._device,
                           self.runtime.world_size, precision)
 
     def train_loop_end(self) -> Output:
@@ -677,9 +781,10 @@ class Trainer(StandardTrainer, StandardEvaluator):
             from cadence.core.summary import to_host
 
             logs = to_host(logs)
-            exporter.maybe_export_checkpoint(self._eval_model, logs, self.global_step,
-                                             coordinator=self._coordinator,
-                                             kind="ema" if self.ema is not None else "model")
+            exporter.maybe_export_checkpoint(
+                self._eval_model, logs, self.global_step, coordinator=self._coordinator,
+                kind="ema" if self.ema is not None else "model",
+                weights=None if self.pipeline is None else self._evaluated_pipeline.whole_state)
             # As in TF Model Garden, evaluate() returns with its export on disk (checkpoint
             # writes, which the coordinator also waits for in join(), go on in the background).
             self._coordinator.join(waitables=False)

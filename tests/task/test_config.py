@@ -218,3 +218,41 @@ def test_a_config_and_its_strategies_are_checked_without_torch():
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "('auto', 'none', 'ddp', 'fsdp2') False"
+
+
+@pytest.mark.parametrize("settings, says", [
+    (["runtime.parallelism.pp_schedule=zbv"],
+     "runtime.parallelism.pp_schedule: must be one of gpipe, 1f1b, interleaved_1f1b (got 'zbv')"),
+    (["runtime.parallelism.pp=2", "runtime.parallelism.pp_schedule=interleaved_1f1b",
+      "runtime.parallelism.pp_stages_per_rank=1"],
+     "pp_stages_per_rank: interleaved_1f1b runs several stages per rank (got 1)"),
+    (["runtime.parallelism.pp=2", "runtime.parallelism.pp_stages_per_rank=2"],
+     "pp_stages_per_rank: 1f1b runs one stage per rank (got 2); set "
+     "pp_schedule=interleaved_1f1b for more"),
+    (["runtime.parallelism.pp=2", "runtime.parallelism.pp_schedule=interleaved_1f1b",
+      "runtime.parallelism.pp_microbatches=2"], None),
+    (["runtime.parallelism.pp=4", "runtime.parallelism.pp_microbatches=2"],
+     "pp_microbatches (got 2) must be at least the pipeline's stages (4) with "
+     "pp_schedule=1f1b; give more, or use gpipe"),
+    (["runtime.parallelism.pp=2", "runtime.parallelism.pp_stage_modules=[[wte, blocks]]"],
+     "pp_stage_modules gives 1 stages and the pipeline has 2"),
+    (["runtime.parallelism.pp=2",
+      "trainer.optimizer_config.gradient_accumulation_steps=2"],
+     "with pp=2 the pipeline's microbatches are the accumulation"),
+    (["runtime.parallelism.pp=2", "runtime.mixed_precision=fp16"],
+     "fp16's loss scaling does not work across pp=2 pipeline stages"),
+    (["runtime.parallelism.pp=2", "trainer.compile_step=true"],
+     "trainer.compile_step: a pipeline's step is its schedule's sends and receives"),
+    (["runtime.parallelism.pp=2", "runtime.fault_tolerance.enabled=true"],
+     "replica groups are not built for pipelines"),
+])
+def test_a_pipelines_settings_that_cannot_work_are_named(settings, says):
+    """What a pipeline's schedule cannot take, and what does not compose with it, is refused
+    with the config, before any process group, in one line naming its key."""
+    if says is None:  # interleaved 1F1B takes fewer microbatches than stages
+        load_config("gpt", overrides=settings).validate()
+        return
+    with pytest.raises(ConfigError) as refused:
+        load_config("gpt", overrides=settings)
+    assert says in str(refused.value), str(refused.value)
+    assert "\n" not in str(refused.value)

@@ -184,16 +184,23 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, input_ids: torch.Tensor,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """The logits of every position. With `position_ids` (packed documents: they restart
-        at 0 where a document starts) each token attends only inside its own document."""
-        mask = None
-        if position_ids is None:
-            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)
+        at 0 where a document starts) each token attends only inside its own document.
+        `inputs_embeds` -- the embeddings' output, what enters the first block -- stands in for
+        `input_ids` (transformers' keyword): a pipeline stage after the first gives the hidden
+        state of the stage before (`cadence.engine.pipeline_stages`)."""
+        mask = None if position_ids is None else document_causal_mask(position_ids)
+        if inputs_embeds is not None:
+            x = inputs_embeds
+        elif input_ids is not None:
+            if position_ids is None:
+                position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)
+            x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
         else:
-            mask = document_causal_mask(position_ids)
-        x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
+            raise ValueError("GPT.forward: pass input_ids or inputs_embeds.")
         for block in self.blocks:
             x = block(x, mask)
         logits: torch.Tensor = self.lm_head(self.ln_f(x))
