@@ -271,6 +271,23 @@ def choice_problems(config: Any) -> Iterable[str]:
             ft.min_live_groups > ft.replica_groups):
         yield (f"runtime.fault_tolerance.min_live_groups (got {ft.min_live_groups}) must be at "
                f"most runtime.fault_tolerance.replica_groups (got {ft.replica_groups}).")
+    if ft.enabled:
+        yield from replica_layout_problems(config.runtime.parallelism)
+
+
+def replica_layout_problems(parallelism: Any) -> Iterable[str]:
+    """What a replica group of the fault-tolerant mode cannot be inside: its ranks are data
+    shards alone (DDP or FSDP2 over the group), the groups themselves the replicated
+    dimension -- tensor parallelism inside a group is not built yet."""
+    degrees = {key: getattr(parallelism, key) for key in ("tp", "dp_replicate")}
+    for key, degree in degrees.items():
+        if is_int(degree) and degree > 1:
+            fix = ("the replica groups are the replicated dimension: give each group's "
+                   "ranks as dp_shard" if key == "dp_replicate" else
+                   "replica groups are built over data shards alone, not yet with tensor "
+                   "parallelism inside a group")
+            yield (f"runtime.parallelism.{key} (got {degree}) with "
+                   f"runtime.fault_tolerance.enabled: {fix}; set {key}=1.")
 
 
 def parallelism_problems(parallelism: Any) -> Iterable[str]:

@@ -256,3 +256,20 @@ def test_a_pipelines_settings_that_cannot_work_are_named(settings, says):
         load_config("gpt", overrides=settings)
     assert says in str(refused.value), str(refused.value)
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("settings, says", [
+    (["runtime.parallelism.tp=2"], "runtime.parallelism.tp (got 2) with "
+     "runtime.fault_tolerance.enabled: replica groups are built over data shards alone"),
+    (["runtime.parallelism.dp_replicate=2"], "runtime.parallelism.dp_replicate (got 2) with "
+     "runtime.fault_tolerance.enabled: the replica groups are the replicated dimension"),
+])
+def test_a_replica_group_with_tensor_parallelism_or_replicas_inside_is_refused(settings, says):
+    """Replica groups (the fault-tolerant mode) are the job's replicated dimension, each group
+    its data shards: a layout inside a group that is not data shards alone is refused with the
+    config, in one line naming the key."""
+    with pytest.raises(ConfigError) as refused:
+        load_config("gpt", overrides=["runtime.fault_tolerance.enabled=true", *settings])
+    assert says in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
+    load_config("gpt", overrides=["runtime.fault_tolerance.enabled=true",
+                                  "runtime.parallelism.dp_shard=2"]).validate()
