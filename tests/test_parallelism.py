@@ -43,6 +43,35 @@ def curves(run_dir):
     return ([r["training_loss"] for r in records], [r["gradient_norm"] for r in records])
 
 
+def move_between_layouts(tmp_path, run_dir, settings, layouts, after_each=None):
+    """Trains the ``gpt`` experiment 2 steps in each of `layouts` -- ``(processes, settings,
+    name)`` -- in turn, on one run: where each layout begins, the whole model and optimizer,
+    gathered from its shards, are bit for bit those the layout before saved, and the resume
+    line names both layouts and says the state was resharded from its shards (DCP).
+    ``after_each(name, end)`` runs after each layout; returns the last one's whole state where
+    it began and where it ended."""
+    saved = None
+    for index, (nproc, layout, name) in enumerate(layouts):
+        prefix = tmp_path / f"layout-{index}"
+        job(nproc, "gpt", run_dir, 2 * (index + 1), prefix, [*settings, *layout])
+        begin = torch.load(f"{prefix}-begin.pt", weights_only=True)
+        end = torch.load(f"{prefix}-end.pt", weights_only=True)
+        assert (begin["step"], end["step"]) == (2 * index, 2 * (index + 1))
+        if saved is not None:
+            assert_same_state(saved["model"], begin["model"], f"{name}: model")
+            assert_same_state(saved["optimizer"], begin["optimizer"], f"{name}: optimizer")
+            log = Path(f"{prefix}-log-0.txt").read_text()
+            before = layouts[index - 1]
+            assert (f"Resuming checkpoint ckpt-{2 * index}, written at {before[2]} "
+                    f"({before[0]} process{'es' if before[0] > 1 else ''}), at {name} "
+                    f"({nproc}): the model and optimizer are resharded from their shards "
+                    "(DCP)") in log, log
+        saved = end
+        if after_each is not None:
+            after_each(name, end)
+    return begin, saved
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_tensor_parallel_and_fsdp2_by_tensor_parallel_follow_one_process(tmp_path):
@@ -88,23 +117,9 @@ def test_a_checkpoint_moves_between_layouts_with_its_weights_equal(tmp_path):
              "runtime.parallelism.tp=2"], "dp_replicate=2 x tp=2"),
         (1, ["runtime.strategy=fsdp2"], "one process"),
     ]
-    saved = None
-    for index, (nproc, layout, name) in enumerate(layouts):
-        prefix = tmp_path / f"layout-{index}"
-        job(nproc, "gpt", run_dir, 2 * (index + 1), prefix, [*settings, *layout])
-        begin = torch.load(f"{prefix}-begin.pt", weights_only=True)
-        end = torch.load(f"{prefix}-end.pt", weights_only=True)
-        assert (begin["step"], end["step"]) == (2 * index, 2 * (index + 1))
-        if saved is not None:
-            assert_same_state(saved["model"], begin["model"], f"{name}: model")
-            assert_same_state(saved["optimizer"], begin["optimizer"], f"{name}: optimizer")
-            log = Path(f"{prefix}-log-0.txt").read_text()
-            before = layouts[index - 1]
-            assert (f"Resuming checkpoint ckpt-{2 * index}, written at {before[2]} "
-                    f"({before[0]} process{'es' if before[0] > 1 else ''}), at {name} "
-                    f"({nproc})") in log, log
-        saved = end
-        if name == "dp_shard=2 x tp=2":  # cadence export gathers the layout's shards, whole
+
+    def export_at_dp_shard_2_x_tp_2(name, end):  # cadence export gathers its shards, whole
+        if name == "dp_shard=2 x tp=2":
             run([sys.executable, "-m", "cadence", "export", str(run_dir), "--checkpoint",
                  str(run_dir / "checkpoints" / "ckpt-4"), "--out", str(tmp_path / "export")],
                 cwd=tmp_path)
@@ -112,6 +127,9 @@ def test_a_checkpoint_moves_between_layouts_with_its_weights_equal(tmp_path):
 
             exported = load_file(str(tmp_path / "export" / "model.safetensors"))
             assert_same_state(end["model"], exported, "export")
+
+    _, saved = move_between_layouts(tmp_path, run_dir, settings, layouts,
+                                    after_each=export_at_dp_shard_2_x_tp_2)
     assert all(torch.isfinite(tensor).all() for tensor in saved["model"].values())
 
 

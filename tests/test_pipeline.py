@@ -18,7 +18,7 @@ import sys
 
 import pytest
 import torch
-from test_parallelism import GPT, curves, refused
+from test_parallelism import GPT, curves, move_between_layouts, refused
 from test_real_models import (
     assert_same_state,
     failing_job,
@@ -123,23 +123,7 @@ def test_a_pipeline_checkpoint_moves_to_one_process_and_back_and_the_losses_go_o
         (1, ["runtime.strategy=fsdp2"], "one process"),
         (4, ["runtime.parallelism.pp=2", "runtime.parallelism.tp=2"], "pp=2 x tp=2"),
     ]
-    saved = None
-    for index, (nproc, layout, name) in enumerate(layouts):
-        prefix = tmp_path / f"layout-{index}"
-        job(nproc, "gpt", run_dir, 2 * (index + 1), prefix, [*settings, *layout])
-        begin = torch.load(f"{prefix}-begin.pt", weights_only=True)
-        end = torch.load(f"{prefix}-end.pt", weights_only=True)
-        assert (begin["step"], end["step"]) == (2 * index, 2 * (index + 1))
-        if saved is not None:
-            assert_same_state(saved["model"], begin["model"], f"{name}: model")
-            assert_same_state(saved["optimizer"], begin["optimizer"], f"{name}: optimizer")
-            log = (tmp_path / f"layout-{index}-log-0.txt").read_text()
-            before = layouts[index - 1]
-            assert (f"Resuming checkpoint ckpt-{2 * index}, written at {before[2]} "
-                    f"({before[0]} process{'es' if before[0] > 1 else ''}), at {name} "
-                    f"({nproc}): the model and optimizer are resharded from their shards "
-                    "(DCP)") in log, log
-        saved = end
+    begin, saved = move_between_layouts(tmp_path, run_dir, settings, layouts)
     assert set(saved["model"]) == set(begin["model"])  # every stage's parameters, by name
     resumed = losses_by_step(run_dir)
     assert sorted(resumed) == [2, 4, 6]
