@@ -1,0 +1,337 @@
+"""Pipeline bubble: the time per step of cadence's pipeline schedules against the theory, and
+the activations each pipeline rank holds.
+
+usage: python benchmarks/pipeline_bubble.py [--pp 2 4] [--microbatches 1 4 8 16]
+       [--schedules gpipe 1f1b interleaved_1f1b] [--forward-ms 5] [--blocks 8] [--steps 10]
+       [--warmup 2] [--out FILE.json] [--smoke]
+
+Each pipeline degree is one ``torchrun --standalone`` job on this machine (gloo, CPU), which
+runs every schedule and number of microbatches through cadence's own machinery --
+`cadence.engine.pipeline.build_pipeline` and `PipelineExecutor`, as the Task Trainer does. The
+model is `--blocks` blocks, split evenly over the stages (``pp`` stages; ``2 pp`` for
+interleaved 1F1B, 2 per rank), each of which costs a fixed time per microbatch that does not
+use the CPU: a custom autograd function whose forward sleeps t_f and whose backward sleeps
+t_b = 2 t_f, on tensors of a few numbers. So 4 ranks on 2 cores measure the schedule, not the
+cores they share. The whole model is the same for every schedule: each rank's busy time per
+step (the ``ideal``) is ``m x blocks / pp x (t_f + t_b)`` for m microbatches.
+
+Per configuration: the step time (every rank leaves a barrier, runs `PipelineExecutor.run`;
+the step ends when the last rank returns), the median over `--steps` steps after `--warmup`
+(the first builds the stages' buffers); the measured bubble ``1 - ideal / step``; the theory.
+For GPipe and 1F1B the theory is ``(p - 1) / (m + p - 1)``. For interleaved 1F1B with v stages
+per rank the bubble's *time* is divided by v (each stage is 1/v of a rank's work), so the
+fraction is ``(p - 1) / (v m + p - 1)`` -- Megatron-LM's, which assumes m is a multiple of p;
+for m < p a microbatch crosses all v p stages one after another and the fraction is
+``1 - v m / (v p + m - 1)`` (at m = 1 the same as GPipe's).
+
+The activations held: each block counts the microbatches whose forward it ran (with autograd
+on) and whose backward has not run yet; a rank's sum over its blocks, at its peak, divided by
+its number of blocks, is the peak number of microbatches' activations it holds (a whole
+microbatch's for its part of the model each). GPipe holds m on every rank; 1F1B at most
+min(m, p - r) on rank r (p on the first); interleaved 1F1B somewhat more than 1F1B (its
+warm-up runs ahead by a round of microbatches on the first stage of each rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+
+
+# ---------------------------------------------------------------------------- the model
+
+
+def _model(blocks: int, forward_s: float, backward_s: float) -> tuple[Any, Any]:
+    """`blocks` sleeping blocks in an ``nn.ModuleList``, with a forward that takes
+    ``inputs_embeds`` (as cadence's stages need), and the counter of the activations held --
+    one per process, outside the modules: each stage is a deep copy of the model."""
+    import torch
+    from torch import nn
+
+    class Held:
+        """Microbatches each block ran forward (with autograd on) and not yet backward."""
+
+        def __init__(self) -> None:
+            self.now = 0
+            self.peak = 0
+            self.forwards = 0
+            self.busy_s = 0.0
+            """Seconds slept in blocks' forwards and backwards: the rank's measured work."""
+
+        def entered(self) -> None:
+            self.now += 1
+            self.forwards += 1
+            self.peak = max(self.peak, self.now)
+
+        def left(self) -> None:
+            self.now -= 1
+
+        def reset(self) -> None:
+            """Between steps: nothing is held (the first step's shape inference on the first
+            stage runs a forward with autograd on whose backward never comes)."""
+            self.now = self.peak = self.forwards = 0
+            self.busy_s = 0.0
+
+    class Sleep(torch.autograd.Function):
+        """``x * weight``, sleeping `forward_s` in forward and `backward_s` in backward."""
+
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, held: Held | None
+                    ) -> torch.Tensor:
+            ctx.save_for_backward(x, weight)
+            ctx.held = held
+            if x.device.type != "meta":
+                started = time.perf_counter()
+                time.sleep(forward_s)
+                if held is not None:
+                    held.busy_s += time.perf_counter() - started
+            if held is not None:
+                held.entered()
+            return x * weight
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+            x, weight = ctx.saved_tensors
+            started = time.perf_counter()
+            time.sleep(backward_s)
+            if ctx.held is not None:
+                ctx.held.busy_s += time.perf_counter() - started
+                ctx.held.left()
+            return grad * weight, (grad * x).sum().reshape(weight.shape), None
+
+    held = Held()
+
+    class SleepingBlock(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(()))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            # counted where a backward will follow (not a shape inference under no_grad)
+            counted = torch.is_grad_enabled() and x.device.type != "meta"
+            return Sleep.apply(x, self.weight, held if counted else None)
+
+    class SleepingStack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(SleepingBlock() for _ in range(blocks))
+
+        def forward(self, x: torch.Tensor | None = None,
+                    inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+            hidden = x if inputs_embeds is None else inputs_embeds
+            for block in self.blocks:
+                hidden = block(hidden)
+            return hidden
+
+    return SleepingStack(), held
+
+
+# ---------------------------------------------------------------------------- one rank
+
+
+def _refusal(schedule: str, pp: int, stages_per_rank: int, microbatches: int) -> str | None:
+    """What the schedule says of these microbatches, said before building (every rank alike)."""
+    stages = pp * stages_per_rank
+    if schedule == "1f1b" and microbatches < stages:
+        return f"1F1B needs microbatches >= stages ({stages})"
+    return None
+
+
+def worker(args: argparse.Namespace, out: Path) -> None:
+    """One rank of a ``pp``-rank job: every configuration; writes ``rank-<r>.json``."""
+    import torch
+    import torch.distributed as dist
+
+    import cadence
+    from cadence.core.errors import ConfigError
+    from cadence.engine.pipeline import PipelineExecutor, build_pipeline
+
+    torch.set_num_threads(1)
+    pp = int(os.environ["WORLD_SIZE"])
+    runtime = cadence.setup_runtime("cpu", strategy="none", pp=pp)
+    options = cadence.ParallelOptions(strategy="none")
+    forward_s = args.forward_ms / 1e3
+    results = []
+    for schedule in args.schedules:
+        stages_per_rank = 2 if schedule == "interleaved_1f1b" else 1
+        for microbatches in args.microbatches:
+            figures: dict[str, Any] = {"pp": pp, "schedule": schedule,
+                                       "stages_per_rank": stages_per_rank,
+                                       "microbatches": microbatches}
+            results.append(figures)
+            refused = _refusal(schedule, pp, stages_per_rank, microbatches)
+            if refused is None:
+                torch.manual_seed(0)
+                model, held = _model(args.blocks, forward_s, 2 * forward_s)
+                pipeline = build_pipeline(model, runtime, options,
+                                          stages_per_rank=stages_per_rank)
+                try:
+                    executor = PipelineExecutor(
+                        pipeline, lambda batch: batch,
+                        lambda labels, outputs: torch.nn.functional.mse_loss(outputs, labels),
+                        schedule, microbatches)
+                except ConfigError as error:  # a refusal _refusal did not foresee
+                    refused = str(error)
+            if refused is not None:
+                figures["refused"] = refused
+                continue
+            batch = (torch.randn(2 * microbatches, 4), torch.randn(2 * microbatches, 4))
+            blocks_here = args.blocks // pp
+            step_s = []
+            for step in range(args.warmup + args.steps):
+                if step == args.warmup:
+                    held.reset()
+                for parameter in pipeline.model.parameters():
+                    parameter.grad = None
+                dist.barrier()
+                started = time.perf_counter()
+                executor.run([batch])
+                step_s.append(time.perf_counter() - started)
+            figures.update(step_s=step_s[args.warmup:], held_peak=held.peak / blocks_here,
+                           held_after=held.now, forwards_per_step=held.forwards / args.steps
+                           / blocks_here, busy_s=held.busy_s / args.steps)
+            dist.barrier()
+    (out / f"rank-{runtime.rank}.json").write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------- the job
+
+
+def run_pp(pp: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One ``torchrun`` job of `pp` ranks: each configuration's figures, the ranks' merged
+    (a step's time is its slowest rank's)."""
+    with tempfile.TemporaryDirectory(prefix=f"cadence-bubble-{pp}-") as folder:
+        out = Path(folder)
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc_per_node={pp}", __file__, "--worker", "--out-dir", str(out),
+                   "--forward-ms", str(args.forward_ms), "--blocks", str(args.blocks),
+                   "--steps", str(args.steps), "--warmup", str(args.warmup),
+                   "--schedules", *args.schedules,
+                   "--microbatches", *map(str, args.microbatches)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
+        if result.returncode != 0:
+            raise SystemExit(f"pp={pp} failed:\n{result.stderr[-4000:]}")
+        ranks = [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(pp)]
+    merged = []
+    for configurations in zip(*ranks):
+        figures = {key: value for key, value in configurations[0].items()
+                   if key not in ("step_s", "held_peak", "held_after", "forwards_per_step",
+                                  "busy_s")}
+        if "refused" not in figures:
+            figures["step_s"] = [max(steps) for steps in
+                                 zip(*(rank["step_s"] for rank in configurations))]
+            for key in ("held_peak", "held_after", "forwards_per_step", "busy_s"):
+                figures[key] = [rank[key] for rank in configurations]
+            _add_figures(figures, args)
+        merged.append(figures)
+    return merged
+
+
+def theory(pp: int, stages_per_rank: int, microbatches: int) -> float:
+    """The bubble's fraction of a step (see the module docstring)."""
+    p, v, m = pp, stages_per_rank, microbatches
+    if v > 1 and m < p:
+        return 1 - v * m / (v * p + m - 1)
+    return (p - 1) / (v * m + p - 1)
+
+
+def held_theory(schedule: str, pp: int, microbatches: int) -> int | None:
+    """The most microbatches' activations a rank holds (rank 0's), where the theory is
+    simple: GPipe's m, 1F1B's min(m, p)."""
+    return {"gpipe": microbatches, "1f1b": min(microbatches, pp)}.get(schedule)
+
+
+def _add_figures(figures: dict[str, Any], args: argparse.Namespace) -> None:
+    pp, m = figures["pp"], figures["microbatches"]
+    step = statistics.median(figures["step_s"])
+    ideal = m * args.blocks / pp * 3 * args.forward_ms / 1e3  # t_f + t_b = 3 t_f per block
+    busy = statistics.fmean(figures["busy_s"])
+    figures.update(median_s=step, ideal_s=ideal, bubble=1 - ideal / step, idle=1 - busy / step,
+                   theory=theory(pp, figures["stages_per_rank"], m),
+                   held_theory=held_theory(figures["schedule"], pp, m))
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = ["| pp | schedule | microbatches | step ms median [min-max] | ideal ms | "
+             "in blocks ms | bubble measured | bubble theory | measured - theory | idle | "
+             "activations held, microbatches (rank 0, 1, ...) | held theory (rank 0) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for figures in results:
+        head = f"| {figures['pp']} | {figures['schedule']} | {figures['microbatches']} |"
+        if "refused" in figures:
+            lines.append(f"{head} refused: {figures['refused']} |" + " |" * 9)
+            continue
+        steps = [1e3 * s for s in figures["step_s"]]
+        held = ", ".join(f"{value:g}" for value in figures["held_peak"])
+        expected = figures["held_theory"]
+        lines.append(
+            f"{head} {1e3 * figures['median_s']:.1f} [{min(steps):.1f}-{max(steps):.1f}] | "
+            f"{1e3 * figures['ideal_s']:.0f} | {1e3 * statistics.fmean(figures['busy_s']):.0f} | "
+            f"{figures['bubble']:.3f} | {figures['theory']:.3f} | "
+            f"{figures['bubble'] - figures['theory']:+.3f} | {figures['idle']:.3f} | "
+            f"{held} | {'' if expected is None else expected} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pp", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
+    parser.add_argument("--microbatches", type=int, nargs="+", default=[1, 4, 8, 16])
+    parser.add_argument("--forward-ms", type=float, default=5.0,
+                        help="t_f, each block's forward sleep per microbatch (backward: 2 t_f)")
+    parser.add_argument("--blocks", type=int, default=8, help="the whole model's blocks")
+    parser.add_argument("--steps", type=int, default=10, help="steps measured")
+    parser.add_argument("--warmup", type=int, default=2, help="steps before them")
+    parser.add_argument("--smoke", action="store_true",
+                        help="pp=2, GPipe and 1F1B with 1 and 4 microbatches, 2 blocks, "
+                        "t_f 1 ms, 2 steps: seconds; figures meaningless")
+    parser.add_argument("--out", help="write the figures here (JSON)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.smoke:
+        args.pp, args.schedules, args.microbatches = [2], ["gpipe", "1f1b"], [1, 4]
+        args.blocks, args.forward_ms, args.steps, args.warmup = 2, 1.0, 2, 1
+    if args.worker:
+        worker(args, Path(args.out_dir))
+        return
+    for pp in args.pp:
+        stages = pp * (2 if "interleaved_1f1b" in args.schedules else 1)
+        if pp < 2 or args.blocks % stages:
+            parser.error(f"--blocks {args.blocks} must split evenly into the stages of pp={pp} "
+                         f"({stages}), and pp (got {pp}) must be 2 or more: give --blocks a "
+                         f"multiple of {stages} instead.")
+    results = []
+    started = time.perf_counter()
+    for pp in args.pp:
+        begun = time.perf_counter()
+        results += run_pp(pp, args)
+        print(f"pp={pp}: {time.perf_counter() - begun:.0f} s", file=sys.stderr)
+    print(table(results))
+    print(f"\nt_f {args.forward_ms:g} ms, t_b {2 * args.forward_ms:g} ms per block and "
+          f"microbatch, {args.blocks} blocks, {args.steps} steps after {args.warmup}; "
+          f"{time.perf_counter() - started:.0f} s in all.")
+    if args.out:
+        Path(args.out).write_text(json.dumps({
+            "forward_ms": args.forward_ms, "backward_ms": 2 * args.forward_ms,
+            "blocks": args.blocks, "steps": args.steps, "warmup": args.warmup,
+            "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
