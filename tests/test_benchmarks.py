@@ -133,3 +133,30 @@ def test_the_checkpoint_scale_benchmark_measures_save_commit_and_restore_per_wor
     assert "rank 0's commit, ms" in rows and "bytes read at restore, KB (most, any rank)" in rows
     assert float(rows["collectives per rank, restore (median)"][0]) > 0  # counted, not zero
     assert float(rows["bytes read at restore, KB (most, any rank)"][0]) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_the_pipeline_bubble_benchmark_times_each_schedule_and_counts_the_activations_held(
+        tmp_path):
+    """A smoke run at pp=2 (GPipe and 1F1B, 1 and 4 microbatches, 1 ms blocks): the table is
+    made, the refusal is a row, and the activations held are each schedule's -- GPipe all 4
+    microbatches on both ranks, 1F1B 2 on the first and 1 on the last (the times are
+    meaningless at this size; docs/benchmarks.md has a real run's)."""
+    out = tmp_path / "bubble.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pipeline_bubble.py"),
+                             "--smoke", "--out", str(out)],
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "| 2 | 1f1b | 1 | refused: 1F1B needs microbatches >= stages (2) |" in result.stdout
+    results = json.loads(out.read_text())["results"]
+    figures = {(r["schedule"], r["microbatches"]): r for r in results}
+    assert set(figures) == {("gpipe", 1), ("gpipe", 4), ("1f1b", 1), ("1f1b", 4)}
+    assert figures["gpipe", 4]["held_peak"] == [4, 4]
+    assert figures["1f1b", 4]["held_peak"] == [2, 1]
+    for key in (("gpipe", 1), ("gpipe", 4), ("1f1b", 4)):
+        assert figures[key]["held_after"] == [0, 0]  # every backward ran
+        assert figures[key]["forwards_per_step"] == [key[1]] * 2  # each microbatch, once
+        assert len(figures[key]["step_s"]) == 2 and figures[key]["median_s"] > 0
+        assert 0 < figures[key]["theory"] < 1
