@@ -15,21 +15,30 @@ t_b = 2 t_f, on tensors of a few numbers. So 4 ranks on 2 cores measure the sche
 cores they share. The whole model is the same for every schedule: each rank's busy time per
 step (the ``ideal``) is ``m x blocks / pp x (t_f + t_b)`` for m microbatches.
 
-Per configuration: the step time (every rank leaves a barrier, runs `PipelineExecutor.run`;
-the step ends when the last rank returns), the median over `--steps` steps after `--warmup`
-(the first builds the stages' buffers); the measured bubble ``1 - ideal / step``; the theory.
-For GPipe and 1F1B the theory is ``(p - 1) / (m + p - 1)``. For interleaved 1F1B with v stages
-per rank the bubble's *time* is divided by v (each stage is 1/v of a rank's work), so the
-fraction is ``(p - 1) / (v m + p - 1)`` -- Megatron-LM's, which assumes m is a multiple of p;
-for m < p a microbatch crosses all v p stages one after another and the fraction is
+Per configuration (the table's columns): the **step** time (every rank leaves a barrier, runs
+`PipelineExecutor.run`; the step ends when the last rank returns), the median over `--steps`
+steps after `--warmup` (the first builds the stages' buffers); the **ideal**, and the time
+a rank's blocks actually slept (**in blocks**: ``time.sleep`` overshoots a little); the
+**bubble** measured, ``1 - ideal / step``, and its **theory**; the step the theory predicts,
+``ideal / (1 - theory)``, and the **excess** of the measured step over it; the step of the same
+schedule with blocks that do not sleep at all (**t_f = 0**: the machinery alone -- Python,
+autograd, gloo's sends -- on the critical path).
+
+For GPipe and 1F1B the theory is ``(p - 1) / (m + p - 1)``. For interleaved 1F1B with v
+stages per rank the bubble's *time* is divided by v (each stage is 1/v of a rank's work), so
+the fraction is ``(p - 1) / (v m + p - 1)`` -- Megatron-LM's, which assumes m is a multiple of
+p; for m < p a microbatch crosses all v p stages one after another and the fraction is
 ``1 - v m / (v p + m - 1)`` (at m = 1 the same as GPipe's).
 
 The activations held: each block counts the microbatches whose forward it ran (with autograd
 on) and whose backward has not run yet; a rank's sum over its blocks, at its peak, divided by
 its number of blocks, is the peak number of microbatches' activations it holds (a whole
 microbatch's for its part of the model each). GPipe holds m on every rank; 1F1B at most
-min(m, p - r) on rank r (p on the first); interleaved 1F1B somewhat more than 1F1B (its
-warm-up runs ahead by a round of microbatches on the first stage of each rank).
+min(m, p - r) on rank r (p on the first: its warm-up runs p - 1 - r forwards, then one more
+before the first backward); interleaved 1F1B, whose stages each hold 1/v of a rank's part, runs
+(v - 1) r_m + 2 (p - 1 - r) forwards of stages in its warm-up (torch's ``_get_warmup_ops``;
+r_m = m / max(1, m // p) microbatches per round), so it holds
+min(v m, (v - 1) r_m + 2 (p - 1 - r) + 1) / v microbatches: more than 1F1B.
 """
 
 from __future__ import annotations
@@ -52,17 +61,20 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 # ---------------------------------------------------------------------------- the model
 
 
-def _model(blocks: int, forward_s: float, backward_s: float) -> tuple[Any, Any]:
+def _model(blocks: int, forward_s: float) -> tuple[Any, Any]:
     """`blocks` sleeping blocks in an ``nn.ModuleList``, with a forward that takes
-    ``inputs_embeds`` (as cadence's stages need), and the counter of the activations held --
-    one per process, outside the modules: each stage is a deep copy of the model."""
+    ``inputs_embeds`` (as cadence's stages need); and their `Meter` -- one per process, outside
+    the modules: each stage is a deep copy of the model."""
     import torch
     from torch import nn
 
-    class Held:
-        """Microbatches each block ran forward (with autograd on) and not yet backward."""
+    class Meter:
+        """How long the blocks sleep, and what they count: the microbatches each block ran
+        forward (with autograd on) and not yet backward, now and at the peak; the time slept."""
 
         def __init__(self) -> None:
+            self.forward_s = forward_s
+            self.backward_s = 2 * forward_s
             self.now = 0
             self.peak = 0
             self.forwards = 0
@@ -74,43 +86,42 @@ def _model(blocks: int, forward_s: float, backward_s: float) -> tuple[Any, Any]:
             self.forwards += 1
             self.peak = max(self.peak, self.now)
 
-        def left(self) -> None:
-            self.now -= 1
-
         def reset(self) -> None:
-            """Between steps: nothing is held (the first step's shape inference on the first
-            stage runs a forward with autograd on whose backward never comes)."""
+            """Between steps: nothing is held (the first step's metadata inference runs the
+            first stage's forward with autograd on and no backward through it)."""
             self.now = self.peak = self.forwards = 0
             self.busy_s = 0.0
 
+        def sleep(self, seconds: float, counted: bool) -> None:
+            if seconds > 0:
+                started = time.perf_counter()
+                time.sleep(seconds)
+                if counted:
+                    self.busy_s += time.perf_counter() - started
+
+    meter = Meter()
+
     class Sleep(torch.autograd.Function):
-        """``x * weight``, sleeping `forward_s` in forward and `backward_s` in backward."""
+        """``x * weight``, sleeping the meter's times in forward and in backward."""
 
         @staticmethod
-        def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, held: Held | None
+        def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, counted: bool
                     ) -> torch.Tensor:
             ctx.save_for_backward(x, weight)
-            ctx.held = held
+            ctx.counted = counted
             if x.device.type != "meta":
-                started = time.perf_counter()
-                time.sleep(forward_s)
-                if held is not None:
-                    held.busy_s += time.perf_counter() - started
-            if held is not None:
-                held.entered()
+                meter.sleep(meter.forward_s, counted)
+            if counted:
+                meter.entered()
             return x * weight
 
         @staticmethod
         def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
             x, weight = ctx.saved_tensors
-            started = time.perf_counter()
-            time.sleep(backward_s)
-            if ctx.held is not None:
-                ctx.held.busy_s += time.perf_counter() - started
-                ctx.held.left()
+            meter.sleep(meter.backward_s, ctx.counted)
+            if ctx.counted:
+                meter.now -= 1
             return grad * weight, (grad * x).sum().reshape(weight.shape), None
-
-    held = Held()
 
     class SleepingBlock(nn.Module):
         def __init__(self) -> None:
@@ -118,9 +129,9 @@ def _model(blocks: int, forward_s: float, backward_s: float) -> tuple[Any, Any]:
             self.weight = nn.Parameter(torch.ones(()))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            # counted where a backward will follow (not a shape inference under no_grad)
+            # counted where a backward follows: autograd on (not an evaluation's forward)
             counted = torch.is_grad_enabled() and x.device.type != "meta"
-            return Sleep.apply(x, self.weight, held if counted else None)
+            return Sleep.apply(x, self.weight, counted)
 
     class SleepingStack(nn.Module):
         def __init__(self) -> None:
@@ -134,7 +145,7 @@ def _model(blocks: int, forward_s: float, backward_s: float) -> tuple[Any, Any]:
                 hidden = block(hidden)
             return hidden
 
-    return SleepingStack(), held
+    return SleepingStack(), meter
 
 
 # ---------------------------------------------------------------------------- one rank
@@ -146,6 +157,25 @@ def _refusal(schedule: str, pp: int, stages_per_rank: int, microbatches: int) ->
     if schedule == "1f1b" and microbatches < stages:
         return f"1F1B needs microbatches >= stages ({stages})"
     return None
+
+
+def _steps(executor: Any, pipeline: Any, batch: Any, meter: Any, warmup: int, steps: int
+           ) -> list[float]:
+    """Each step's seconds on this rank, `steps` after `warmup`: every rank leaves a barrier,
+    then runs `PipelineExecutor.run` (the meter starts counting after the warm-up)."""
+    import torch.distributed as dist
+
+    times = []
+    for step in range(warmup + steps):
+        if step == warmup:
+            meter.reset()
+        for parameter in pipeline.model.parameters():
+            parameter.grad = None
+        dist.barrier()
+        started = time.perf_counter()
+        executor.run([batch])
+        times.append(time.perf_counter() - started)
+    return times[warmup:]
 
 
 def worker(args: argparse.Namespace, out: Path) -> None:
@@ -161,7 +191,6 @@ def worker(args: argparse.Namespace, out: Path) -> None:
     pp = int(os.environ["WORLD_SIZE"])
     runtime = cadence.setup_runtime("cpu", strategy="none", pp=pp)
     options = cadence.ParallelOptions(strategy="none")
-    forward_s = args.forward_ms / 1e3
     results = []
     for schedule in args.schedules:
         stages_per_rank = 2 if schedule == "interleaved_1f1b" else 1
@@ -173,7 +202,7 @@ def worker(args: argparse.Namespace, out: Path) -> None:
             refused = _refusal(schedule, pp, stages_per_rank, microbatches)
             if refused is None:
                 torch.manual_seed(0)
-                model, held = _model(args.blocks, forward_s, 2 * forward_s)
+                model, meter = _model(args.blocks, args.forward_ms / 1e3)
                 pipeline = build_pipeline(model, runtime, options,
                                           stages_per_rank=stages_per_rank)
                 try:
@@ -188,19 +217,12 @@ def worker(args: argparse.Namespace, out: Path) -> None:
                 continue
             batch = (torch.randn(2 * microbatches, 4), torch.randn(2 * microbatches, 4))
             blocks_here = args.blocks // pp
-            step_s = []
-            for step in range(args.warmup + args.steps):
-                if step == args.warmup:
-                    held.reset()
-                for parameter in pipeline.model.parameters():
-                    parameter.grad = None
-                dist.barrier()
-                started = time.perf_counter()
-                executor.run([batch])
-                step_s.append(time.perf_counter() - started)
-            figures.update(step_s=step_s[args.warmup:], held_peak=held.peak / blocks_here,
-                           held_after=held.now, forwards_per_step=held.forwards / args.steps
-                           / blocks_here, busy_s=held.busy_s / args.steps)
+            steps = _steps(executor, pipeline, batch, meter, args.warmup, args.steps)
+            figures.update(step_s=steps, held_peak=meter.peak / blocks_here,
+                           held_after=meter.now, forwards_per_step=meter.forwards / args.steps
+                           / blocks_here, busy_s=meter.busy_s / args.steps)
+            meter.forward_s = meter.backward_s = 0.0  # the machinery alone: Python, gloo
+            figures["machinery_s"] = _steps(executor, pipeline, batch, meter, 1, args.steps)
             dist.barrier()
     (out / f"rank-{runtime.rank}.json").write_text(json.dumps(results))
     dist.barrier()
@@ -227,14 +249,15 @@ def run_pp(pp: int, args: argparse.Namespace) -> list[dict[str, Any]]:
             raise SystemExit(f"pp={pp} failed:\n{result.stderr[-4000:]}")
         ranks = [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(pp)]
     merged = []
+    per_rank = ("held_peak", "held_after", "forwards_per_step", "busy_s")
     for configurations in zip(*ranks):
         figures = {key: value for key, value in configurations[0].items()
-                   if key not in ("step_s", "held_peak", "held_after", "forwards_per_step",
-                                  "busy_s")}
+                   if key not in ("step_s", "machinery_s", *per_rank)}
         if "refused" not in figures:
-            figures["step_s"] = [max(steps) for steps in
-                                 zip(*(rank["step_s"] for rank in configurations))]
-            for key in ("held_peak", "held_after", "forwards_per_step", "busy_s"):
+            for key in ("step_s", "machinery_s"):
+                figures[key] = [max(step) for step in
+                                zip(*(rank[key] for rank in configurations))]
+            for key in per_rank:
                 figures[key] = [rank[key] for rank in configurations]
             _add_figures(figures, args)
         merged.append(figures)
@@ -249,41 +272,51 @@ def theory(pp: int, stages_per_rank: int, microbatches: int) -> float:
     return (p - 1) / (v * m + p - 1)
 
 
-def held_theory(schedule: str, pp: int, microbatches: int) -> int | None:
-    """The most microbatches' activations a rank holds (rank 0's), where the theory is
-    simple: GPipe's m, 1F1B's min(m, p)."""
-    return {"gpipe": microbatches, "1f1b": min(microbatches, pp)}.get(schedule)
+def held_theory(schedule: str, pp: int, microbatches: int) -> list[float]:
+    """The most microbatches' activations each rank holds, by the schedule (see the module
+    docstring)."""
+    p, m = pp, microbatches
+    if schedule == "gpipe":
+        return [float(m)] * p
+    if schedule == "1f1b":
+        return [float(min(m, p - rank)) for rank in range(p)]
+    v, per_round = 2, m // max(1, m // p)
+    return [min(v * m, (v - 1) * per_round + 2 * (p - 1 - rank) + 1) / v for rank in range(p)]
 
 
 def _add_figures(figures: dict[str, Any], args: argparse.Namespace) -> None:
     pp, m = figures["pp"], figures["microbatches"]
     step = statistics.median(figures["step_s"])
     ideal = m * args.blocks / pp * 3 * args.forward_ms / 1e3  # t_f + t_b = 3 t_f per block
-    busy = statistics.fmean(figures["busy_s"])
-    figures.update(median_s=step, ideal_s=ideal, bubble=1 - ideal / step, idle=1 - busy / step,
-                   theory=theory(pp, figures["stages_per_rank"], m),
+    expected = theory(pp, figures["stages_per_rank"], m)
+    figures.update(median_s=step, ideal_s=ideal, bubble=1 - ideal / step, theory=expected,
+                   theory_s=ideal / (1 - expected), excess_s=step - ideal / (1 - expected),
+                   machinery_median_s=statistics.median(figures["machinery_s"]),
                    held_theory=held_theory(figures["schedule"], pp, m))
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| pp | schedule | microbatches | step ms median [min-max] | ideal ms | "
-             "in blocks ms | bubble measured | bubble theory | measured - theory | idle | "
-             "activations held, microbatches (rank 0, 1, ...) | held theory (rank 0) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    """The figures as a markdown table (`--help` of the columns: the module docstring)."""
+    lines = ["| pp | schedule | m | step ms median [min-max] | ideal ms | in blocks ms | "
+             "bubble measured | bubble theory | step at theory ms | excess ms | "
+             "step at t_f = 0 ms | activations held, microbatches (rank 0, 1, ...) | "
+             "held theory |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for figures in results:
         head = f"| {figures['pp']} | {figures['schedule']} | {figures['microbatches']} |"
         if "refused" in figures:
             lines.append(f"{head} refused: {figures['refused']} |" + " |" * 9)
             continue
         steps = [1e3 * s for s in figures["step_s"]]
-        held = ", ".join(f"{value:g}" for value in figures["held_peak"])
-        expected = figures["held_theory"]
+        held, expected = (", ".join(f"{value:g}" for value in figures[key])
+                          for key in ("held_peak", "held_theory"))
         lines.append(
             f"{head} {1e3 * figures['median_s']:.1f} [{min(steps):.1f}-{max(steps):.1f}] | "
             f"{1e3 * figures['ideal_s']:.0f} | {1e3 * statistics.fmean(figures['busy_s']):.0f} | "
             f"{figures['bubble']:.3f} | {figures['theory']:.3f} | "
-            f"{figures['bubble'] - figures['theory']:+.3f} | {figures['idle']:.3f} | "
-            f"{held} | {'' if expected is None else expected} |")
+            f"{1e3 * figures['theory_s']:.0f} | {1e3 * figures['excess_s']:+.0f} | "
+            f"{1e3 * figures['machinery_median_s']:.1f} | "
+            f"{held} | {expected} |")
     return "\n".join(lines)
 
 
