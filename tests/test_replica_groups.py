@@ -173,8 +173,8 @@ def kill_one_group_and_bring_it_back(job, seed):
     survivor = 1 - victim
     groups = {0: job.group(0), 1: job.group(1)}
     running = list(groups.items())
-    job.wait_for(lambda: any(step >= kill_at for _, step, _ in job.loops(victim)),
-                 alive=running)
+    job.wait_for(lambda: bool(job.loops(survivor)) and any(  # both train; the victim's step
+        step >= kill_at for _, step, _ in job.loops(victim)), alive=running)
     kill_tree(groups[victim])
     killed_at = time.time()
     attempt, step_at_kill, _ = job.loops(survivor)[-1]
@@ -289,12 +289,14 @@ def kill_one_group_before_the_first_checkpoint(job, seed):
     has its own), and starts it again with its same command while the other trains on."""
     rng = random.Random(seed)
     victim, kill_at = rng.choice([0, 1]), rng.randrange(20, 80)
+    survivor = 1 - victim
     groups = {0: job.group(0), 1: job.group(1)}
-    job.wait_for(lambda: any(step >= kill_at for _, step, _ in job.loops(victim)),
-                 alive=list(groups.items()))
+    # Both train (the survivor too has ended a loop: a group slower to start trains alone
+    # until the other joins) and the victim has reached its step.
+    job.wait_for(lambda: bool(job.loops(survivor)) and any(
+        step >= kill_at for _, step, _ in job.loops(victim)), alive=list(groups.items()))
     kill_tree(groups[victim])
     assert not (job.run / "checkpoints").exists() or not os.listdir(job.run / "checkpoints")
-    survivor = 1 - victim
     _, step_at_kill, _ = job.loops(survivor)[-1]
     job.wait_for(lambda: job.loops(survivor)[-1][1] >= step_at_kill + 20,
                  alive=[(survivor, groups[survivor])])
