@@ -2,7 +2,7 @@
 the activations each pipeline rank holds.
 
 usage: python benchmarks/pipeline_bubble.py [--pp 2 4] [--microbatches 1 4 8 16]
-       [--schedules gpipe 1f1b interleaved_1f1b] [--forward-ms 5] [--blocks 8] [--steps 10]
+       [--schedules gpipe 1f1b interleaved_1f1b] [--forward-ms 10] [--blocks 8] [--steps 10]
        [--warmup 2] [--out FILE.json] [--smoke]
 
 Each pipeline degree is one ``torchrun --standalone`` job on this machine (gloo, CPU), which
@@ -325,7 +325,7 @@ def main() -> None:
     parser.add_argument("--pp", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
     parser.add_argument("--microbatches", type=int, nargs="+", default=[1, 4, 8, 16])
-    parser.add_argument("--forward-ms", type=float, default=5.0,
+    parser.add_argument("--forward-ms", type=float, default=10.0,
                         help="t_f, each block's forward sleep per microbatch (backward: 2 t_f)")
     parser.add_argument("--blocks", type=int, default=8, help="the whole model's blocks")
     parser.add_argument("--steps", type=int, default=10, help="steps measured")
