@@ -149,7 +149,8 @@ def test_the_pipeline_bubble_benchmark_times_each_schedule_and_counts_the_activa
                              "--smoke", "--out", str(out)],
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "| 2 | 1f1b | 1 | refused: 1F1B needs microbatches >= stages (2) |" in result.stdout
+    assert ("| 2 | 1f1b | 1 | refused: Number of microbatches (1) must be greater than or equal "
+            "to the number of stages (2). |") in result.stdout
     results = json.loads(out.read_text())["results"]
     figures = {(r["schedule"], r["microbatches"]): r for r in results}
     assert set(figures) == {("gpipe", 1), ("gpipe", 4), ("1f1b", 1), ("1f1b", 4)}
