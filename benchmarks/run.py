@@ -529,7 +529,8 @@ def gpu_report(results: dict) -> list[str]:
 
 def report(env: dict, overhead: dict, compute: dict, inputs: dict, checkpoints: dict,
            startup: dict, smoke: bool, gpu: dict | None = None,
-           gpt: dict | None = None, loader: dict | None = None) -> str:
+           gpt: dict | None = None, loader: dict | None = None,
+           kept: list[str] | None = None) -> str:
     lines = ["# Benchmarks", "",
              "Written by `python benchmarks/run.py` (the one command; `--smoke` for a quick "
              "check). The figures of a section are from one run: fresh processes, variants "
@@ -646,6 +647,8 @@ def report(env: dict, overhead: dict, compute: dict, inputs: dict, checkpoints: 
         lines += gpt_report(gpt)
     if loader is not None:
         lines += loader_report(loader)
+    if kept:
+        lines += ["", *kept]
     lines += ["", "Where the time goes and what is not yet met: `docs/performance.md`."]
     return "\n".join(lines) + "\n"
 
@@ -653,6 +656,26 @@ def report(env: dict, overhead: dict, compute: dict, inputs: dict, checkpoints: 
 SECTIONS = {"1": "overhead", "2": "compute", "3": "input", "4": "checkpoint", "5": "startup",
             "6": "gpu", "7": "gpt", "8": "loader"}
 """The report's sections by number, and the ``--only`` name that runs each."""
+
+
+def kept_sections(path: Path) -> list[str]:
+    """The sections of the report at `path` that this script does not write -- a benchmark
+    measured on its own, whose section says how (9: the pipeline bubble) -- line for line: a
+    run writes them back as they were."""
+    if not path.exists():
+        return []
+    kept: list[str] = []
+    keeping = False
+    for line in path.read_text().splitlines():
+        if line.startswith("## "):
+            keeping = line[3:].split(".", 1)[0] not in SECTIONS
+        elif line.startswith("Where the time goes"):
+            keeping = False
+        if keeping:
+            kept.append(line)
+    while kept and not kept[-1].strip():
+        kept.pop()
+    return kept
 
 
 def date_sections(text: str, dates: dict[str, str]) -> str:
@@ -743,7 +766,8 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             gpu = {"skipped": "no CUDA device here (torch.cuda.is_available() is False)"}
     text = date_sections(report(env, overhead, compute, inputs, checkpoints, startup,
-                                args.smoke, gpu, gpt, loader), dates)
+                                args.smoke, gpu, gpt, loader, kept_sections(Path(args.out))),
+                         dates)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
     results = json.dumps({"overhead": overhead, "compute": compute, "inputs": inputs,
