@@ -262,7 +262,13 @@ def choice_problems(config: Any) -> Iterable[str]:
             signal_name(config.runtime.slurm.signal)
         except ValueError as error:
             yield f"runtime.slurm.signal: {error}"
-    ft = config.runtime.fault_tolerance
+    yield from fault_tolerance_problems(config.runtime.fault_tolerance,
+                                        config.runtime.parallelism)
+
+
+def fault_tolerance_problems(ft: Any, parallelism: Any) -> Iterable[str]:
+    """What ``runtime.fault_tolerance`` asks that cannot be: a replica id past the groups, more
+    live groups than groups, a layout inside a group that is not data shards alone."""
     if ft.replica_id is not None and is_int(ft.replica_id) and is_int(ft.replica_groups):
         problem = replica_id_problem(ft.replica_id, ft.replica_groups)
         if problem is not None:
@@ -272,7 +278,7 @@ def choice_problems(config: Any) -> Iterable[str]:
         yield (f"runtime.fault_tolerance.min_live_groups (got {ft.min_live_groups}) must be at "
                f"most runtime.fault_tolerance.replica_groups (got {ft.replica_groups}).")
     if ft.enabled:
-        yield from replica_layout_problems(config.runtime.parallelism)
+        yield from replica_layout_problems(parallelism)
 
 
 def replica_layout_problems(parallelism: Any) -> Iterable[str]:
